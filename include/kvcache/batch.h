@@ -1,0 +1,117 @@
+// kvcache/batch.h — what `fetch` returns: one batch's cache inputs.
+//
+// A KVCacheBatch owns the small per-batch arrays (cache_lengths, lookup_table,
+// reserved lengths) and points at the manager's blocks; it is MAX's
+// `(blocks, cache_lengths, lookup_table, is_cache_empty)` tuple. Typed
+// collections for kernels come from `paged<T>()` / `continuous<T>()`, which
+// throw InvalidArgument if T or the strategy does not match the manager.
+//
+// Lifetime: the batch must not outlive its manager; views taken from it are
+// valid while the batch lives and until the next step/release of its
+// sequences. `increment_cache_lengths` changes cache_lengths in place: take
+// the collection again afterwards (views copy max_* values).
+// Thread-safety: a batch is a plain value; don't share one across threads
+// while one of them mutates it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvcache/collection.h"
+#include "kvcache/error.h"
+#include "kvcache/params.h"
+
+namespace kvcache {
+
+using SeqId = std::uint64_t;
+
+class KVCacheBatch {
+ public:
+  KVCacheBatch() = default;
+
+  std::uint32_t batch_size() const { return static_cast<std::uint32_t>(seq_ids_.size()); }
+  std::span<const SeqId> seq_ids() const { return seq_ids_; }
+  // Committed tokens per entry; this step's new tokens go at cache_lengths[b] + i.
+  std::span<const std::uint32_t> cache_lengths() const { return cache_lengths_; }
+  // Tokens the fetch guaranteed room for, per entry (cache_length + new + num_steps - 1).
+  std::span<const std::uint32_t> reserved_lengths() const { return reserved_lengths_; }
+  // Row-major [batch_size][lookup_stride]; paged: page ids, sentinel = num_blocks();
+  // continuous: stride 1, the slot of each entry.
+  std::span<const std::uint32_t> lookup_table() const { return lookup_table_; }
+  std::uint32_t lookup_stride() const { return lookup_stride_; }
+  std::uint32_t max_seq_length() const { return max_seq_length_; }
+  std::uint32_t max_cache_length() const { return max_cache_length_; }
+  bool is_cache_empty() const { return is_cache_empty_; }
+
+  const KVCacheParams& params() const { return params_; }
+  CacheStrategy strategy() const { return params_.cache_strategy; }
+  std::uint32_t num_blocks() const { return num_blocks_; }      // pages or slots
+  std::uint32_t block_tokens() const { return block_tokens_; }  // page_size or max_seq_len
+  // Raw start of device `device`'s block buffer.
+  void* blocks(std::uint32_t device = 0) const;
+
+  // Typed views. Throw InvalidArgument if T is not the cache dtype, the
+  // strategy differs, or device >= n_devices.
+  template <CacheElement T>
+  PagedKVCacheCollection<T> paged(std::uint32_t device = 0) const {
+    check_view(dtype_of_v<T>, CacheStrategy::paged, device);
+    return PagedKVCacheCollection<T>(desc<T>(device));
+  }
+  template <CacheElement T>
+  ContinuousBatchingKVCacheCollection<T> continuous(std::uint32_t device = 0) const {
+    check_view(dtype_of_v<T>, CacheStrategy::continuous, device);
+    return ContinuousBatchingKVCacheCollection<T>(desc<T>(device));
+  }
+
+  // The plain description behind both views.
+  template <CacheElement T>
+  CollectionDesc<T> desc(std::uint32_t device = 0) const {
+    CollectionDesc<T> d;
+    d.blocks = static_cast<T*>(blocks(device));
+    d.cache_lengths = cache_lengths_.data();
+    d.lookup_table = lookup_table_.data();
+    d.lookup_stride = lookup_stride_;
+    d.batch_size = batch_size();
+    d.max_seq_length = max_seq_length_;
+    d.max_cache_length = max_cache_length_;
+    d.num_layers = params_.num_layers;
+    d.block_tokens = block_tokens_;
+    d.n_kv_heads = params_.n_kv_heads_per_device();
+    d.head_dim = params_.head_dim;
+    d.num_blocks = num_blocks_;
+    return d;
+  }
+
+  // Multistep decoding (MAX increment_cache_lengths): advance every entry's
+  // cache_length by the tokens it processed in the previous step, given as
+  // that step's row offsets (batch_size + 1 non-decreasing values starting at
+  // 0), and prepare for a decode step of one token per entry. Touches no
+  // manager state and allocates nothing. Throws InvalidArgument on malformed
+  // offsets and CapacityExceeded if an entry would pass its reserved room;
+  // on throw the batch is unchanged.
+  void increment_cache_lengths(std::span<const std::uint32_t> prev_row_offsets);
+
+ private:
+  friend class ContinuousBatchingKVCacheManager;
+  friend class PagedKVCacheManager;
+  void check_view(DType want, CacheStrategy strategy, std::uint32_t device) const;
+  void recompute_maxima(std::span<const std::uint32_t> new_tokens);
+
+  KVCacheParams params_{};
+  std::vector<SeqId> seq_ids_;
+  std::vector<std::uint32_t> cache_lengths_;
+  std::vector<std::uint32_t> reserved_lengths_;
+  std::vector<std::uint32_t> lookup_table_;
+  std::uint32_t lookup_stride_ = 0;
+  std::uint32_t max_seq_length_ = 0;
+  std::uint32_t max_cache_length_ = 0;
+  bool is_cache_empty_ = true;
+  std::uint32_t num_blocks_ = 0;
+  std::uint32_t block_tokens_ = 0;
+  std::vector<void*> device_blocks_;
+};
+
+}  // namespace kvcache

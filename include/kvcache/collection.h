@@ -1,0 +1,141 @@
+// kvcache/collection.h — a batch's view of the whole cache (all layers).
+//
+// `PagedKVCacheCollection<T>` and `ContinuousBatchingKVCacheCollection<T>`
+// are MAX's KVCollectionT types: non-owning, trivially copyable, they borrow
+// the manager's blocks and a KVCacheBatch's cache_lengths / lookup_table, and
+// hand out per-layer views with get_key_cache(layer) / get_value_cache(layer).
+//
+// Build them from a KVCacheBatch (`batch.paged<T>()`, `batch.continuous<T>()`)
+// or, for memory you manage yourself, from a `CollectionDesc` — that
+// constructor validates everything (non-null buffers, lookup entries within
+// num_blocks or the sentinel, committed tokens backed by real blocks, lengths
+// within the table) and throws InvalidArgument naming the bad value.
+// get_key_cache / get_value_cache throw InvalidArgument for layer >= num_layers.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "kvcache/error.h"
+#include "kvcache/kv_cache.h"
+
+namespace kvcache {
+
+// Everything a collection needs, as plain data.
+//   blocks:        start of the whole buffer, shape
+//                  [num_blocks][2][num_layers][block_tokens][n_kv_heads][head_dim]
+//   lookup_table:  [batch_size][lookup_stride] block ids; unused entries hold
+//                  the sentinel value num_blocks (paged). Continuous: stride 1.
+template <CacheElement T>
+struct CollectionDesc {
+  T* blocks = nullptr;
+  const std::uint32_t* cache_lengths = nullptr;
+  const std::uint32_t* lookup_table = nullptr;
+  std::uint32_t lookup_stride = 0;
+  std::uint32_t batch_size = 0;
+  std::uint32_t max_seq_length = 0;
+  std::uint32_t max_cache_length = 0;
+  std::uint32_t num_layers = 0;
+  std::uint32_t block_tokens = 0;  // page_size (paged) / max_seq_len (continuous)
+  std::uint32_t n_kv_heads = 0;
+  std::uint32_t head_dim = 0;
+  std::uint32_t num_blocks = 0;  // pages in the pool / slots
+};
+
+namespace detail {
+void validate_collection_desc(const void* blocks, const std::uint32_t* cache_lengths,
+                              const std::uint32_t* lookup_table, std::uint32_t lookup_stride,
+                              std::uint32_t batch_size, std::uint32_t max_seq_length,
+                              std::uint32_t max_cache_length, std::uint32_t num_layers,
+                              std::uint32_t block_tokens, std::uint32_t n_kv_heads,
+                              std::uint32_t head_dim, std::uint32_t num_blocks);
+}  // namespace detail
+
+template <CacheElement T, class CacheType>
+class KVCacheCollectionBase {
+ public:
+  using element_type = T;
+  using CacheT = CacheType;
+
+  KVCacheCollectionBase() = default;
+  // Validates `d` fully; throws InvalidArgument.
+  explicit KVCacheCollectionBase(const CollectionDesc<T>& d) : d_(d) {
+    detail::validate_collection_desc(d.blocks, d.cache_lengths, d.lookup_table, d.lookup_stride,
+                                     d.batch_size, d.max_seq_length, d.max_cache_length,
+                                     d.num_layers, d.block_tokens, d.n_kv_heads, d.head_dim,
+                                     d.num_blocks);
+  }
+
+  CacheType get_key_cache(std::uint32_t layer) const { return layer_cache(layer, 0); }
+  CacheType get_value_cache(std::uint32_t layer) const { return layer_cache(layer, 1); }
+
+  std::uint32_t cache_length(std::uint32_t b) const { return d_.cache_lengths[b]; }
+  std::uint32_t batch_size() const { return d_.batch_size; }
+  std::uint32_t num_layers() const { return d_.num_layers; }
+  std::uint32_t max_seq_length() const { return d_.max_seq_length; }
+  std::uint32_t max_cache_length() const { return d_.max_cache_length; }
+  T* blocks() const { return d_.blocks; }
+  const std::uint32_t* cache_lengths() const { return d_.cache_lengths; }
+  const std::uint32_t* lookup_table() const { return d_.lookup_table; }
+  const CollectionDesc<T>& desc() const { return d_; }
+
+ private:
+  CacheType layer_cache(std::uint32_t layer, std::uint32_t kv) const {
+    if (layer >= d_.num_layers) {
+      throw InvalidArgument("layer " + std::to_string(layer) + " is out of range: the cache has " +
+                            std::to_string(d_.num_layers) + " layers");
+    }
+    const std::size_t block_elems =
+        std::size_t{d_.block_tokens} * d_.n_kv_heads * d_.head_dim;  // one layer's K of a block
+    LayerCacheDesc<T> l;
+    l.blocks = d_.blocks + (std::size_t{kv} * d_.num_layers + layer) * block_elems;
+    l.cache_lengths = d_.cache_lengths;
+    l.lookup_table = d_.lookup_table;
+    l.lookup_stride = d_.lookup_stride;
+    l.batch_size = d_.batch_size;
+    l.max_seq_length = d_.max_seq_length;
+    l.max_cache_length = d_.max_cache_length;
+    l.block_tokens = d_.block_tokens;
+    l.n_kv_heads = d_.n_kv_heads;
+    l.head_dim = d_.head_dim;
+    l.block_stride = 2 * std::size_t{d_.num_layers} * block_elems;
+    return CacheType(l);
+  }
+
+  CollectionDesc<T> d_{};
+};
+
+template <CacheElement T>
+class PagedKVCacheCollection : public KVCacheCollectionBase<T, PagedKVCache<T>> {
+ public:
+  using KVCacheCollectionBase<T, PagedKVCache<T>>::KVCacheCollectionBase;
+  std::uint32_t page_size() const { return this->desc().block_tokens; }
+  std::uint32_t num_pages() const { return this->desc().num_blocks; }
+  // Value of unused lookup_table entries.
+  std::uint32_t sentinel() const { return this->desc().num_blocks; }
+};
+
+template <CacheElement T>
+class ContinuousBatchingKVCacheCollection
+    : public KVCacheCollectionBase<T, ContinuousBatchingKVCache<T>> {
+ public:
+  using KVCacheCollectionBase<T, ContinuousBatchingKVCache<T>>::KVCacheCollectionBase;
+  std::uint32_t max_seq_len() const { return this->desc().block_tokens; }
+};
+
+// The seeds' KVCollectionT trait.
+template <class C>
+concept KVCollectionT = std::is_trivially_copyable_v<C> && requires(const C c, std::uint32_t i) {
+  { c.get_key_cache(i) } -> KVCacheT;
+  { c.get_value_cache(i) } -> KVCacheT;
+  { c.cache_length(i) } -> std::convertible_to<std::uint32_t>;
+  { c.batch_size() } -> std::convertible_to<std::uint32_t>;
+  { c.num_layers() } -> std::convertible_to<std::uint32_t>;
+};
+
+static_assert(KVCollectionT<PagedKVCacheCollection<Half>>);
+static_assert(KVCollectionT<ContinuousBatchingKVCacheCollection<float>>);
+
+}  // namespace kvcache

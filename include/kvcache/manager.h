@@ -1,0 +1,117 @@
+// kvcache/manager.h — the lifecycle interface shared by both managers.
+//
+// Order of calls for a request (seeds, MAX ContinuousBatchingKVCacheManager):
+//   claim -> fetch -> (kernels write K/V) -> step -> fetch -> step ... -> release
+//
+// Lengths (DESIGN.md §3), defined once:
+//   cache_length(seq)  tokens committed by `step` so far.
+//   fetch(seqs, new, num_steps) guarantees room for
+//       cache_length + new + (num_steps - 1) tokens per sequence, all or
+//       nothing across the batch; kernels write new token i at cache_length + i.
+//   step(seqs, valid)  cache_length += valid, never past what fetch reserved.
+//   release(seq)       gives the sequence's memory back; releasing twice throws.
+//
+// Errors: every method validates and throws a kvcache::Error subtype whose
+// message names the value and the limit; a throwing call changes nothing
+// (strong guarantee), which `snapshot()` lets tests verify.
+// Thread-safety: every method may be called concurrently from any thread
+// (one internal mutex per manager). Views/batches are not protected: don't
+// step or release a sequence while another thread still uses its batch.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "kvcache/batch.h"
+#include "kvcache/params.h"
+
+namespace kvcache {
+
+// One sequence as the manager sees it (tests, debugging).
+struct SequenceSnapshot {
+  SeqId id = 0;
+  std::uint32_t cache_length = 0;
+  std::uint32_t reserved_length = 0;  // room guaranteed by the last fetch
+  std::vector<std::uint32_t> blocks;  // page table (paged) or {slot} (continuous)
+  friend bool operator==(const SequenceSnapshot&, const SequenceSnapshot&) = default;
+};
+
+// The whole bookkeeping state; two snapshots compare equal iff nothing changed.
+struct ManagerSnapshot {
+  std::vector<SequenceSnapshot> sequences;  // sorted by id
+  std::vector<std::uint32_t> free_blocks;   // sorted
+  std::vector<std::uint32_t> ref_counts;    // per block
+  SeqId next_seq_id = 0;
+  friend bool operator==(const ManagerSnapshot&, const ManagerSnapshot&) = default;
+};
+
+class KVCacheManager {
+ public:
+  virtual ~KVCacheManager() = default;
+  KVCacheManager(const KVCacheManager&) = delete;
+  KVCacheManager& operator=(const KVCacheManager&) = delete;
+
+  const KVCacheParams& params() const { return params_; }
+  std::uint32_t max_batch_size() const { return max_batch_size_; }
+  std::uint32_t max_seq_len() const { return max_seq_len_; }
+
+  // n new sequence ids with cache length 0, all or nothing. Throws
+  // InvalidArgument for n == 0, CapacityExceeded past max_batch_size (or free slots).
+  virtual std::vector<SeqId> claim(std::uint32_t n) = 0;
+
+  // Room for this step; see the header comment. num_new_tokens[b] belongs to
+  // seqs[b]. Throws InvalidArgument (size mismatch, duplicate ids,
+  // num_steps == 0, empty batch), UnknownSequence, CapacityExceeded
+  // (max_seq_len), OutOfPages (paged pool exhausted).
+  KVCacheBatch fetch(std::span<const SeqId> seqs, std::span<const std::uint32_t> num_new_tokens,
+                     std::uint32_t num_steps = 1);
+  // Same, reusing `out`'s buffers (no allocation once they are large enough).
+  // On throw `out` is unchanged.
+  virtual void fetch_into(KVCacheBatch& out, std::span<const SeqId> seqs,
+                          std::span<const std::uint32_t> num_new_tokens,
+                          std::uint32_t num_steps = 1) = 0;
+
+  // Commit valid_lengths[b] tokens for seqs[b]. Throws InvalidArgument,
+  // UnknownSequence, CapacityExceeded (more than fetch reserved).
+  virtual void step(std::span<const SeqId> seqs, std::span<const std::uint32_t> valid_lengths) = 0;
+
+  // Throws UnknownSequence if seq is not claimed (never, or already released).
+  virtual void release(SeqId seq) = 0;
+
+  virtual std::uint32_t cache_length(SeqId seq) const = 0;  // throws UnknownSequence
+  virtual bool contains(SeqId seq) const = 0;
+  virtual std::uint32_t num_active_sequences() const = 0;
+
+  // Blocks = pages (paged) or slots (continuous).
+  virtual std::uint32_t total_blocks() const = 0;
+  virtual std::uint32_t free_blocks() const = 0;
+  std::uint32_t used_blocks() const { return total_blocks() - free_blocks(); }
+
+  // Shape of the blocks tensor for n blocks (per device), e.g. continuous
+  // [n_sequences, 2, num_layers, max_seq_len, n_kv_heads_per_device, head_dim].
+  virtual std::vector<std::size_t> block_shape(std::uint32_t n) const = 0;
+
+  // MAX increment_cache_lengths: forwards to batch.increment_cache_lengths.
+  void increment_cache_lengths(KVCacheBatch& batch,
+                               std::span<const std::uint32_t> prev_row_offsets) const {
+    batch.increment_cache_lengths(prev_row_offsets);
+  }
+
+  virtual ManagerSnapshot snapshot() const = 0;
+  // Audits ref counts, free list, tables and lengths; throws kvcache::Error
+  // describing the first inconsistency. For tests and debugging.
+  virtual void check_invariants() const = 0;
+
+ protected:
+  KVCacheManager(const KVCacheParams& params, std::uint32_t max_batch_size,
+                 std::uint32_t max_seq_len);
+
+ private:
+  KVCacheParams params_;
+  std::uint32_t max_batch_size_;
+  std::uint32_t max_seq_len_;
+};
+
+}  // namespace kvcache

@@ -1,0 +1,68 @@
+// kvcache/params.h — the static shape of a KV cache and its memory math.
+//
+// `KVCacheParams` says what one token costs (dtype, layers, KV heads, head
+// dim) and how the cache is organised (continuous slots or a paged pool).
+// `validate()` refuses every inconsistent combination with an
+// InvalidArgument that names the field and the limit; every manager calls it
+// in its constructor, so a manager never holds invalid params.
+//
+// Plain value type: copy freely, no thread-safety concerns.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "kvcache/dtype.h"
+
+namespace kvcache {
+
+// How sequences map to memory (MAX's KVCacheStrategy).
+enum class CacheStrategy : std::uint8_t {
+  continuous,  // one max_seq_len slot per sequence
+  paged,       // a shared pool of fixed-size pages, one page table per sequence
+};
+
+std::string_view strategy_name(CacheStrategy s);
+// "continuous" | "paged"; throws InvalidArgument otherwise.
+CacheStrategy parse_strategy(std::string_view name);
+
+// Order of the [page_size][n_kv_heads] dimensions inside a page / slot.
+// NHD (token-major) is the seeds' layout and the only one implemented today.
+enum class PageLayout : std::uint8_t { nhd };
+
+struct KVCacheParams {
+  DType dtype = DType::f32;
+  std::uint32_t num_layers = 1;
+  std::uint32_t n_kv_heads = 1;  // total KV heads of the model (all devices)
+  std::uint32_t head_dim = 64;
+  CacheStrategy cache_strategy = CacheStrategy::continuous;
+  std::uint32_t page_size = 0;  // tokens per page; must be > 0 for paged
+  bool enable_prefix_caching = false;  // paged only
+  std::uint32_t n_devices = 1;  // KV heads are split evenly across devices
+
+  // Throws InvalidArgument on: zero num_layers / n_kv_heads / head_dim /
+  // n_devices; paged with page_size 0; continuous with page_size != 0 is
+  // allowed and ignored; prefix caching with continuous; n_devices not
+  // dividing n_kv_heads (MAX floors silently; we refuse); sizes whose
+  // products overflow 64-bit byte counts.
+  void validate() const;
+
+  // KV heads stored on each device.
+  std::uint32_t n_kv_heads_per_device() const { return n_kv_heads / n_devices; }
+
+  // Bytes of K and V for one token over all layers and all devices:
+  // 2 * num_layers * n_kv_heads * head_dim * dtype_size.
+  std::size_t bytes_per_token() const;
+
+  // Same, for one device's shard.
+  std::size_t bytes_per_token_per_device() const;
+
+  // Human-readable one-liner, e.g. "bf16 L32 kv8 d128 paged/16".
+  std::string to_string() const;
+
+  friend bool operator==(const KVCacheParams&, const KVCacheParams&) = default;
+};
+
+}  // namespace kvcache
