@@ -1,0 +1,83 @@
+#include "kvcache/params.h"
+
+#include <limits>
+#include <string>
+
+#include "kvcache/error.h"
+
+namespace kvcache {
+
+std::string_view strategy_name(CacheStrategy s) {
+  return s == CacheStrategy::paged ? "paged" : "continuous";
+}
+
+CacheStrategy parse_strategy(std::string_view name) {
+  if (name == "continuous") return CacheStrategy::continuous;
+  if (name == "paged") return CacheStrategy::paged;
+  throw InvalidArgument("unknown cache strategy '" + std::string(name) +
+                        "': expected continuous or paged");
+}
+
+namespace {
+
+void require_positive(const char* field, std::uint32_t value) {
+  if (value == 0) throw InvalidArgument(std::string(field) + " is 0: it must be at least 1");
+}
+
+}  // namespace
+
+void KVCacheParams::validate() const {
+  require_positive("num_layers", num_layers);
+  require_positive("n_kv_heads", n_kv_heads);
+  require_positive("head_dim", head_dim);
+  require_positive("n_devices", n_devices);
+  if (dtype != DType::f32 && dtype != DType::f16 && dtype != DType::bf16) {
+    throw InvalidArgument("dtype value " + std::to_string(static_cast<int>(dtype)) +
+                          " is not one of f32, f16, bf16");
+  }
+  if (cache_strategy != CacheStrategy::continuous && cache_strategy != CacheStrategy::paged) {
+    throw InvalidArgument("cache_strategy value " +
+                          std::to_string(static_cast<int>(cache_strategy)) +
+                          " is not continuous or paged");
+  }
+  if (cache_strategy == CacheStrategy::paged && page_size == 0) {
+    throw InvalidArgument("page_size is 0: a paged cache needs page_size >= 1");
+  }
+  if (enable_prefix_caching && cache_strategy != CacheStrategy::paged) {
+    throw InvalidArgument(
+        "enable_prefix_caching is true but cache_strategy is continuous: prefix caching needs "
+        "the paged strategy");
+  }
+  if (n_kv_heads % n_devices != 0) {
+    throw InvalidArgument("n_devices " + std::to_string(n_devices) + " does not divide n_kv_heads " +
+                          std::to_string(n_kv_heads));
+  }
+  // 2 * layers * heads * dim * 4 bytes must fit comfortably in 64 bits even
+  // when multiplied by 2^32 tokens: keep one token under 2^31 bytes.
+  const unsigned __int128 per_token =
+      static_cast<unsigned __int128>(2) * num_layers * n_kv_heads * head_dim * dtype_size(dtype);
+  if (per_token > (static_cast<unsigned __int128>(1) << 31)) {
+    throw InvalidArgument("one token needs " + std::to_string(static_cast<std::uint64_t>(per_token)) +
+                          " bytes of K/V, more than the limit of 2147483648");
+  }
+}
+
+std::size_t KVCacheParams::bytes_per_token() const {
+  return 2 * std::size_t{num_layers} * n_kv_heads * head_dim * dtype_size(dtype);
+}
+
+std::size_t KVCacheParams::bytes_per_token_per_device() const {
+  return bytes_per_token() / n_devices;
+}
+
+std::string KVCacheParams::to_string() const {
+  std::string s = std::string(dtype_name(dtype)) + " L" + std::to_string(num_layers) + " kv" +
+                  std::to_string(n_kv_heads) + " d" + std::to_string(head_dim) + " " +
+                  std::string(strategy_name(cache_strategy));
+  if (cache_strategy == CacheStrategy::paged) s += "/" + std::to_string(page_size);
+  if (enable_prefix_caching) s += " +prefix";
+  if (n_devices > 1) s += " x" + std::to_string(n_devices) + " devices";
+  return s;
+}
+
+}  // namespace kvcache

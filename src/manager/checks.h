@@ -1,0 +1,70 @@
+// Validation shared by the managers: message wording lives in one place.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "kvcache/batch.h"
+#include "kvcache/error.h"
+
+namespace kvcache::manager {
+
+inline std::string seq_name(SeqId id) { return "seq " + std::to_string(id); }
+
+[[noreturn]] inline void throw_unknown(SeqId id) {
+  throw UnknownSequence(seq_name(id) + " is not claimed (never claimed, or already released)");
+}
+
+[[noreturn]] inline void throw_duplicate(SeqId id) {
+  throw InvalidArgument(seq_name(id) + " appears more than once in the batch");
+}
+
+// seqs and per-entry counts must have equal, non-zero length.
+inline void check_batch_spans(std::span<const SeqId> seqs, std::size_t counts,
+                              const char* counts_name) {
+  if (seqs.empty()) throw InvalidArgument("the batch is empty: pass at least one seq id");
+  if (seqs.size() != counts) {
+    throw InvalidArgument(std::string(counts_name) + " has " + std::to_string(counts) +
+                          " entries but the batch has " + std::to_string(seqs.size()) +
+                          " seq ids");
+  }
+}
+
+inline void check_num_steps(std::uint32_t num_steps) {
+  if (num_steps == 0) throw InvalidArgument("num_steps is 0: it must be at least 1");
+}
+
+// Tokens a fetch must make room for, checked against max_seq_len.
+inline std::uint32_t reserved_target(SeqId id, std::uint32_t length, std::uint32_t new_tokens,
+                                     std::uint32_t num_steps, std::uint32_t max_seq_len) {
+  const std::uint64_t target = std::uint64_t{length} + new_tokens + (num_steps - 1);
+  if (target > max_seq_len) {
+    throw CapacityExceeded(seq_name(id) + " needs room for " + std::to_string(target) +
+                           " tokens (" + std::to_string(length) + " cached + " +
+                           std::to_string(new_tokens) + " new + " +
+                           std::to_string(num_steps - 1) + " extra steps), max_seq_len is " +
+                           std::to_string(max_seq_len));
+  }
+  return static_cast<std::uint32_t>(target);
+}
+
+inline void check_step_room(SeqId id, std::uint32_t length, std::uint32_t valid,
+                            std::uint32_t reserved) {
+  if (std::uint64_t{length} + valid > reserved) {
+    throw CapacityExceeded(seq_name(id) + " cannot commit " + std::to_string(valid) +
+                           " tokens: it has " + std::to_string(length) +
+                           " and fetch reserved room for " + std::to_string(reserved));
+  }
+}
+
+inline void check_claim(std::uint32_t n, std::uint32_t active, std::uint32_t max_batch_size) {
+  if (n == 0) throw InvalidArgument("claim(0): claim at least one sequence");
+  if (std::uint64_t{active} + n > max_batch_size) {
+    throw CapacityExceeded("cannot claim " + std::to_string(n) + " sequences: " +
+                           std::to_string(active) + " of max_batch_size " +
+                           std::to_string(max_batch_size) + " are in use");
+  }
+}
+
+}  // namespace kvcache::manager

@@ -1,0 +1,25 @@
+#include "kvcache/manager.h"
+
+#include <string>
+
+#include "kvcache/error.h"
+
+namespace kvcache {
+
+KVCacheManager::KVCacheManager(const KVCacheParams& params, std::uint32_t max_batch_size,
+                               std::uint32_t max_seq_len)
+    : params_(params), max_batch_size_(max_batch_size), max_seq_len_(max_seq_len) {
+  params.validate();
+  if (max_batch_size == 0) throw InvalidArgument("max_batch_size is 0: it must be at least 1");
+  if (max_seq_len == 0) throw InvalidArgument("max_seq_len is 0: it must be at least 1");
+}
+
+KVCacheBatch KVCacheManager::fetch(std::span<const SeqId> seqs,
+                                   std::span<const std::uint32_t> num_new_tokens,
+                                   std::uint32_t num_steps) {
+  KVCacheBatch out;
+  fetch_into(out, seqs, num_new_tokens, num_steps);
+  return out;
+}
+
+}  // namespace kvcache
