@@ -1,0 +1,28 @@
+# KvcacheOptions.cmake — compiler flags shared by every kvcache target.
+#
+# kvcache_warnings: an INTERFACE target carrying the warning flags; link it
+# PRIVATE so the flags apply to our sources only, never to consumers.
+# KVCACHE_SANITIZE / KVCACHE_NATIVE apply globally (every target, including
+# tests and tools) because sanitizer runtimes must be linked into all of them.
+
+add_library(kvcache_warnings INTERFACE)
+target_compile_options(kvcache_warnings INTERFACE -Wall -Wextra)
+
+if(KVCACHE_SANITIZE)
+  if(NOT KVCACHE_SANITIZE MATCHES "^(address|thread|undefined)$")
+    message(FATAL_ERROR "KVCACHE_SANITIZE must be address, thread, undefined or empty, "
+                        "got '${KVCACHE_SANITIZE}'")
+  endif()
+  set(_kvcache_san_flags -fsanitize=${KVCACHE_SANITIZE} -fno-omit-frame-pointer -g)
+  if(KVCACHE_SANITIZE STREQUAL "address")
+    list(APPEND _kvcache_san_flags -fsanitize=undefined)
+  endif()
+  add_compile_options(${_kvcache_san_flags})
+  add_link_options(${_kvcache_san_flags})
+  message(STATUS "kvcache: building with ${_kvcache_san_flags}")
+endif()
+
+if(KVCACHE_NATIVE)
+  add_compile_options(-march=native)
+  message(STATUS "kvcache: building with -march=native")
+endif()

@@ -1,0 +1,23 @@
+// tools/commands.h — the `kvcache` subcommands.
+//
+// Each subcommand lives in its own file and registers itself on the root
+// CLI11 app with one `add_*_command` call from main.cpp. A subcommand's
+// callback throws kvcache::Error (or CLI::Error) on bad input; main() turns
+// those into a message on stderr and exit code 2. To add `bench`, `replay`,
+// `generate` ...: write tools/<name>.cpp defining add_<name>_command, declare
+// it here and call it from main.cpp.
+#pragma once
+
+namespace CLI {
+class App;
+}  // namespace CLI
+
+namespace kvcache::tools {
+
+// `kvcache plan`: how many sequences / tokens a memory budget holds.
+void add_plan_command(CLI::App& app);
+
+// `kvcache demo`: plan for a preset plus a narrated lifecycle walk-through.
+void add_demo_command(CLI::App& app);
+
+}  // namespace kvcache::tools
