@@ -99,6 +99,9 @@ class KVCacheBatch {
   friend class PagedKVCacheManager;
   void check_view(DType want, CacheStrategy strategy, std::uint32_t device) const;
   void recompute_maxima(std::span<const std::uint32_t> new_tokens);
+  // Grows capacity so a fill of this size allocates nothing (strong guarantee
+  // for fetch_into: if this throws, contents are unchanged).
+  void reserve(std::size_t batch, std::size_t lookup_entries, std::size_t devices);
 
   KVCacheParams params_{};
   std::vector<SeqId> seq_ids_;

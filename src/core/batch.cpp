@@ -28,6 +28,14 @@ void KVCacheBatch::check_view(DType want, CacheStrategy strategy, std::uint32_t 
   (void)blocks(device);  // range check
 }
 
+void KVCacheBatch::reserve(std::size_t batch, std::size_t lookup_entries, std::size_t devices) {
+  seq_ids_.reserve(batch);
+  cache_lengths_.reserve(batch);
+  reserved_lengths_.reserve(batch);
+  lookup_table_.reserve(lookup_entries);
+  device_blocks_.reserve(devices);
+}
+
 void KVCacheBatch::recompute_maxima(std::span<const std::uint32_t> new_tokens) {
   max_seq_length_ = 0;
   max_cache_length_ = 0;

@@ -79,10 +79,21 @@ std::vector<SeqId> ContinuousBatchingKVCacheManager::claim(std::uint32_t n) {
   std::vector<SeqId> ids;
   ids.reserve(n);
   impl_->seqs.reserve(impl_->seqs.size() + n);  // no rehash-throw below
-  for (std::uint32_t i = 0; i < n; ++i) {
-    const SeqId id = impl_->next_id++;
-    impl_->seqs.emplace(id, Impl::Sequence{impl_->slots.allocate(), 0, 0, 0});
-    ids.push_back(id);
+  try {
+    for (std::uint32_t i = 0; i < n; ++i) {
+      const SeqId id = impl_->next_id;
+      auto [it, inserted] = impl_->seqs.emplace(id, Impl::Sequence{});  // may throw bad_alloc
+      it->second.slot = impl_->slots.allocate();
+      ++impl_->next_id;
+      ids.push_back(id);
+    }
+  } catch (...) {  // all or nothing: undo the ids already handed out
+    for (SeqId id : ids) {
+      impl_->slots.release(impl_->seqs.at(id).slot);
+      impl_->seqs.erase(id);
+    }
+    impl_->next_id -= ids.size();
+    throw;
   }
   return ids;
 }
@@ -98,8 +109,9 @@ void ContinuousBatchingKVCacheManager::fetch_into(KVCacheBatch& out, std::span<c
     const Impl::Sequence& s = impl_->mark(seqs[b]);
     manager::reserved_target(seqs[b], s.length, num_new_tokens[b], num_steps, impl_->max_seq_len);
   }
-  // Validated: fill the batch (only allocation can fail from here, before any state change).
-  KVCacheBatch next = std::move(out);
+  // Validated. Reserve (may throw, changes nothing observable), then fill.
+  out.reserve(seqs.size(), seqs.size(), impl_->arenas.size());
+  KVCacheBatch& next = out;  // buffers reserved above; nothing below allocates
   next.params_ = impl_->params;
   next.seq_ids_.assign(seqs.begin(), seqs.end());
   next.cache_lengths_.resize(seqs.size());
@@ -118,7 +130,6 @@ void ContinuousBatchingKVCacheManager::fetch_into(KVCacheBatch& out, std::span<c
     next.lookup_table_[b] = s.slot;
   }
   next.recompute_maxima(num_new_tokens);
-  out = std::move(next);
 }
 
 void ContinuousBatchingKVCacheManager::step(std::span<const SeqId> seqs,

@@ -97,10 +97,15 @@ std::vector<SeqId> PagedKVCacheManager::claim(std::uint32_t n) {
   std::vector<SeqId> ids;
   ids.reserve(n);
   impl_->seqs.reserve(impl_->seqs.size() + n);
-  for (std::uint32_t i = 0; i < n; ++i) {
-    const SeqId id = impl_->next_id++;
-    impl_->seqs.emplace(id, Impl::Sequence{});
-    ids.push_back(id);
+  try {
+    for (std::uint32_t i = 0; i < n; ++i) {
+      impl_->seqs.emplace(impl_->next_id, Impl::Sequence{});  // may throw bad_alloc
+      ids.push_back(impl_->next_id++);
+    }
+  } catch (...) {  // all or nothing: undo the ids already handed out
+    for (SeqId id : ids) impl_->seqs.erase(id);
+    impl_->next_id -= ids.size();
+    throw;
   }
   return ids;
 }
@@ -131,17 +136,18 @@ void PagedKVCacheManager::fetch_into(KVCacheBatch& out, std::span<const SeqId> s
   }
   // Grow page-table capacity and the output buffers first: the only steps
   // that can throw (bad_alloc) happen before any state changes.
-  KVCacheBatch next = std::move(out);
+  out.reserve(seqs.size(), seqs.size() * std::size_t{stride}, impl_->arenas.size());
+  for (std::size_t b = 0; b < seqs.size(); ++b) {
+    Impl::Sequence& s = impl_->seqs.find(seqs[b])->second;
+    s.pages.reserve(pages_for(s.length + num_new_tokens[b] + (num_steps - 1), ps));
+  }
+  KVCacheBatch& next = out;  // buffers reserved above; nothing below allocates
   next.seq_ids_.assign(seqs.begin(), seqs.end());
   next.cache_lengths_.resize(seqs.size());
   next.reserved_lengths_.resize(seqs.size());
   next.lookup_table_.assign(seqs.size() * std::size_t{stride}, impl_->pool.num_blocks());
   next.device_blocks_.clear();
   for (auto& arena : impl_->arenas) next.device_blocks_.push_back(arena.data());
-  for (std::size_t b = 0; b < seqs.size(); ++b) {
-    Impl::Sequence& s = impl_->seqs.find(seqs[b])->second;
-    s.pages.reserve(pages_for(s.length + num_new_tokens[b] + (num_steps - 1), ps));
-  }
   // Commit.
   next.params_ = impl_->params;
   next.lookup_stride_ = stride;
@@ -156,7 +162,6 @@ void PagedKVCacheManager::fetch_into(KVCacheBatch& out, std::span<const SeqId> s
     std::copy(s.pages.begin(), s.pages.end(), next.lookup_table_.begin() + b * stride);
   }
   next.recompute_maxima(num_new_tokens);
-  out = std::move(next);
 }
 
 void PagedKVCacheManager::step(std::span<const SeqId> seqs,
