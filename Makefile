@@ -5,6 +5,7 @@
 #   make demo     deps + build + run `kvcache demo`
 #   make test     deps + build + ctest
 #   make asan / make tsan   test under AddressSanitizer / ThreadSanitizer (build-asan/, build-tsan/)
+#   make fuzz     build the libFuzzer targets (clang, ASan+UBSan) and run each for FUZZ_SECONDS
 #   make format   clang-format every C++ file we own
 #   make clean    remove build directories
 
@@ -17,7 +18,7 @@ DEB_PACKAGES := cmake ninja-build g++ pkg-config libgtest-dev libbenchmark-dev l
 	libxxhash-dev libcli11-dev nlohmann-json3-dev librapidcheck-dev libomp-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps build demo test asan tsan format clean
+.PHONY: all deps build demo test asan tsan fuzz format clean
 
 all: build
 
@@ -48,8 +49,16 @@ asan: deps
 tsan: deps
 	$(MAKE) test BUILD_DIR=build-tsan BUILD_TYPE=RelWithDebInfo CMAKE_FLAGS=-DKVCACHE_SANITIZE=thread
 
+FUZZ_SECONDS ?= 60
+fuzz: deps
+	CXX=clang++ $(MAKE) build BUILD_DIR=build-fuzz BUILD_TYPE=RelWithDebInfo \
+	  CMAKE_FLAGS="-DKVCACHE_SANITIZE=address -DKVCACHE_FUZZ=ON"
+	mkdir -p build-fuzz/corpus/manager
+	build-fuzz/bin/manager_fuzzer -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+	  build-fuzz/corpus/manager fuzz/corpus/manager
+
 format:
 	clang-format -i $$(git ls-files '*.h' '*.cpp')
 
 clean:
-	rm -rf build build-asan build-tsan
+	rm -rf build build-asan build-tsan build-fuzz

@@ -26,3 +26,9 @@ if(KVCACHE_NATIVE)
   add_compile_options(-march=native)
   message(STATUS "kvcache: building with -march=native")
 endif()
+
+# Coverage instrumentation for libFuzzer: every target, so the fuzzers see
+# branches inside the library (the fuzz targets add -fsanitize=fuzzer).
+if(KVCACHE_FUZZ)
+  add_compile_options(-fsanitize=fuzzer-no-link)
+endif()

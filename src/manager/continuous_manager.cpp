@@ -82,7 +82,7 @@ std::vector<SeqId> ContinuousBatchingKVCacheManager::claim(std::uint32_t n) {
   try {
     for (std::uint32_t i = 0; i < n; ++i) {
       const SeqId id = impl_->next_id;
-      auto [it, inserted] = impl_->seqs.emplace(id, Impl::Sequence{});  // may throw bad_alloc
+      auto it = impl_->seqs.emplace(id, Impl::Sequence{}).first;  // may throw bad_alloc
       it->second.slot = impl_->slots.allocate();
       ++impl_->next_id;
       ids.push_back(id);

@@ -1,0 +1,207 @@
+#include "reliability/manager_ops.h"
+
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kvcache/kvcache.h"
+
+namespace kvcache::testing {
+namespace {
+
+constexpr std::uint32_t kLayers = 2, kHeads = 1, kDim = 2, kMaxSeq = 48, kMaxBatch = 6;
+
+[[noreturn]] void fail(const std::string& what) { throw std::logic_error("manager_ops: " + what); }
+
+// Value stored for (seq, pos, layer, kv, d): never zero, distinct per token.
+float pattern(SeqId seq, std::uint32_t pos, std::uint32_t layer, std::uint32_t kv, std::uint32_t d) {
+  return 1.0f + static_cast<float>(seq * 4096 + pos * 16 + layer * 4 + kv * 2 + d);
+}
+
+class ByteReader {
+ public:
+  explicit ByteReader(std::span<const std::uint8_t> b) : b_(b) {}
+  bool done() const { return i_ >= b_.size(); }
+  std::uint8_t next() { return i_ < b_.size() ? b_[i_++] : 0; }
+
+ private:
+  std::span<const std::uint8_t> b_;
+  std::size_t i_ = 0;
+};
+
+struct ModelSeq {
+  std::uint32_t length = 0;
+};
+
+class Driver {
+ public:
+  explicit Driver(std::unique_ptr<KVCacheManager> m) : m_(std::move(m)) {}
+
+  void run(ByteReader& in) {
+    while (!in.done()) {
+      const std::uint8_t op = in.next() % 8;
+      const ManagerSnapshot before = m_->snapshot();
+      bool threw = false;
+      try {
+        apply(op, in);
+      } catch (const Error&) {
+        threw = true;
+      }
+      if (threw && m_->snapshot() != before) fail("a failing op " + std::to_string(op) + " changed state");
+      m_->check_invariants();
+      verify();
+    }
+    for (const auto& [id, s] : model_) m_->release(id);
+    m_->check_invariants();
+    if (m_->free_blocks() != m_->total_blocks()) fail("blocks leaked after releasing everything");
+  }
+
+ private:
+  SeqId pick(ByteReader& in) {
+    const std::uint8_t x = in.next();
+    if (model_.empty() || x >= 224) return x % 4 == 0 ? 1'000'000 + x : released_or(x);
+    auto it = model_.begin();
+    std::advance(it, x % model_.size());
+    return it->first;
+  }
+  SeqId released_or(std::uint8_t x) { return released_.empty() ? 999'999 : released_[x % released_.size()]; }
+
+  void apply(std::uint8_t op, ByteReader& in) {
+    switch (op) {
+      case 0: claim(in.next() % 4); break;
+      case 1: case 2: fetch_and_step(in, false); break;
+      case 3: fetch_and_step(in, true); break;
+      case 4: release(pick(in)); break;
+      case 5: {  // duplicate ids in one batch
+        const SeqId id = pick(in);
+        const std::vector<SeqId> ids{id, id};
+        m_->fetch(ids, std::vector<std::uint32_t>{1, 1});
+        fail("duplicate ids were accepted");
+      }
+      case 6: {  // absurd size
+        const std::vector<SeqId> ids{pick(in)};
+        m_->fetch(ids, std::vector<std::uint32_t>{0xffff0000u});
+        fail("an absurd fetch was accepted");
+      }
+      default: {  // zero steps / empty batch
+        const std::vector<SeqId> ids{pick(in)};
+        if (in.next() % 2) m_->fetch(ids, std::vector<std::uint32_t>{1}, 0);
+        m_->step({}, {});
+        fail("empty batch accepted");
+      }
+    }
+  }
+
+  void claim(std::uint32_t n) {
+    const auto ids = m_->claim(n);
+    for (SeqId id : ids) model_[id] = {};
+  }
+
+  void release(SeqId id) {
+    m_->release(id);
+    if (model_.erase(id) == 0) fail("released an id the model does not have");
+    released_.push_back(id);
+  }
+
+  void fetch_and_step(ByteReader& in, bool multistep) {
+    const std::uint32_t n = 1 + in.next() % 3;
+    std::vector<SeqId> ids;
+    std::vector<std::uint32_t> news;
+    for (std::uint32_t i = 0; i < n; ++i) {
+      ids.push_back(pick(in));
+      news.push_back(in.next() % 20);
+    }
+    const std::uint32_t steps = multistep ? 1 + in.next() % 3 : 1;
+    KVCacheBatch batch = m_->fetch(ids, news, steps);
+    // Passed validation: every id is known and distinct.
+    for (std::size_t b = 0; b < ids.size(); ++b) {
+      if (batch.cache_lengths()[b] != model_.at(ids[b]).length) fail("fetch cache_length differs from model");
+    }
+    write(batch, news);
+    std::vector<std::uint32_t> valid = news;
+    for (std::uint32_t s = 1; s < steps; ++s) {  // multistep decode, one token per step
+      std::vector<std::uint32_t> offsets{0};
+      for (std::uint32_t v : (s == 1 ? news : std::vector<std::uint32_t>(ids.size(), 1))) offsets.push_back(offsets.back() + v);
+      batch.increment_cache_lengths(offsets);
+      const std::vector<std::uint32_t> ones(ids.size(), 1);
+      write(batch, ones);
+      for (auto& v : valid) ++v;
+    }
+    const std::uint8_t cut = in.next() % 4;  // sometimes commit less than written
+    for (auto& v : valid) v = cut == 0 && v > 0 ? v - 1 : v;
+    m_->step(ids, valid);
+    for (std::size_t b = 0; b < ids.size(); ++b) model_.at(ids[b]).length += valid[b];
+  }
+
+  void write(const KVCacheBatch& batch, const std::vector<std::uint32_t>& news) {
+    auto put = [&](auto coll) {
+      for (std::uint32_t l = 0; l < kLayers; ++l) {
+        auto k = coll.get_key_cache(l), v = coll.get_value_cache(l);
+        for (std::uint32_t b = 0; b < batch.batch_size(); ++b)
+          for (std::uint32_t i = 0; i < news[b]; ++i)
+            for (std::uint32_t d = 0; d < kDim; ++d) {
+              const std::uint32_t pos = coll.cache_length(b) + i;
+              *k.ptr(b, 0, pos, d) = pattern(batch.seq_ids()[b], pos, l, 0, d);
+              *v.ptr(b, 0, pos, d) = pattern(batch.seq_ids()[b], pos, l, 1, d);
+            }
+      }
+    };
+    if (batch.strategy() == CacheStrategy::paged) put(batch.paged<float>());
+    else put(batch.continuous<float>());
+  }
+
+  void verify() {
+    if (model_.empty()) return;
+    std::vector<SeqId> ids;
+    for (const auto& [id, s] : model_) {
+      if (m_->cache_length(id) != s.length) fail("cache_length differs from model");
+      ids.push_back(id);
+    }
+    // A zero-token fetch reserves nothing new: read committed tokens through it.
+    KVCacheBatch batch = m_->fetch(ids, std::vector<std::uint32_t>(ids.size(), 0));
+    auto check = [&](auto coll) {
+      for (std::uint32_t l = 0; l < kLayers; ++l) {
+        auto k = coll.get_key_cache(l), v = coll.get_value_cache(l);
+        for (std::uint32_t b = 0; b < batch.batch_size(); ++b)
+          for (std::uint32_t pos = 0; pos < coll.cache_length(b); ++pos)
+            for (std::uint32_t d = 0; d < kDim; ++d)
+              if (*k.ptr(b, 0, pos, d) != pattern(ids[b], pos, l, 0, d) ||
+                  *v.ptr(b, 0, pos, d) != pattern(ids[b], pos, l, 1, d))
+                fail("K/V of seq " + std::to_string(ids[b]) + " token " + std::to_string(pos) + " was corrupted");
+      }
+    };
+    if (batch.strategy() == CacheStrategy::paged) check(batch.paged<float>());
+    else check(batch.continuous<float>());
+  }
+
+  std::unique_ptr<KVCacheManager> m_;
+  std::map<SeqId, ModelSeq> model_;
+  std::vector<SeqId> released_;
+};
+
+KVCacheParams params(CacheStrategy s) {
+  KVCacheParams p;
+  p.num_layers = kLayers;
+  p.n_kv_heads = kHeads;
+  p.head_dim = kDim;
+  p.cache_strategy = s;
+  p.page_size = s == CacheStrategy::paged ? 4 : 0;
+  return p;
+}
+
+}  // namespace
+
+void run_manager_ops(std::span<const std::uint8_t> bytes) {
+  {
+    ByteReader in(bytes);
+    Driver(std::make_unique<ContinuousBatchingKVCacheManager>(params(CacheStrategy::continuous), kMaxBatch, kMaxSeq)).run(in);
+  }
+  {
+    ByteReader in(bytes);
+    Driver(std::make_unique<PagedKVCacheManager>(params(CacheStrategy::paged), 40, kMaxBatch, kMaxSeq)).run(in);
+  }
+}
+
+}  // namespace kvcache::testing
