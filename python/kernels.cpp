@@ -77,7 +77,10 @@ void check_rows(const py::array& a, const char* what, std::uint32_t heads, std::
   const bool ok2 = a.ndim() == 2 && a.shape(1) == py::ssize_t{heads} * dim;
   if (!ok3 && !ok2) {
     std::string shape;
-    for (py::ssize_t i = 0; i < a.ndim(); ++i) shape += (i ? ", " : "") + std::to_string(a.shape(i));
+    for (py::ssize_t i = 0; i < a.ndim(); ++i) {
+      if (i > 0) shape += ", ";
+      shape += std::to_string(a.shape(i));
+    }
     throw InvalidArgument(std::string(what) + " has shape (" + shape + "), expected (tokens, " +
                           std::to_string(heads) + ", " + std::to_string(dim) + ")");
   }
@@ -89,17 +92,17 @@ auto span_of(A& a) {
 }
 
 void store_kv_py(PyBatch& inputs, const py::handle& layer, const FloatArray& k_new,
-                 const FloatArray& v_new, const py::handle& row_offsets,
-                 const py::handle& device) {
+                 const FloatArray& v_new, const py::handle& row_offsets, const py::handle& device) {
   const KVCacheBatch& b = inputs.batch;
   const KVCacheParams& p = b.params();
   check_rows(k_new, "k_new", p.n_kv_heads_per_device(), p.head_dim);
   check_rows(v_new, "v_new", p.n_kv_heads_per_device(), p.head_dim);
   const auto offsets = to_u32_vector(row_offsets, "row_offsets");
-  with_layer(b, to_u32(layer, "layer"), to_u32(device, "device"), [&](const auto& k, const auto& v) {
-    py::gil_scoped_release nogil;
-    Kernels::store_kv(k, v, span_of(k_new), span_of(v_new), offsets);
-  });
+  with_layer(b, to_u32(layer, "layer"), to_u32(device, "device"),
+             [&](const auto& k, const auto& v) {
+               py::gil_scoped_release nogil;
+               Kernels::store_kv(k, v, span_of(k_new), span_of(v_new), offsets);
+             });
 }
 
 py::array_t<float> attention_py(PyBatch& inputs, const py::handle& layer, const FloatArray& q,
@@ -111,19 +114,20 @@ py::array_t<float> attention_py(PyBatch& inputs, const py::handle& layer, const 
     throw InvalidArgument("q must have shape (tokens, n_q_heads, " + std::to_string(dim) + ")");
   }
   const auto n_q_heads = static_cast<std::uint32_t>(q.shape(1));
-  py::array_t<float> result =
-      out ? py::array_t<float>::ensure(*out) : py::array_t<float>({q.shape(0), q.shape(1), q.shape(2)});
-  if (out && (!result || result.ptr() != out->ptr() ||
-              !(result.flags() & py::array::c_style) || !result.writeable() ||
-              result.ndim() != 3 || !std::equal(q.shape(), q.shape() + 3, result.shape()))) {
+  py::array_t<float> result = out ? py::array_t<float>::ensure(*out)
+                                  : py::array_t<float>({q.shape(0), q.shape(1), q.shape(2)});
+  if (out && (!result || result.ptr() != out->ptr() || !(result.flags() & py::array::c_style) ||
+              !result.writeable() || result.ndim() != 3 ||
+              !std::equal(q.shape(), q.shape() + 3, result.shape()))) {
     throw InvalidArgument("out must be a writable C-contiguous float32 array shaped like q");
   }
   const auto offsets = to_u32_vector(row_offsets, "row_offsets");
   const std::span<float> out_span(result.mutable_data(), static_cast<std::size_t>(result.size()));
-  with_layer(b, to_u32(layer, "layer"), to_u32(device, "device"), [&](const auto& k, const auto& v) {
-    py::gil_scoped_release nogil;
-    Kernels::attention(k, v, span_of(q), n_q_heads, offsets, out_span, AttentionOptions{scale});
-  });
+  with_layer(
+      b, to_u32(layer, "layer"), to_u32(device, "device"), [&](const auto& k, const auto& v) {
+        py::gil_scoped_release nogil;
+        Kernels::attention(k, v, span_of(q), n_q_heads, offsets, out_span, AttentionOptions{scale});
+      });
   return result;
 }
 
@@ -137,8 +141,8 @@ void bind_kernels(py::module_& m) {
         "entry b (rows row_offsets[b] .. row_offsets[b+1]) goes to position cache_lengths[b] + "
         "(r - row_offsets[b]), rounded to the cache dtype. Releases the GIL.");
   m.def("attention", &attention_py, py::arg("kv_cache_inputs"), py::arg("layer"), py::arg("q"),
-        py::arg("row_offsets"), py::kw_only(), py::arg("out") = py::none(),
-        py::arg("scale") = 0.0f, py::arg("device") = 0,
+        py::arg("row_offsets"), py::kw_only(), py::arg("out") = py::none(), py::arg("scale") = 0.0f,
+        py::arg("device") = 0,
         "Causal attention of q ([tokens, n_q_heads, head_dim] floats, GQA) over each entry's "
         "history and new tokens in `layer`; returns (or fills `out`) float32 [tokens, n_q_heads, "
         "head_dim]. scale 0 means 1/sqrt(head_dim). Releases the GIL.");

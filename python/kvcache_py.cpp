@@ -217,7 +217,8 @@ void bind_params(py::module_& m) {
                         ", head_dim=" + std::to_string(p.head_dim) + ", num_layers=" +
                         (p.num_layers ? std::to_string(p.num_layers) : std::string("None")) +
                         ", cache_strategy='" + std::string(strategy_name(p.cache_strategy)) + "'";
-        if (p.cache_strategy == CacheStrategy::paged) s += ", page_size=" + std::to_string(p.page_size);
+        if (p.cache_strategy == CacheStrategy::paged)
+          s += ", page_size=" + std::to_string(p.page_size);
         if (p.enable_prefix_caching) s += ", enable_prefix_caching=True";
         if (p.n_devices != 1) s += ", n_devices=" + std::to_string(p.n_devices);
         return s + ")";
@@ -264,9 +265,12 @@ void bind_dtype_helpers(py::module_& m) {
 
 py::dtype numpy_dtype(DType t) {
   switch (t) {
-    case DType::f16: return py::dtype("float16");
-    case DType::bf16: return py::dtype::of<std::uint16_t>();
-    case DType::f32: break;
+    case DType::f16:
+      return py::dtype("float16");
+    case DType::bf16:
+      return py::dtype::of<std::uint16_t>();
+    case DType::f32:
+      break;
   }
   return py::dtype::of<float>();
 }

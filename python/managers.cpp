@@ -33,8 +33,8 @@ KVCacheParams resolve_params(KVCacheParams p, const py::object& num_layers,
     throw InvalidArgument("num_layers is unset: pass it to KVCacheParams or to the manager");
   }
   if (!devices.is_none()) {
-    const std::size_t n = PyLong_Check(devices.ptr()) ? to_u32(devices, "devices")
-                                                      : py::len(devices);
+    const std::size_t n =
+        PyLong_Check(devices.ptr()) ? to_u32(devices, "devices") : py::len(devices);
     if (n != p.n_devices) {
       throw InvalidArgument("devices names " + std::to_string(n) +
                             " devices but params.n_devices is " + std::to_string(p.n_devices));
@@ -74,14 +74,15 @@ py::array read_only(py::array a) {
 
 py::array u32_view(const py::object& base, std::span<const std::uint32_t> values,
                    std::vector<py::ssize_t> shape) {
-  return read_only(py::array(py::dtype::of<std::uint32_t>(), std::move(shape), values.data(), base));
+  return read_only(
+      py::array(py::dtype::of<std::uint32_t>(), std::move(shape), values.data(), base));
 }
 
 py::array blocks_view(const py::object& self, std::uint32_t device) {
   const KVCacheBatch& b = self.cast<PyBatch&>().batch;
   const KVCacheParams& p = b.params();
-  std::vector<py::ssize_t> shape = {b.num_blocks(), 2, p.num_layers, b.block_tokens(),
-                                    p.n_kv_heads_per_device(), p.head_dim};
+  std::vector<py::ssize_t> shape = {
+      b.num_blocks(), 2, p.num_layers, b.block_tokens(), p.n_kv_heads_per_device(), p.head_dim};
   return py::array(numpy_dtype(p.dtype), std::move(shape), b.blocks(device), self);
 }
 
@@ -105,8 +106,8 @@ py::array lookup_table_view(const py::object& self) {
 
 py::array is_cache_empty_view(const py::object& self) {
   PyBatch& batch = self.cast<PyBatch&>();
-  return read_only(py::array(py::dtype::of<bool>(), std::vector<py::ssize_t>{},
-                             &batch.is_cache_empty, self));
+  return read_only(
+      py::array(py::dtype::of<bool>(), std::vector<py::ssize_t>{}, &batch.is_cache_empty, self));
 }
 
 // (blocks, cache_lengths, lookup_table, is_cache_empty) of one device.
@@ -131,8 +132,9 @@ void bind_inputs(py::module_& m) {
       .def_property_readonly("lookup_table", &lookup_table_view)
       .def_property_readonly("is_cache_empty", &is_cache_empty_view)
       .def_property_readonly("reserved_lengths", &reserved_lengths_view)
-      .def("device", [](py::object self, std::uint32_t d) { return device_tuple(self, d); },
-           py::arg("device"))
+      .def(
+          "device", [](py::object self, std::uint32_t d) { return device_tuple(self, d); },
+          py::arg("device"))
       .def("per_device",
            [](py::object self) {
              py::list out;
@@ -182,10 +184,10 @@ py::list input_symbols(const KVCacheManager& m) {
   if (p.cache_strategy == CacheStrategy::paged) lookup.shape.emplace_back("max_pages_per_seq");
   py::list out;
   for (std::uint32_t d = 0; d < p.n_devices; ++d) {
-    out.append(py::make_tuple(
-        TensorType{"blocks", numpy_dtype(p.dtype), blocks},
-        TensorType{"cache_lengths", py::dtype::of<std::uint32_t>(), {"batch_size"}}, lookup,
-        TensorType{"is_cache_empty", py::dtype::of<bool>(), {}}));
+    out.append(
+        py::make_tuple(TensorType{"blocks", numpy_dtype(p.dtype), blocks},
+                       TensorType{"cache_lengths", py::dtype::of<std::uint32_t>(), {"batch_size"}},
+                       lookup, TensorType{"is_cache_empty", py::dtype::of<bool>(), {}}));
   }
   return out;
 }
@@ -201,8 +203,9 @@ void bind_tensor_type(py::module_& m) {
         std::string dims;
         for (const auto& d : t.shape) {
           if (!dims.empty()) dims += ", ";
-          dims += std::holds_alternative<std::string>(d) ? std::get<std::string>(d)
-                                                         : std::to_string(std::get<std::uint64_t>(d));
+          dims += std::holds_alternative<std::string>(d)
+                      ? std::get<std::string>(d)
+                      : std::to_string(std::get<std::uint64_t>(d));
         }
         return "TensorType(" + t.name + ", " + t.dtype.attr("name").cast<std::string>() + ", [" +
                dims + "])";
@@ -249,8 +252,9 @@ void step(KVCacheManager& m, const py::handle& seq_ids, const py::handle& valid_
     }
   } else {
     if (valid_lengths.is_none()) {
-      throw InvalidArgument("valid_lengths is missing: step(seq_ids, valid_lengths) or "
-                            "step({seq_id: valid_length})");
+      throw InvalidArgument(
+          "valid_lengths is missing: step(seq_ids, valid_lengths) or "
+          "step({seq_id: valid_length})");
     }
     seqs = to_seq_ids(seq_ids);
     valid = to_u32_vector(valid_lengths, "valid_lengths", seqs.size());
@@ -281,13 +285,17 @@ void bind_lifecycle(py::class_<Manager>& cls) {
           "release", [](Manager& m, const py::handle& seq) { m.release(to_seq_ids(seq).at(0)); },
           py::arg("seq_id"))
       .def(
-          "cache_length", [](const Manager& m, const py::handle& s) { return m.cache_length(to_seq_ids(s).at(0)); },
+          "cache_length",
+          [](const Manager& m, const py::handle& s) { return m.cache_length(to_seq_ids(s).at(0)); },
           py::arg("seq_id"))
-      .def("contains", [](const Manager& m, SeqId s) { return m.contains(s); }, py::arg("seq_id"))
+      .def(
+          "contains", [](const Manager& m, SeqId s) { return m.contains(s); }, py::arg("seq_id"))
       .def("__contains__", [](const Manager& m, SeqId s) { return m.contains(s); })
       .def(
           "block_shape",
-          [](const Manager& m, const py::handle& n) { return m.block_shape(to_u32(n, "n_sequences")); },
+          [](const Manager& m, const py::handle& n) {
+            return m.block_shape(to_u32(n, "n_sequences"));
+          },
           py::arg("n_sequences"))
       .def(
           "increment_cache_lengths",
@@ -353,8 +361,8 @@ void bind_paged(py::module_& m) {
             const KVCacheParams p = resolve_params(params, num_layers, devices);
             const std::uint32_t batch = to_u32(max_batch, "max_cache_batch_size");
             const std::uint32_t seq = to_u32(max_seq_len, "max_seq_len");
-            return std::make_unique<M>(p, resolve_pages(p, batch, seq, total_num_pages, cache_memory),
-                                       batch, seq);
+            return std::make_unique<M>(
+                p, resolve_pages(p, batch, seq, total_num_pages, cache_memory), batch, seq);
           }),
           py::arg("params"), py::arg("max_cache_batch_size"), py::arg("max_seq_len"),
           py::arg("num_layers") = py::none(), py::arg("devices") = py::none(), py::kw_only(),
@@ -362,9 +370,8 @@ void bind_paged(py::module_& m) {
       .def_static(
           "estimated_memory_size",
           [](const KVCacheParams& params, const py::handle& max_batch,
-             const py::handle& max_seq_len, const py::object& num_layers,
-             const py::object& devices, const py::object& total_num_pages,
-             const py::object& cache_memory) {
+             const py::handle& max_seq_len, const py::object& num_layers, const py::object& devices,
+             const py::object& total_num_pages, const py::object& cache_memory) {
             const KVCacheParams p = resolve_params(params, num_layers, devices);
             const std::uint32_t pages =
                 resolve_pages(p, to_u32(max_batch, "max_cache_batch_size"),
