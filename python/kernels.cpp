@@ -1,0 +1,151 @@
+// python/kernels.cpp — kvcache.store_kv and kvcache.attention on NumPy inputs.
+//
+// Both take the KVCacheInputs of a fetch and a layer index, follow the
+// conventions of kvcache/kernels/reference.h (ragged batch by row_offsets,
+// new token i of entry b at position cache_lengths[b] + i, causal, GQA) and
+// release the GIL while they compute. Do not step/release/increment the same
+// KVCacheInputs from another thread while a kernel runs on it.
+//
+// Which C++ kernels run is chosen by the one `using Kernels = ...;` line
+// below; `kvcache.kernels_backend` reports it.
+#include <optional>
+#include <string>
+
+#include "kvcache/kernels/attention.h"
+#include "kvcache/kernels/reference.h"
+#include "py_common.h"
+
+namespace kvcache::python {
+
+namespace {
+
+// The scalar oracle (kvcache/kernels/reference.h).
+struct ReferenceKernels {
+  static constexpr const char* name = "reference";
+  template <KVCacheT Cache>
+  static void store_kv(const Cache& k, const Cache& v, std::span<const float> k_new,
+                       std::span<const float> v_new, std::span<const std::uint32_t> row_offsets) {
+    store_kv_reference(k, v, k_new, v_new, row_offsets);
+  }
+  template <KVCacheT Cache>
+  static void attention(const Cache& k, const Cache& v, std::span<const float> q,
+                        std::uint32_t n_q_heads, std::span<const std::uint32_t> row_offsets,
+                        std::span<float> out, AttentionOptions options) {
+    attention_reference(k, v, q, n_q_heads, row_offsets, out, options);
+  }
+};
+
+// The Highway kernels (kvcache/kernels/attention.h), on the calling thread.
+struct FastKernels {
+  static constexpr const char* name = "fast";
+  template <KVCacheT Cache>
+  static void store_kv(const Cache& k, const Cache& v, std::span<const float> k_new,
+                       std::span<const float> v_new, std::span<const std::uint32_t> row_offsets) {
+    kvcache::store_kv(k, v, k_new, v_new, row_offsets);
+  }
+  template <KVCacheT Cache>
+  static void attention(const Cache& k, const Cache& v, std::span<const float> q,
+                        std::uint32_t n_q_heads, std::span<const std::uint32_t> row_offsets,
+                        std::span<float> out, AttentionOptions options) {
+    kvcache::attention(k, v, q, n_q_heads, row_offsets, out, options);
+  }
+};
+
+// The one-line switch between the kernel sets.
+using Kernels = ReferenceKernels;
+
+using FloatArray = py::array_t<float, py::array::c_style | py::array::forcecast>;
+
+// Calls f(key_cache, value_cache) for `layer` of the batch, typed by its dtype and strategy.
+template <class F>
+void with_layer(const KVCacheBatch& b, std::uint32_t layer, std::uint32_t device, F&& f) {
+  visit_dtype(b.params().dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if (b.strategy() == CacheStrategy::paged) {
+      const auto c = b.paged<T>(device);
+      f(c.get_key_cache(layer), c.get_value_cache(layer));
+    } else {
+      const auto c = b.continuous<T>(device);
+      f(c.get_key_cache(layer), c.get_value_cache(layer));
+    }
+  });
+}
+
+// Rows of `a` must be [tokens, heads, head_dim] (or flattened [tokens, heads * head_dim]).
+void check_rows(const py::array& a, const char* what, std::uint32_t heads, std::uint32_t dim) {
+  const bool ok3 = a.ndim() == 3 && a.shape(1) == heads && a.shape(2) == dim;
+  const bool ok2 = a.ndim() == 2 && a.shape(1) == py::ssize_t{heads} * dim;
+  if (!ok3 && !ok2) {
+    std::string shape;
+    for (py::ssize_t i = 0; i < a.ndim(); ++i) {
+      if (i > 0) shape += ", ";
+      shape += std::to_string(a.shape(i));
+    }
+    throw InvalidArgument(std::string(what) + " has shape (" + shape + "), expected (tokens, " +
+                          std::to_string(heads) + ", " + std::to_string(dim) + ")");
+  }
+}
+
+template <class A>
+auto span_of(A& a) {
+  return std::span(a.data(), static_cast<std::size_t>(a.size()));
+}
+
+void store_kv_py(PyBatch& inputs, const py::handle& layer, const FloatArray& k_new,
+                 const FloatArray& v_new, const py::handle& row_offsets, const py::handle& device) {
+  const KVCacheBatch& b = inputs.batch;
+  const KVCacheParams& p = b.params();
+  check_rows(k_new, "k_new", p.n_kv_heads_per_device(), p.head_dim);
+  check_rows(v_new, "v_new", p.n_kv_heads_per_device(), p.head_dim);
+  const auto offsets = to_u32_vector(row_offsets, "row_offsets");
+  with_layer(b, to_u32(layer, "layer"), to_u32(device, "device"),
+             [&](const auto& k, const auto& v) {
+               py::gil_scoped_release nogil;
+               Kernels::store_kv(k, v, span_of(k_new), span_of(v_new), offsets);
+             });
+}
+
+py::array_t<float> attention_py(PyBatch& inputs, const py::handle& layer, const FloatArray& q,
+                                const py::handle& row_offsets, std::optional<py::array> out,
+                                float scale, const py::handle& device) {
+  const KVCacheBatch& b = inputs.batch;
+  const std::uint32_t dim = b.params().head_dim;
+  if (q.ndim() != 3 || q.shape(2) != dim) {
+    throw InvalidArgument("q must have shape (tokens, n_q_heads, " + std::to_string(dim) + ")");
+  }
+  const auto n_q_heads = static_cast<std::uint32_t>(q.shape(1));
+  py::array_t<float> result = out ? py::array_t<float>::ensure(*out)
+                                  : py::array_t<float>({q.shape(0), q.shape(1), q.shape(2)});
+  if (out && (!result || result.ptr() != out->ptr() || !(result.flags() & py::array::c_style) ||
+              !result.writeable() || result.ndim() != 3 ||
+              !std::equal(q.shape(), q.shape() + 3, result.shape()))) {
+    throw InvalidArgument("out must be a writable C-contiguous float32 array shaped like q");
+  }
+  const auto offsets = to_u32_vector(row_offsets, "row_offsets");
+  const std::span<float> out_span(result.mutable_data(), static_cast<std::size_t>(result.size()));
+  with_layer(
+      b, to_u32(layer, "layer"), to_u32(device, "device"), [&](const auto& k, const auto& v) {
+        py::gil_scoped_release nogil;
+        Kernels::attention(k, v, span_of(q), n_q_heads, offsets, out_span, AttentionOptions{scale});
+      });
+  return result;
+}
+
+}  // namespace
+
+void bind_kernels(py::module_& m) {
+  m.attr("kernels_backend") = Kernels::name;
+  m.def("store_kv", &store_kv_py, py::arg("kv_cache_inputs"), py::arg("layer"), py::arg("k_new"),
+        py::arg("v_new"), py::arg("row_offsets"), py::kw_only(), py::arg("device") = 0,
+        "Writes the new K/V rows ([tokens, n_kv_heads, head_dim] floats) of `layer`: row r of "
+        "entry b (rows row_offsets[b] .. row_offsets[b+1]) goes to position cache_lengths[b] + "
+        "(r - row_offsets[b]), rounded to the cache dtype. Releases the GIL.");
+  m.def("attention", &attention_py, py::arg("kv_cache_inputs"), py::arg("layer"), py::arg("q"),
+        py::arg("row_offsets"), py::kw_only(), py::arg("out") = py::none(), py::arg("scale") = 0.0f,
+        py::arg("device") = 0,
+        "Causal attention of q ([tokens, n_q_heads, head_dim] floats, GQA) over each entry's "
+        "history and new tokens in `layer`; returns (or fills `out`) float32 [tokens, n_q_heads, "
+        "head_dim]. scale 0 means 1/sqrt(head_dim). Releases the GIL.");
+}
+
+}  // namespace kvcache::python

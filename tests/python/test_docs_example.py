@@ -1,0 +1,21 @@
+"""docs/python.md's worked example runs as written (so it cannot drift)."""
+import contextlib
+import io
+import os
+import re
+
+DOC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs", "python.md")
+
+
+def test_worked_example_runs():
+    with open(DOC) as f:
+        text = f.read()
+    section = text.split("## Worked example", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(code, "docs/python.md", "exec"), {})
+    lines = printed.getvalue().splitlines()
+    assert lines[0] == "262144"
+    assert lines[1] == "[4, 2, 2, 128, 2, 16]"
+    assert lines[-1] == "[7, 5]"
