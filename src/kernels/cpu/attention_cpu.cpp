@@ -104,27 +104,28 @@ HWY_INLINE void DotTile(DF df, const float* q, std::uint32_t dim, const T* kb, s
   }
 }
 
-// acc_r += sum_t p_r[t] * v_t for kR query vectors.
-template <int kR, class T>
+// acc_r += sum_t p_r[t] * v_t for kR query vectors; kV vectors of head_dim
+// per register block, so each V load feeds kR FMAs.
+template <int kR, int kV, class T>
 HWY_INLINE void PvRows(DF df, const float* const* p, float* const* acc, const T* vb,
                        std::size_t ts, std::uint32_t nt, std::uint32_t dim) {
   const std::size_t n = hn::Lanes(df);
   std::size_t d = 0;
-  for (; d + 4 * n <= dim; d += 4 * n) {
-    VF a[kR][4];
+  for (; d + kV * n <= dim; d += kV * n) {
+    VF a[kR][kV];
     for (int r = 0; r < kR; ++r)
-      for (int i = 0; i < 4; ++i) a[r][i] = hn::LoadU(df, acc[r] + d + i * n);
+      for (int i = 0; i < kV; ++i) a[r][i] = hn::LoadU(df, acc[r] + d + i * n);
     for (std::uint32_t t = 0; t < nt; ++t) {
       const T* v = vb + t * ts + d;
-      VF vv[4];
-      for (int i = 0; i < 4; ++i) vv[i] = LoadF(df, v + i * n);
+      VF vv[kV];
+      for (int i = 0; i < kV; ++i) vv[i] = LoadF(df, v + i * n);
       for (int r = 0; r < kR; ++r) {
         const VF pr = hn::Set(df, p[r][t]);
-        for (int i = 0; i < 4; ++i) a[r][i] = hn::MulAdd(pr, vv[i], a[r][i]);
+        for (int i = 0; i < kV; ++i) a[r][i] = hn::MulAdd(pr, vv[i], a[r][i]);
       }
     }
     for (int r = 0; r < kR; ++r)
-      for (int i = 0; i < 4; ++i) hn::StoreU(a[r][i], df, acc[r] + d + i * n);
+      for (int i = 0; i < kV; ++i) hn::StoreU(a[r][i], df, acc[r] + d + i * n);
   }
   for (; d + n <= dim; d += n) {
     VF a[kR];
@@ -314,15 +315,24 @@ class ItemRunner {
                     s.acc.data() + (base + i) * dim, dim);
     }
     std::uint32_t i = 0;
+    for (; i + 4 <= m; i += 4) {
+      const float* p[4];
+      float* a[4];
+      for (int r = 0; r < 4; ++r) {
+        p[r] = sc + (i + r) * kTile;
+        a[r] = s.acc.data() + (base + i + r) * dim;
+      }
+      PvRows<4, 2>(df, p, a, vb, ts, nt, dim);
+    }
     for (; i + 2 <= m; i += 2) {
       const float* p[2] = {sc + i * kTile, sc + (i + 1) * kTile};
       float* a[2] = {s.acc.data() + (base + i) * dim, s.acc.data() + (base + i + 1) * dim};
-      PvRows<2>(df, p, a, vb, ts, nt, dim);
+      PvRows<2, 4>(df, p, a, vb, ts, nt, dim);
     }
     if (i < m) {
       const float* p[1] = {sc + i * kTile};
       float* a[1] = {s.acc.data() + (base + i) * dim};
-      PvRows<1>(df, p, a, vb, ts, nt, dim);
+      PvRows<1, 4>(df, p, a, vb, ts, nt, dim);
     }
   }
 
