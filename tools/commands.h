@@ -20,4 +20,7 @@ void add_plan_command(CLI::App& app);
 // `kvcache demo`: plan for a preset plus a narrated lifecycle walk-through.
 void add_demo_command(CLI::App& app);
 
+// `kvcache bench attention|store`: kernels against memory bandwidth / FMA peak.
+void add_bench_command(CLI::App& app);
+
 }  // namespace kvcache::tools

@@ -6,7 +6,22 @@
 // [total_new_tokens][n_kv_heads][head_dim] floats, causal over history + new
 // tokens, GQA, fp32 accumulation. SIMD through Highway with runtime dispatch
 // (AVX2 / AVX-512 / scalar). `pool` == nullptr runs on the calling thread.
-// Arguments are validated (InvalidArgument) once per call, never in the loops.
+// Arguments are validated (InvalidArgument) once per call, never in the loops:
+// row_offsets (shape, non-decreasing, and cache_length(b) + new tokens within
+// the view's max_context_length and its page table), n_q_heads a positive
+// multiple of n_kv_heads, span sizes, and K/V views of the same shape.
+//
+// attention: every position < cache_length(b) + new tokens of entry b must
+// hold K/V (store_kv the new tokens first). Decode entries (few new tokens)
+// process all query heads of all KV heads per K/V row read, split the context
+// across the pool's threads and merge the pieces by log-sum-exp; prefill
+// entries are tiled (query rows x one KV head) with an online softmax.
+// Results match attention_reference within fp32 rounding (different
+// summation order and a polynomial exp with <= 1 ulp error).
+// store_kv: writes exactly what store_kv_reference writes (same f16 / bf16
+// round-to-nearest-even), optionally rotating K first (kernels/rope.h).
+// Thread-safety: concurrent calls on disjoint outputs are safe; a pool runs
+// one call at a time.
 #pragma once
 
 #include <cstdint>
@@ -19,8 +34,9 @@
 namespace kvcache {
 
 // Optional rotary position embedding applied to K on the way into the cache
-// (and nowhere else). Rotates pairs (d, d + head_dim/2) ("NeoX" / HF Llama
-// style) by angle pos * theta^(-2i/rotary_dim) for i < rotary_dim/2.
+// (and nowhere else). Rotates pairs (i, i + rotary_dim/2) ("NeoX" / HF Llama
+// style) by angle pos * theta^(-2i/rotary_dim) for i < rotary_dim/2, pos =
+// the token's position; see kernels/rope.h for the reference.
 struct RopeOptions {
   bool enabled = false;
   float theta = 10000.0f;

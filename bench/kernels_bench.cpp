@@ -1,0 +1,100 @@
+// Google Benchmark micro-benchmarks of the CPU kernels on small, cache-resident
+// self-owned caches (shuffled page table). The DRAM-resident, roofline-checked
+// figures come from `kvcache bench` (docs/PERFORMANCE.md, "Kernels").
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "kvcache/collection.h"
+#include "kvcache/kernels/attention.h"
+#include "kvcache/thread_pool.h"
+
+namespace kvcache {
+namespace {
+
+constexpr std::uint32_t kKv = 8, kDim = 128, kPage = 16;
+
+template <CacheElement T>
+struct Cache {
+  std::vector<T> blocks;
+  std::vector<std::uint32_t> lengths, lookup, ro;
+  CollectionDesc<T> d;
+  Cache(std::uint32_t batch, std::uint32_t history, std::uint32_t fresh) {
+    const std::uint32_t per = (history + fresh + kPage - 1) / kPage;
+    std::vector<std::uint32_t> ids(batch * per);
+    std::iota(ids.begin(), ids.end(), 0u);
+    std::shuffle(ids.begin(), ids.end(), std::mt19937(1));
+    lookup = ids;
+    lengths.assign(batch, history);
+    for (std::uint32_t b = 0; b <= batch; ++b) ro.push_back(b * fresh);
+    blocks.resize(std::size_t{batch} * per * 2 * kPage * kKv * kDim);
+    std::mt19937 rng(2);
+    std::uniform_real_distribution<float> dist(-1, 1);
+    for (auto& x : blocks) x = from_float<T>(dist(rng));
+    d = {blocks.data(), lengths.data(), lookup.data(), per, batch, fresh, history + fresh, 1,
+         kPage, kKv, kDim, batch * per};
+  }
+};
+
+template <class T>
+void BM_DecodeAttention(benchmark::State& state) {
+  const auto q_heads = static_cast<std::uint32_t>(state.range(0));
+  const auto context = static_cast<std::uint32_t>(state.range(1));
+  const auto threads = static_cast<std::size_t>(state.range(2));
+  Cache<T> c(1, context - 1, 1);
+  PagedKVCacheCollection<T> col(c.d);
+  std::vector<float> q(q_heads * kDim, 0.3f), out(q.size());
+  ThreadPool pool(threads);
+  for (auto _ : state) {
+    attention(col.get_key_cache(0), col.get_value_cache(0), std::span<const float>(q), q_heads,
+              std::span<const std::uint32_t>(c.ro), std::span(out), {}, &pool);
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetBytesProcessed(state.iterations() * std::int64_t{context} * kKv * kDim * 2 *
+                          std::int64_t(sizeof(T)));
+}
+BENCHMARK_TEMPLATE(BM_DecodeAttention, BFloat16)
+    ->ArgsProduct({{8, 32}, {4096, 32768}, {1, 2}})
+    ->UseRealTime();
+BENCHMARK_TEMPLATE(BM_DecodeAttention, Half)->Args({32, 32768, 2})->UseRealTime();
+
+void BM_PrefillAttention(benchmark::State& state) {
+  const auto tokens = static_cast<std::uint32_t>(state.range(0));
+  Cache<BFloat16> c(1, 0, tokens);
+  PagedKVCacheCollection<BFloat16> col(c.d);
+  std::vector<float> q(std::size_t{tokens} * 32 * kDim, 0.1f), out(q.size());
+  ThreadPool pool(2);
+  for (auto _ : state) {
+    attention(col.get_key_cache(0), col.get_value_cache(0), std::span<const float>(q), 32,
+              std::span<const std::uint32_t>(c.ro), std::span(out), {}, &pool);
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.counters["GFLOPs"] = benchmark::Counter(
+      4.0 * kDim * 32 * tokens * (tokens + 1) / 2.0, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_PrefillAttention)->Arg(512)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+template <class T>
+void BM_StoreKv(benchmark::State& state) {
+  const auto tokens = static_cast<std::uint32_t>(state.range(0));
+  const bool rope = state.range(1) != 0;
+  Cache<T> c(1, 0, tokens);
+  PagedKVCacheCollection<T> col(c.d);
+  std::vector<float> kv(std::size_t{tokens} * kKv * kDim, 0.5f);
+  StoreOptions opt;
+  opt.rope_k.enabled = rope;
+  for (auto _ : state) {
+    store_kv(col.get_key_cache(0), col.get_value_cache(0), std::span<const float>(kv),
+             std::span<const float>(kv), std::span<const std::uint32_t>(c.ro), opt);
+  }
+  state.SetBytesProcessed(state.iterations() * std::int64_t(kv.size()) * 2 *
+                          std::int64_t(sizeof(float) + sizeof(T)));
+}
+BENCHMARK_TEMPLATE(BM_StoreKv, BFloat16)->ArgsProduct({{1024}, {0, 1}});
+BENCHMARK_TEMPLATE(BM_StoreKv, Half)->Args({1024, 0});
+
+}  // namespace
+}  // namespace kvcache

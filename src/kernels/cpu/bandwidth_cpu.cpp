@@ -1,0 +1,116 @@
+// Bandwidth / FMA probes (Highway, runtime dispatch); see kernels/bandwidth.h.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "kvcache/kernels/bandwidth.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/cpu/bandwidth_cpu.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+// Must come after foreach_target.h.
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace kvcache::kernels::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+float ReadSlice(const float* p, std::size_t n) {
+  const hn::ScalableTag<float> df;
+  const std::size_t lanes = hn::Lanes(df);
+  auto a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
+  std::size_t i = 0;
+  for (; i + 4 * lanes <= n; i += 4 * lanes) {
+    a0 = hn::Add(a0, hn::LoadU(df, p + i));
+    a1 = hn::Add(a1, hn::LoadU(df, p + i + lanes));
+    a2 = hn::Add(a2, hn::LoadU(df, p + i + 2 * lanes));
+    a3 = hn::Add(a3, hn::LoadU(df, p + i + 3 * lanes));
+  }
+  float s = hn::GetLane(hn::SumOfLanes(df, hn::Add(hn::Add(a0, a1), hn::Add(a2, a3))));
+  for (; i < n; ++i) s += p[i];
+  return s;
+}
+
+std::uint64_t FmaSlice(std::uint64_t iterations, float* sink) {
+  const hn::ScalableTag<float> df;
+  constexpr int kChains = 12;  // > latency x ports, fits in 16 registers
+  hn::Vec<decltype(df)> a[kChains];
+  for (int c = 0; c < kChains; ++c) a[c] = hn::Set(df, 1.0f + 1e-7f * c);
+  const auto m = hn::Set(df, 0.999999f);
+  const auto b = hn::Set(df, 1e-6f);
+  for (std::uint64_t i = 0; i < iterations; ++i) {
+    for (int c = 0; c < kChains; ++c) a[c] = hn::MulAdd(a[c], m, b);
+  }
+  auto s = a[0];
+  for (int c = 1; c < kChains; ++c) s = hn::Add(s, a[c]);
+  *sink += hn::GetLane(s);
+  return iterations * kChains * hn::Lanes(df) * 2;
+}
+
+}  // namespace kvcache::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace kvcache::kernels {
+HWY_EXPORT(ReadSlice);
+HWY_EXPORT(FmaSlice);
+
+namespace {
+std::size_t workers(ThreadPool* pool) { return pool == nullptr ? 1 : pool->num_threads(); }
+
+// [begin, end) of slice i of n items split w ways, 4 KiB aligned.
+std::pair<std::size_t, std::size_t> slice(std::size_t n, std::size_t w, std::size_t i,
+                                          std::size_t align) {
+  const std::size_t per = (n / w + align - 1) / align * align;
+  const std::size_t b = std::min(n, per * i);
+  return {b, i + 1 == w ? n : std::min(n, b + per)};
+}
+
+template <class F>
+void on_threads(ThreadPool* pool, const F& f) {
+  if (pool == nullptr || pool->num_threads() == 1) {
+    f(0);
+  } else {
+    pool->parallel_for(pool->num_threads(), f);
+  }
+}
+}  // namespace
+
+float stream_read(const void* data, std::size_t bytes, ThreadPool* pool) {
+  const std::size_t n = bytes / sizeof(float);
+  const std::size_t w = workers(pool);
+  std::vector<float> sums(w, 0.0f);
+  on_threads(pool, [&](std::size_t i) {
+    const auto [b, e] = slice(n, w, i, 1024);
+    sums[i] = HWY_DYNAMIC_DISPATCH(ReadSlice)(static_cast<const float*>(data) + b, e - b);
+  });
+  float s = 0.0f;
+  for (float x : sums) s += x;
+  return s;
+}
+
+void stream_copy(void* dst, const void* src, std::size_t bytes, ThreadPool* pool) {
+  const std::size_t w = workers(pool);
+  on_threads(pool, [&](std::size_t i) {
+    const auto [b, e] = slice(bytes, w, i, 4096);
+    std::memcpy(static_cast<char*>(dst) + b, static_cast<const char*>(src) + b, e - b);
+  });
+}
+
+std::uint64_t fma_peak(std::uint64_t iterations, ThreadPool* pool, float* sink) {
+  const std::size_t w = workers(pool);
+  std::vector<std::uint64_t> flops(w, 0);
+  std::vector<float> sinks(w, 0.0f);
+  on_threads(pool, [&](std::size_t i) {
+    flops[i] = HWY_DYNAMIC_DISPATCH(FmaSlice)(iterations, &sinks[i]);
+  });
+  std::uint64_t total = 0;
+  for (std::size_t i = 0; i < w; ++i) {
+    total += flops[i];
+    *sink += sinks[i];
+  }
+  return total;
+}
+
+}  // namespace kvcache::kernels
+#endif  // HWY_ONCE

@@ -1,0 +1,69 @@
+// Plain-data contexts shared by the per-target (Highway) kernel code and the
+// type-erased entry points. Included once per Highway target: keep it free of
+// SIMD code.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <span>
+
+#include "kernels/cpu/attention_plan.h"
+#include "kvcache/kv_cache.h"
+#include "kvcache/thread_pool.h"
+
+namespace kvcache::kernels {
+
+// One layer's K or V memory, element type erased.
+struct LayerRef {
+  const void* blocks = nullptr;
+  std::size_t block_stride = 0;  // elements
+};
+
+struct AttentionCtx {
+  LayerRef k, v;
+  const std::uint32_t* cache_lengths = nullptr;
+  const std::uint32_t* lookup = nullptr;
+  std::uint32_t lookup_stride = 0;
+  std::uint32_t page = 0;
+  std::uint32_t n_kv = 0;
+  std::uint32_t group = 0;
+  std::uint32_t dim = 0;
+  std::size_t token_stride = 0;  // elements: n_kv * dim
+  const float* q = nullptr;
+  float* out = nullptr;
+  std::uint32_t n_q = 0;
+  float scale = 1.0f;
+  const std::uint32_t* row_offsets = nullptr;
+  const AttentionPlan* plan = nullptr;
+  ThreadPool* pool = nullptr;
+};
+
+struct StoreCtx {
+  void* k_blocks = nullptr;
+  void* v_blocks = nullptr;
+  std::size_t block_stride = 0;
+  const std::uint32_t* cache_lengths = nullptr;
+  const std::uint32_t* lookup = nullptr;
+  std::uint32_t lookup_stride = 0;
+  std::uint32_t page = 0;
+  std::uint32_t batch = 0;
+  std::uint32_t n_kv = 0;
+  std::uint32_t dim = 0;
+  const float* k_new = nullptr;
+  const float* v_new = nullptr;
+  const std::uint32_t* row_offsets = nullptr;
+  std::uint32_t total_rows = 0;
+  bool rope = false;
+  std::uint32_t rotary_dim = 0;
+  const float* inv_freq = nullptr;  // [rotary_dim / 2]
+  ThreadPool* pool = nullptr;
+};
+
+// Validation shared by attention and store_kv (implemented in attention_cpu.cpp):
+// K and V views of one shape and batch, row_offsets well formed, and every
+// entry's cache_length + new tokens within max_context_length and its page table.
+void check_shapes(const LayerCacheDesc<float>& k, const LayerCacheDesc<float>& v,
+                  std::span<const std::uint32_t> row_offsets);
+
+}  // namespace kvcache::kernels

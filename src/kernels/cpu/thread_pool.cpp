@@ -1,0 +1,152 @@
+// ThreadPool: workers created once, woken per parallel_for through a
+// generation counter (brief spin, then a condition variable), indices handed
+// out with an atomic counter so uneven items balance dynamically.
+#include "kvcache/thread_pool.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "kvcache/error.h"
+
+namespace kvcache {
+
+namespace {
+constexpr std::size_t kMaxThreads = 1024;
+constexpr int kSpinIterations = 4000;
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+}  // namespace
+
+struct ThreadPool::Impl {
+  explicit Impl(std::size_t n) : num_threads(n) {
+    workers.reserve(n - 1);
+    for (std::size_t i = 1; i < n; ++i) workers.emplace_back([this] { worker_loop(); });
+  }
+
+  ~Impl() {
+    {
+      std::lock_guard lock(mu);
+      stop = true;
+      generation.fetch_add(1, std::memory_order_release);
+    }
+    wake.notify_all();
+    for (auto& w : workers) w.join();
+  }
+
+  // Runs indices until none are left; records the first exception.
+  void drain() {
+    for (;;) {
+      const std::size_t i = next.fetch_add(1, std::memory_order_relaxed);
+      if (i >= count) break;
+      try {
+        (*job)(i);
+      } catch (...) {
+        std::lock_guard lock(error_mu);
+        if (!error) error = std::current_exception();
+      }
+    }
+  }
+
+  void worker_loop() {
+    std::uint64_t seen = 0;
+    for (;;) {
+      std::uint64_t g = generation.load(std::memory_order_acquire);
+      for (int spin = 0; g == seen && spin < kSpinIterations; ++spin) {
+        cpu_relax();
+        g = generation.load(std::memory_order_acquire);
+      }
+      if (g == seen) {
+        std::unique_lock lock(mu);
+        wake.wait(lock, [&] { return generation.load(std::memory_order_acquire) != seen; });
+        g = generation.load(std::memory_order_acquire);
+      }
+      seen = g;
+      if (stop) return;
+      drain();
+      if (pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        std::lock_guard lock(mu);
+        done.notify_all();
+      }
+    }
+  }
+
+  void run(std::size_t n, const std::function<void(std::size_t)>& fn) {
+    std::lock_guard call_lock(call_mu);  // one parallel_for at a time
+    job = &fn;
+    count = n;
+    error = nullptr;
+    next.store(0, std::memory_order_relaxed);
+    pending.store(workers.size(), std::memory_order_relaxed);
+    {
+      std::lock_guard lock(mu);
+      generation.fetch_add(1, std::memory_order_release);
+    }
+    wake.notify_all();
+    drain();
+    for (int spin = 0; pending.load(std::memory_order_acquire) != 0 && spin < kSpinIterations;
+         ++spin) {
+      cpu_relax();
+    }
+    if (pending.load(std::memory_order_acquire) != 0) {
+      std::unique_lock lock(mu);
+      done.wait(lock, [&] { return pending.load(std::memory_order_acquire) == 0; });
+    }
+    job = nullptr;
+    if (error) std::rethrow_exception(std::exchange(error, nullptr));
+  }
+
+  const std::size_t num_threads;
+  std::vector<std::thread> workers;
+  std::mutex call_mu;
+  std::mutex mu;
+  std::condition_variable wake;
+  std::condition_variable done;
+  std::atomic<std::uint64_t> generation{0};
+  std::atomic<std::size_t> next{0};
+  std::atomic<std::size_t> pending{0};
+  const std::function<void(std::size_t)>* job = nullptr;
+  std::size_t count = 0;
+  bool stop = false;
+  std::mutex error_mu;
+  std::exception_ptr error;
+};
+
+namespace {
+std::size_t resolve_threads(std::size_t n) {
+  if (n > kMaxThreads) {
+    throw InvalidArgument("ThreadPool num_threads " + std::to_string(n) + " exceeds the limit " +
+                          std::to_string(kMaxThreads));
+  }
+  if (n == 0) n = std::max<std::size_t>(1, std::thread::hardware_concurrency());
+  return n;
+}
+}  // namespace
+
+ThreadPool::ThreadPool(std::size_t num_threads)
+    : impl_(std::make_unique<Impl>(resolve_threads(num_threads))) {}
+
+ThreadPool::~ThreadPool() = default;
+
+std::size_t ThreadPool::num_threads() const { return impl_->num_threads; }
+
+void ThreadPool::parallel_for(std::size_t n, const std::function<void(std::size_t)>& fn) {
+  if (n == 0) return;
+  if (impl_->workers.empty() || n == 1) {
+    for (std::size_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  impl_->run(n, fn);
+}
+
+}  // namespace kvcache

@@ -1,0 +1,218 @@
+// Fast attention / store_kv against the scalar references on random data.
+//
+// Error bound (attention): |fast - reference| <= kAbsTol + kRelTol * |reference|
+// per element, kAbsTol = kRelTol = 2e-6. Outputs are convex combinations of V
+// values in [-1, 1]; the fast kernel sums the head_dim products and the
+// softmax in a different order (SIMD lanes, tiles, split merges) and uses a
+// polynomial exp within 1 ulp, so each output differs from the reference by
+// a few tens of fp32 ulps of 1.0 (2^-23 ~ 1.2e-7): 2e-6 is ~17 ulps.
+// store_kv must be bit-identical to store_kv_reference (same rounding).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+
+#include "kernel_test_util.h"
+#include "kvcache/error.h"
+#include "kvcache/kernels/attention.h"
+#include "kvcache/kernels/reference.h"
+#include "kvcache/thread_pool.h"
+
+namespace kvcache {
+namespace {
+
+using test::Entry;
+using test::OwnedCache;
+
+constexpr float kAbsTol = 2e-6f;
+constexpr float kRelTol = 2e-6f;
+
+struct Case {
+  std::vector<Entry> entries;
+  bool paged = true;
+  std::uint32_t page = 16;
+  std::uint32_t n_kv = 2;
+  std::uint32_t group = 1;
+  std::uint32_t dim = 64;
+  std::size_t threads = 1;
+  std::string name() const {
+    return std::string(paged ? "paged" : "continuous") + " page " + std::to_string(page) +
+           " kv " + std::to_string(n_kv) + " group " + std::to_string(group) + " dim " +
+           std::to_string(dim) + " threads " + std::to_string(threads);
+  }
+};
+
+// A mixed batch: a long decode (forces context splits with 2 threads), a
+// fresh prefill, a chunked prefill over history, short decodes.
+std::vector<Entry> mixed_batch() { return {{1500, 1}, {0, 19}, {61, 7}, {3, 1}, {33, 2}}; }
+
+template <CacheElement T>
+void check_case(const Case& c, std::mt19937& rng) {
+  SCOPED_TRACE(c.name() + " dtype " + std::string(dtype_name(dtype_of_v<T>)));
+  OwnedCache<T> ref(c.entries, c.paged, c.page, c.n_kv, c.dim, rng);
+  OwnedCache<T> fast(ref);
+  const std::uint32_t rows = ref.total_rows();
+  const std::uint32_t n_q = c.n_kv * c.group;
+  const auto k_new = test::random_floats(std::size_t{rows} * c.n_kv * c.dim, -1, 1, rng);
+  const auto v_new = test::random_floats(std::size_t{rows} * c.n_kv * c.dim, -1, 1, rng);
+  const auto q = test::random_floats(std::size_t{rows} * n_q * c.dim, -2, 2, rng);
+  std::vector<float> out_ref(q.size(), 0.0f), out_fast(q.size(), -7.0f);
+  ThreadPool pool(c.threads);
+  const auto L = OwnedCache<T>::kLayer;
+
+  test::with_collection(ref, [&](const auto& col) {
+    store_kv_reference(col.get_key_cache(L), col.get_value_cache(L), std::span(k_new),
+                       std::span(v_new), std::span<const std::uint32_t>(ref.row_offsets));
+    attention_reference(col.get_key_cache(L), col.get_value_cache(L), std::span(q), n_q,
+                        std::span<const std::uint32_t>(ref.row_offsets), std::span(out_ref));
+  });
+  test::with_collection(fast, [&](const auto& col) {
+    store_kv(col.get_key_cache(L), col.get_value_cache(L), std::span(k_new), std::span(v_new),
+             std::span<const std::uint32_t>(fast.row_offsets), {}, &pool);
+    attention(col.get_key_cache(L), col.get_value_cache(L), std::span(q), n_q,
+              std::span<const std::uint32_t>(fast.row_offsets), std::span(out_fast), {}, &pool);
+  });
+  ASSERT_EQ(0, std::memcmp(ref.blocks.data(), fast.blocks.data(), ref.blocks.size() * sizeof(T)))
+      << "store_kv differs from store_kv_reference";
+  float worst = 0.0f;
+  for (std::size_t i = 0; i < out_ref.size(); ++i) {
+    const float err = std::fabs(out_fast[i] - out_ref[i]);
+    worst = std::max(worst, err / (kAbsTol + kRelTol * std::fabs(out_ref[i])));
+    ASSERT_LE(err, kAbsTol + kRelTol * std::fabs(out_ref[i]))
+        << "element " << i << " fast " << out_fast[i] << " reference " << out_ref[i];
+  }
+  EXPECT_LE(worst, 1.0f);
+}
+
+template <class F>
+void for_dtypes(F&& f) {
+  f(float{});
+  f(Half{});
+  f(BFloat16{});
+}
+
+TEST(AttentionFast, AllDtypesHeadDimsAndGqaRatios) {
+  std::mt19937 rng(1234);
+  for_dtypes([&](auto tag) {
+    using T = decltype(tag);
+    for (std::uint32_t dim : {64u, 80u, 96u, 128u, 256u}) {
+      for (std::uint32_t group : {1u, 2u, 4u, 8u}) {
+        Case c{mixed_batch(), true, 16, 2, group, dim, 2};
+        check_case<T>(c, rng);
+      }
+    }
+  });
+}
+
+TEST(AttentionFast, PageSizesStrategiesAndThreads) {
+  std::mt19937 rng(99);
+  for_dtypes([&](auto tag) {
+    using T = decltype(tag);
+    for (bool paged : {true, false}) {
+      for (std::uint32_t page : {1u, 16u, 128u}) {
+        if (!paged && page != 16) continue;  // continuous has one block per entry
+        for (std::size_t threads : {1u, 2u}) {
+          Case c{{{700, 1}, {0, 37}, {129, 3}, {15, 1}, {255, 2}}, paged, page, 3, 2, 80,
+                 threads};
+          check_case<T>(c, rng);
+        }
+      }
+    }
+  });
+}
+
+TEST(AttentionFast, LongSingleDecodeSplitsAcrossThreads) {
+  std::mt19937 rng(7);
+  Case c{{{4099, 1}}, true, 16, 2, 4, 128, 2};
+  check_case<BFloat16>(c, rng);
+  c.threads = 3;
+  c.page = 128;
+  check_case<Half>(c, rng);
+}
+
+TEST(AttentionFast, PrefillOnlyAndEmptyEntries) {
+  std::mt19937 rng(5);
+  Case c{{{0, 45}, {10, 0}, {0, 1}}, true, 16, 1, 4, 96, 2};
+  check_case<float>(c, rng);
+  c.paged = false;
+  check_case<BFloat16>(c, rng);
+}
+
+TEST(AttentionFast, ExplicitScale) {
+  std::mt19937 rng(11);
+  OwnedCache<float> cache({{20, 3}}, true, 4, 1, 64, rng);
+  const auto q = test::random_floats(3 * 2 * 64, -1, 1, rng);
+  std::vector<float> a(q.size()), b(q.size());
+  auto col = cache.paged_collection();
+  auto k = col.get_key_cache(1), v = col.get_value_cache(1);
+  std::span<const std::uint32_t> ro(cache.row_offsets);
+  AttentionOptions opt{0.37f};
+  attention_reference(k, v, std::span(q), 2, ro, std::span(a), opt);
+  attention(k, v, std::span(q), 2, ro, std::span(b), opt);
+  for (std::size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], kAbsTol + kRelTol * std::fabs(a[i]));
+}
+
+TEST(AttentionFast, BadArgumentsThrowInvalidArgument) {
+  std::mt19937 rng(3);
+  OwnedCache<Half> cache({{5, 2}, {0, 3}}, true, 4, 2, 64, rng);
+  auto col = cache.paged_collection();
+  auto k = col.get_key_cache(1), v = col.get_value_cache(1);
+  const std::size_t rows = 5;
+  std::vector<float> q(rows * 4 * 64, 0.5f), out(q.size());
+  std::vector<std::uint32_t> ro = cache.row_offsets;
+  const auto before = cache.blocks;
+  // n_q_heads not a multiple of n_kv_heads, and zero.
+  EXPECT_THROW(attention(k, v, std::span<const float>(q), 3, std::span<const std::uint32_t>(ro),
+                         std::span(out)),
+               InvalidArgument);
+  EXPECT_THROW(attention(k, v, std::span<const float>(q), 0, std::span<const std::uint32_t>(ro),
+                         std::span(out)),
+               InvalidArgument);
+  // q / out size mismatch.
+  EXPECT_THROW(attention(k, v, std::span<const float>(q).subspan(1), 4,
+                         std::span<const std::uint32_t>(ro), std::span(out)),
+               InvalidArgument);
+  EXPECT_THROW(attention(k, v, std::span<const float>(q), 4, std::span<const std::uint32_t>(ro),
+                         std::span(out).subspan(64)),
+               InvalidArgument);
+  // row_offsets: wrong length, not starting at 0, decreasing, past the view's room.
+  std::vector<std::uint32_t> short_ro = {0, 2};
+  std::vector<std::uint32_t> bad_start = {1, 2, 5};
+  std::vector<std::uint32_t> decreasing = {0, 3, 2};
+  std::vector<std::uint32_t> too_many = {0, 5, 5};  // entry 0: 5 cached + 5 new > 7
+  for (const auto* bad : {&short_ro, &bad_start, &decreasing, &too_many}) {
+    EXPECT_THROW(attention(k, v, std::span<const float>(q), 4,
+                           std::span<const std::uint32_t>(*bad), std::span(out)),
+                 InvalidArgument);
+  }
+  // K and V from different layers of different shape are fine; mismatched shapes are not.
+  OwnedCache<Half> other({{5, 2}, {0, 3}}, true, 4, 1, 64, rng);
+  auto other_v = other.paged_collection().get_value_cache(1);
+  EXPECT_THROW(attention(k, other_v, std::span<const float>(q), 4,
+                         std::span<const std::uint32_t>(ro), std::span(out)),
+               InvalidArgument);
+  // store_kv: size mismatch, bad offsets, bad rope.
+  std::vector<float> kv(rows * 2 * 64, 0.25f);
+  EXPECT_THROW(store_kv(k, v, std::span<const float>(kv).subspan(1), std::span<const float>(kv),
+                        std::span<const std::uint32_t>(ro)),
+               InvalidArgument);
+  EXPECT_THROW(store_kv(k, v, std::span<const float>(kv), std::span<const float>(kv),
+                        std::span<const std::uint32_t>(too_many)),
+               InvalidArgument);
+  StoreOptions odd;
+  odd.rope_k = {true, 10000.0f, 7};
+  EXPECT_THROW(store_kv(k, v, std::span<const float>(kv), std::span<const float>(kv),
+                        std::span<const std::uint32_t>(ro), odd),
+               InvalidArgument);
+  StoreOptions wide;
+  wide.rope_k = {true, 10000.0f, 66};
+  EXPECT_THROW(store_kv(k, v, std::span<const float>(kv), std::span<const float>(kv),
+                        std::span<const std::uint32_t>(ro), wide),
+               InvalidArgument);
+  EXPECT_TRUE(before == cache.blocks) << "a throwing call wrote to the cache";
+}
+
+}  // namespace
+}  // namespace kvcache

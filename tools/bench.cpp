@@ -1,0 +1,467 @@
+// tools/bench.cpp — `kvcache bench attention|store`: the fast kernels timed
+// against the machine's own limits, measured in the same run with the same
+// threads (DESIGN.md §6).
+//
+// attention: builds the cache through the public API (paged manager with a
+// shuffled free list: one-page sequences released in random order before the
+// benchmark's sequences claim their pages; or a continuous manager), fills it
+// with random K/V via store_kv, checks the fast kernel against
+// attention_reference on a small sample of the same shape, then times
+// attention (warm-up, median of repeats). DRAM-resident runs rotate over
+// enough sequence sets that the working set is >= 1 GiB. Reports GB/s of
+// unique K+V bytes against streaming read bandwidth over a buffer as large as
+// the working set; prefill also reports GFLOP/s against fp32 FMA peak.
+// store: times store_kv (optionally with fused RoPE) against memcpy moving
+// the same number of bytes.
+#include <sys/mman.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "kvcache/kernels/attention.h"
+#include "kvcache/kernels/bandwidth.h"
+#include "kvcache/kvcache.h"
+
+namespace kvcache::tools {
+namespace {
+
+constexpr std::size_t kGiB = std::size_t{1} << 30;
+
+struct Common {
+  std::string dtype = "bf16";
+  std::uint32_t head_dim = 128;
+  std::uint32_t kv_heads = 8;
+  std::uint32_t batch = 1;
+  std::uint32_t page_size = 16;
+  std::string page_order = "shuffled";
+  std::size_t threads = 2;
+  std::string strategy = "paged";
+  std::string huge_pages = "on";
+  std::uint32_t repeats = 0;  // 0: automatic
+  bool json = false;
+};
+
+struct AttentionArgs : Common {
+  std::uint32_t q_heads = 32;
+  std::uint32_t context = 4096;
+  std::string mode = "decode";
+  std::string resident = "dram";
+};
+
+struct StoreArgs : Common {
+  std::uint32_t tokens = 4096;
+  bool rope = false;
+};
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+template <class F>
+std::vector<double> time_calls(std::size_t n, F&& f) {
+  std::vector<double> t;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double t0 = now_s();
+    f(i);
+    t.push_back(now_s() - t0);
+  }
+  return t;
+}
+
+std::size_t anon_huge_kb() {
+  std::ifstream in("/proc/self/smaps_rollup");
+  std::string key;
+  std::size_t value = 0;
+  while (in >> key) {
+    if (key == "AnonHugePages:") {
+      in >> value;
+      return value;
+    }
+  }
+  return 0;
+}
+
+bool huge_on(const Common& a) {
+  if (a.huge_pages != "on" && a.huge_pages != "off") {
+    throw InvalidArgument("--huge-pages must be on or off, got '" + a.huge_pages + "'");
+  }
+  return a.huge_pages == "on";
+}
+
+// An mmap'ed buffer with the same huge-page advice as the cache.
+struct Buffer {
+  void* p = nullptr;
+  std::size_t bytes = 0;
+  Buffer(std::size_t n, bool huge) : bytes(n) {
+    p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw OutOfMemory("bench could not map " + std::to_string(n) + " bytes");
+    madvise(p, n, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+    auto* f = static_cast<float*>(p);
+    for (std::size_t i = 0; i < n / sizeof(float); ++i) f[i] = static_cast<float>(i & 1023) * 1e-3f;
+  }
+  ~Buffer() { munmap(p, bytes); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+};
+
+double stream_read_gbps(std::size_t bytes, bool huge, ThreadPool& pool) {
+  Buffer buf(bytes, huge);
+  float sink = kernels::stream_read(buf.p, bytes, &pool);  // warm-up
+  const auto t = time_calls(7, [&](std::size_t) { sink += kernels::stream_read(buf.p, bytes, &pool); });
+  if (sink == 12345.0f) std::cerr << "";  // keep the sums alive
+  return bytes / median(t) / 1e9;
+}
+
+double memcpy_gbps(std::size_t bytes, bool huge, ThreadPool& pool) {
+  Buffer src(bytes, huge), dst(bytes, huge);
+  kernels::stream_copy(dst.p, src.p, bytes, &pool);
+  const auto t = time_calls(5, [&](std::size_t) { kernels::stream_copy(dst.p, src.p, bytes, &pool); });
+  return 2.0 * bytes / median(t) / 1e9;  // read + write traffic
+}
+
+double fma_peak_gflops(ThreadPool& pool) {
+  float sink = 0.0f;
+  kernels::fma_peak(1000000, &pool, &sink);
+  std::uint64_t flops = 0;
+  const auto t = time_calls(5, [&](std::size_t) { flops = kernels::fma_peak(20000000, &pool, &sink); });
+  return flops / median(t) / 1e9;
+}
+
+std::vector<float> random_floats(std::size_t n, std::mt19937& rng) {
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+KVCacheParams make_params(const Common& a) {
+  KVCacheParams p;
+  p.dtype = parse_dtype(a.dtype);
+  p.num_layers = 1;
+  p.n_kv_heads = a.kv_heads;
+  p.head_dim = a.head_dim;
+  p.cache_strategy = parse_strategy(a.strategy);
+  p.page_size = p.cache_strategy == CacheStrategy::paged ? a.page_size : 0;
+  p.validate();
+  if (a.page_order != "shuffled" && a.page_order != "sequential") {
+    throw InvalidArgument("--page-order must be shuffled or sequential, got '" + a.page_order + "'");
+  }
+  if (a.threads == 0) throw InvalidArgument("--threads must be at least 1");
+  if (a.batch == 0) throw InvalidArgument("--batch must be at least 1");
+  return p;
+}
+
+// `sets` sequence sets of `batch` sequences, each with `tokens` tokens of room,
+// in a manager built through the public API.
+struct BenchCache {
+  std::unique_ptr<KVCacheManager> manager;
+  std::vector<std::vector<SeqId>> sets;
+  std::vector<KVCacheBatch> batches;  // the fetched step of each set
+  std::size_t bytes = 0;              // the manager's cache memory
+};
+
+BenchCache make_cache(const Common& a, const KVCacheParams& p, std::uint32_t sets,
+                      std::uint32_t tokens, std::mt19937& rng) {
+  BenchCache c;
+  const std::uint32_t seqs = sets * a.batch;
+  if (p.cache_strategy == CacheStrategy::paged) {
+    const std::uint32_t per_seq = (tokens + a.page_size - 1) / a.page_size;
+    const std::uint32_t pages = per_seq * seqs + 1;
+    const bool shuffled = a.page_order == "shuffled";
+    c.manager = std::make_unique<PagedKVCacheManager>(p, pages, shuffled ? std::max(pages, seqs) : seqs,
+                                                      per_seq * a.page_size);
+    c.bytes = PagedKVCacheManager::estimated_memory_size(p, pages);
+    if (shuffled) {  // every page once to a one-page sequence, released in random order
+      auto ids = c.manager->claim(pages);
+      std::vector<std::uint32_t> one(ids.size(), 1);
+      c.manager->fetch(ids, one);
+      std::shuffle(ids.begin(), ids.end(), rng);
+      for (SeqId id : ids) c.manager->release(id);
+    }
+  } else {
+    c.manager = std::make_unique<ContinuousBatchingKVCacheManager>(p, seqs, tokens);
+    c.bytes = ContinuousBatchingKVCacheManager::estimated_memory_size(p, seqs, tokens);
+  }
+  for (std::uint32_t s = 0; s < sets; ++s) c.sets.push_back(c.manager->claim(a.batch));
+  return c;
+}
+
+// Runs f(k_cache, v_cache) on layer 0 of a batch, for either strategy.
+template <CacheElement T, class F>
+void with_layer(const KVCacheBatch& batch, F&& f) {
+  if (batch.strategy() == CacheStrategy::paged) {
+    auto col = batch.paged<T>();
+    f(col.get_key_cache(0), col.get_value_cache(0));
+  } else {
+    auto col = batch.continuous<T>();
+    f(col.get_key_cache(0), col.get_value_cache(0));
+  }
+}
+
+std::vector<std::uint32_t> offsets(std::uint32_t batch, std::uint32_t each) {
+  std::vector<std::uint32_t> o(batch + 1);
+  for (std::uint32_t b = 0; b <= batch; ++b) o[b] = b * each;
+  return o;
+}
+
+// Fills history (committed with step) then fetches `new_tokens` per sequence
+// and stores them; keeps that batch for the timed kernel.
+template <CacheElement T>
+void fill(BenchCache& c, const KVCacheParams& p, std::uint32_t history, std::uint32_t new_tokens,
+          bool huge, ThreadPool& pool, std::mt19937& rng) {
+  const std::size_t row = std::size_t{p.n_kv_heads} * p.head_dim;
+  const std::uint32_t batch = static_cast<std::uint32_t>(c.sets[0].size());
+  const std::uint32_t chunk = std::max<std::uint32_t>(1, std::min<std::uint32_t>(1024, 8192 / batch));
+  const std::uint32_t src_rows = batch * std::max(chunk, new_tokens);
+  const auto k_src = random_floats(src_rows * row, rng);
+  const auto v_src = random_floats(src_rows * row, rng);
+  bool advised = false;
+  auto store = [&](const KVCacheBatch& kb, std::uint32_t each) {
+    if (!advised) {  // before any page is touched
+      madvise(kb.blocks(0), c.bytes, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+      advised = true;
+    }
+    const auto ro = offsets(batch, each);
+    const std::size_t n = std::size_t{batch} * each * row;
+    with_layer<T>(kb, [&](const auto& k, const auto& v) {
+      store_kv(k, v, std::span(k_src).first(n), std::span(v_src).first(n),
+               std::span<const std::uint32_t>(ro), {}, &pool);
+    });
+  };
+  for (const auto& set : c.sets) {
+    for (std::uint32_t done = 0; done < history;) {
+      const std::uint32_t n = std::min(chunk, history - done);
+      std::vector<std::uint32_t> each(batch, n);
+      KVCacheBatch kb = c.manager->fetch(set, each);
+      store(kb, n);
+      c.manager->step(set, each);
+      done += n;
+    }
+    std::vector<std::uint32_t> each(batch, new_tokens);
+    c.batches.push_back(c.manager->fetch(set, each));
+    store(c.batches.back(), new_tokens);
+  }
+}
+
+// Fast vs reference attention on a small cache of the same shape.
+template <CacheElement T>
+double check_attention(const AttentionArgs& a, const KVCacheParams& p, bool decode,
+                       ThreadPool& pool, std::mt19937& rng) {
+  AttentionArgs small = a;
+  small.batch = 1;
+  const std::uint32_t ctx = std::min<std::uint32_t>(a.context, decode ? 3000 : 200);
+  BenchCache c = make_cache(small, p, 1, ctx, rng);
+  fill<T>(c, p, decode ? ctx - 1 : 0, decode ? 1 : ctx, true, pool, rng);
+  const std::uint32_t rows = decode ? 1 : ctx;
+  const auto q = random_floats(std::size_t{rows} * a.q_heads * a.head_dim, rng);
+  std::vector<float> ref(q.size()), fast(q.size());
+  const auto ro = offsets(1, rows);
+  with_layer<T>(c.batches[0], [&](const auto& k, const auto& v) {
+    attention_reference(k, v, std::span(q), a.q_heads, std::span<const std::uint32_t>(ro),
+                        std::span(ref));
+    attention(k, v, std::span(q), a.q_heads, std::span<const std::uint32_t>(ro), std::span(fast),
+              {}, &pool);
+  });
+  double err = 0;
+  for (std::size_t i = 0; i < q.size(); ++i) err = std::max<double>(err, std::fabs(ref[i] - fast[i]));
+  return err;
+}
+
+template <CacheElement T>
+nlohmann::json bench_attention(const AttentionArgs& a) {
+  const KVCacheParams p = make_params(a);
+  if (a.q_heads == 0 || a.q_heads % a.kv_heads != 0) {
+    throw InvalidArgument("--q-heads " + std::to_string(a.q_heads) +
+                          " must be a positive multiple of --kv-heads " + std::to_string(a.kv_heads));
+  }
+  if (a.mode != "decode" && a.mode != "prefill") {
+    throw InvalidArgument("--mode must be decode or prefill, got '" + a.mode + "'");
+  }
+  if (a.resident != "dram" && a.resident != "cache") {
+    throw InvalidArgument("--resident must be dram or cache, got '" + a.resident + "'");
+  }
+  if (a.context < 2) throw InvalidArgument("--context must be at least 2");
+  const bool decode = a.mode == "decode";
+  const bool huge = huge_on(a);
+  ThreadPool pool(a.threads);
+  std::mt19937 rng(2024);
+
+  const double check_err = check_attention<T>(a, p, decode, pool, rng);
+
+  const std::size_t set_bytes = std::size_t{a.batch} * a.context * p.bytes_per_token();
+  const std::uint32_t sets =
+      a.resident == "dram" ? static_cast<std::uint32_t>((kGiB + set_bytes - 1) / set_bytes) : 1;
+  BenchCache c = make_cache(a, p, sets, a.context, rng);
+  fill<T>(c, p, decode ? a.context - 1 : 0, decode ? 1 : a.context, huge, pool, rng);
+  const std::uint32_t rows = decode ? a.batch : a.batch * a.context;
+  const auto q = random_floats(std::size_t{rows} * a.q_heads * a.head_dim, rng);
+  std::vector<float> out(q.size());
+  const auto ro = offsets(a.batch, decode ? 1 : a.context);
+  auto call = [&](std::size_t i) {
+    with_layer<T>(c.batches[i % sets], [&](const auto& k, const auto& v) {
+      attention(k, v, std::span(q), a.q_heads, std::span<const std::uint32_t>(ro), std::span(out),
+                {}, &pool);
+    });
+  };
+  const std::size_t repeats =
+      a.repeats != 0 ? a.repeats : (decode ? std::max<std::size_t>(15, 3 * sets) : 3);
+  time_calls(std::min<std::size_t>(sets, 50), call);  // warm-up
+  const auto times = time_calls(repeats, call);
+  const double med = median(times);
+  const double stream = stream_read_gbps(std::max(set_bytes * sets, set_bytes), huge, pool);
+  const double bytes = static_cast<double>(set_bytes);
+  nlohmann::json j{{"bench", "attention"},
+                   {"dtype", a.dtype},
+                   {"head_dim", a.head_dim},
+                   {"kv_heads", a.kv_heads},
+                   {"q_heads", a.q_heads},
+                   {"context", a.context},
+                   {"batch", a.batch},
+                   {"page_size", p.cache_strategy == CacheStrategy::paged ? a.page_size : a.context},
+                   {"page_order", a.page_order},
+                   {"strategy", a.strategy},
+                   {"threads", a.threads},
+                   {"mode", a.mode},
+                   {"resident", a.resident},
+                   {"huge_pages", a.huge_pages},
+                   {"anon_huge_kb", anon_huge_kb()},
+                   {"sets", sets},
+                   {"working_set_bytes", set_bytes * sets},
+                   {"repeats", repeats},
+                   {"check_max_abs_err", check_err},
+                   {"check_ok", check_err < 1e-4},
+                   {"median_s", med},
+                   {"min_s", *std::min_element(times.begin(), times.end())},
+                   {"bytes_kv", bytes},
+                   {"gbps", bytes / med / 1e9},
+                   {"stream_gbps", stream},
+                   {"fraction_of_stream", bytes / med / 1e9 / stream}};
+  if (!decode) {
+    const double pairs = double(a.context) * (a.context + 1) / 2.0 * a.batch;
+    const double flops = 4.0 * a.head_dim * a.q_heads * pairs;
+    const double peak = fma_peak_gflops(pool);
+    j["flops"] = flops;
+    j["gflops"] = flops / med / 1e9;
+    j["peak_gflops"] = peak;
+    j["fraction_of_peak"] = flops / med / 1e9 / peak;
+  }
+  return j;
+}
+
+template <CacheElement T>
+nlohmann::json bench_store(const StoreArgs& a) {
+  const KVCacheParams p = make_params(a);
+  if (a.tokens == 0) throw InvalidArgument("--tokens must be at least 1");
+  const bool huge = huge_on(a);
+  ThreadPool pool(a.threads);
+  std::mt19937 rng(7);
+  BenchCache c = make_cache(a, p, 1, a.tokens, rng);
+  std::vector<std::uint32_t> each(a.batch, a.tokens);
+  c.batches.push_back(c.manager->fetch(c.sets[0], each));
+  madvise(c.batches[0].blocks(0), c.bytes, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+  const std::size_t row = std::size_t{a.kv_heads} * a.head_dim;
+  const std::size_t n = std::size_t{a.batch} * a.tokens * row;
+  Buffer k_in(n * sizeof(float), huge), v_in(n * sizeof(float), huge);
+  const auto ro = offsets(a.batch, a.tokens);
+  StoreOptions opt;
+  opt.rope_k.enabled = a.rope;
+  auto call = [&](std::size_t) {
+    with_layer<T>(c.batches[0], [&](const auto& k, const auto& v) {
+      store_kv(k, v, std::span(static_cast<const float*>(k_in.p), n),
+               std::span(static_cast<const float*>(v_in.p), n), std::span<const std::uint32_t>(ro),
+               opt, &pool);
+    });
+  };
+  call(0);
+  const auto times = time_calls(a.repeats != 0 ? a.repeats : 7, call);
+  const double med = median(times);
+  const double bytes = 2.0 * n * (sizeof(float) + dtype_size(p.dtype));  // read f32 + write cache
+  const double copy = memcpy_gbps(static_cast<std::size_t>(bytes / 2), huge, pool);
+  return {{"bench", "store"},       {"dtype", a.dtype},
+          {"head_dim", a.head_dim}, {"kv_heads", a.kv_heads},
+          {"tokens", a.tokens},     {"batch", a.batch},
+          {"page_size", a.page_size}, {"page_order", a.page_order},
+          {"strategy", a.strategy}, {"threads", a.threads},
+          {"rope", a.rope},         {"huge_pages", a.huge_pages},
+          {"median_s", med},        {"bytes_moved", bytes},
+          {"gbps", bytes / med / 1e9}, {"memcpy_gbps", copy},
+          {"fraction_of_memcpy", bytes / med / 1e9 / copy}};
+}
+
+void print(const nlohmann::json& j, bool json) {
+  if (json) {
+    std::cout << j.dump() << '\n';
+    return;
+  }
+  for (const auto& [key, value] : j.items()) std::cout << key << ": " << value << '\n';
+}
+
+void add_common(CLI::App* cmd, Common& a) {
+  cmd->add_option("--dtype", a.dtype, "Cache element type: f32, f16, bf16")->capture_default_str();
+  cmd->add_option("--head-dim", a.head_dim, "Head dimension")->capture_default_str();
+  cmd->add_option("--kv-heads", a.kv_heads, "KV heads")->capture_default_str();
+  cmd->add_option("--batch", a.batch, "Sequences per call")->capture_default_str();
+  cmd->add_option("--page-size", a.page_size, "Tokens per page (paged)")->capture_default_str();
+  cmd->add_option("--page-order", a.page_order, "shuffled | sequential")->capture_default_str();
+  cmd->add_option("--threads", a.threads, "Threads (pool size, caller included)")
+      ->capture_default_str();
+  cmd->add_option("--strategy", a.strategy, "paged | continuous")->capture_default_str();
+  cmd->add_option("--huge-pages", a.huge_pages, "on | off: madvise 2 MiB pages for cache and buffers")
+      ->capture_default_str();
+  cmd->add_option("--repeats", a.repeats, "Timed calls (0: automatic)")->capture_default_str();
+  cmd->add_flag("--json", a.json, "Print one JSON object");
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app) {
+  CLI::App* bench = app.add_subcommand("bench", "Time the CPU kernels against memory bandwidth");
+  bench->require_subcommand(1);
+
+  auto attn = std::make_shared<AttentionArgs>();
+  CLI::App* a = bench->add_subcommand("attention", "Decode / prefill attention vs stream bandwidth");
+  add_common(a, *attn);
+  a->add_option("--q-heads", attn->q_heads, "Query heads")->capture_default_str();
+  a->add_option("--context", attn->context, "Tokens per sequence (history + new)")
+      ->capture_default_str();
+  a->add_option("--mode", attn->mode, "decode | prefill")->capture_default_str();
+  a->add_option("--resident", attn->resident, "dram (>= 1 GiB rotated) | cache")
+      ->capture_default_str();
+  a->callback([attn] {
+    print(visit_dtype(parse_dtype(attn->dtype),
+                      [&](auto tag) { return bench_attention<decltype(tag)>(*attn); }),
+          attn->json);
+  });
+
+  auto store = std::make_shared<StoreArgs>();
+  store->batch = 16;
+  CLI::App* s = bench->add_subcommand("store", "store_kv vs memcpy bandwidth");
+  add_common(s, *store);
+  s->add_option("--tokens", store->tokens, "New tokens per sequence")->capture_default_str();
+  s->add_flag("--rope", store->rope, "Fused RoPE on K");
+  s->callback([store] {
+    print(visit_dtype(parse_dtype(store->dtype),
+                      [&](auto tag) { return bench_store<decltype(tag)>(*store); }),
+          store->json);
+  });
+}
+
+}  // namespace kvcache::tools
