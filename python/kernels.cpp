@@ -52,7 +52,7 @@ struct FastKernels {
 };
 
 // The one-line switch between the kernel sets.
-using Kernels = ReferenceKernels;
+using Kernels = FastKernels;
 
 using FloatArray = py::array_t<float, py::array::c_style | py::array::forcecast>;
 
