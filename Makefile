@@ -14,7 +14,7 @@ JOBS ?= 2
 CMAKE_FLAGS ?=
 
 DEB_PACKAGES := cmake ninja-build g++ pkg-config libgtest-dev libbenchmark-dev libhwy-dev \
-	libxxhash-dev libcli11-dev nlohmann-json3-dev librapidcheck-dev libomp-dev
+	libxxhash-dev libcli11-dev nlohmann-json3-dev librapidcheck-dev libomp-dev libopenblas-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: all deps build demo test asan tsan format clean
