@@ -122,12 +122,10 @@ void print_table(const std::vector<ServeReport>& reports, std::ostream& os) {
   row("TTFT mean", [](const ServeReport& r) { return ms(r.ttft_mean_s); });
   row("time per output token", [](const ServeReport& r) { return ms(r.tpot_mean_s); });
   row("peak concurrent seqs", [](const ServeReport& r) { return std::to_string(r.peak_running); });
-  row("KV memory utilisation", [](const ServeReport& r) {
-    return fixed(100.0 * r.kv_utilisation, 1) + " %";
-  });
-  row("prefix hit rate", [](const ServeReport& r) {
-    return fixed(100.0 * r.prefix_hit_rate, 1) + " %";
-  });
+  row("KV memory utilisation",
+      [](const ServeReport& r) { return fixed(100.0 * r.kv_utilisation, 1) + " %"; });
+  row("prefix hit rate",
+      [](const ServeReport& r) { return fixed(100.0 * r.prefix_hit_rate, 1) + " %"; });
   row("preemptions", [](const ServeReport& r) { return std::to_string(r.preemptions); });
   row("wall time", [](const ServeReport& r) { return fixed(r.elapsed_s, 1) + " s"; });
   t.print(os);
@@ -149,8 +147,9 @@ std::vector<engine::WorkloadRequest> make_workload(const DemoOptions& o,
     t.max_total_tokens = o.max_seq_len;
     t.vocab_size = model.vocab_size;
     auto w = engine::load_mooncake_trace(o.trace, t);
-    if (narrate) *narrate << "Workload: " << w.size() << " requests from " << o.trace
-                          << " (lengths x " << o.trace_scale << ")\n";
+    if (narrate)
+      *narrate << "Workload: " << w.size() << " requests from " << o.trace << " (lengths x "
+               << o.trace_scale << ")\n";
     return w;
   }
   engine::ChatWorkloadOptions c;
@@ -183,8 +182,8 @@ void run_demo(const DemoOptions& o) {
   if (narrate) {
     *narrate << "Model: '" << config.name << "' Llama-style, " << config.num_layers
              << " layers, hidden " << config.hidden_size << ", " << config.num_heads << "/"
-             << config.num_kv_heads << " q/kv heads, "
-             << with_commas(config.num_parameters()) << " parameters (seeded weights)\n"
+             << config.num_kv_heads << " q/kv heads, " << with_commas(config.num_parameters())
+             << " parameters (seeded weights)\n"
              << "KV budget: " << format_bytes(so.memory_bytes) << " for every configuration; "
              << "max_seq_len " << o.max_seq_len << ", page size " << o.page_size
              << ", step token budget " << o.token_budget << "\n\n";
@@ -223,22 +222,28 @@ void add_demo_command(CLI::App& app) {
       "caching under one KV memory budget");
   cmd->add_option("--preset", o.preset, "model preset: tiny, small, base")->capture_default_str();
   cmd->add_option("--memory", o.memory, "KV memory budget (e.g. 32MiB)")->capture_default_str();
-  cmd->add_option("--page-size", o.page_size, "tokens per page")->capture_default_str()
+  cmd->add_option("--page-size", o.page_size, "tokens per page")
+      ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--requests", o.requests, "number of requests")->capture_default_str()
+  cmd->add_option("--requests", o.requests, "number of requests")
+      ->capture_default_str()
       ->check(CLI::PositiveNumber);
   cmd->add_option("--system-prompt", o.system_prompt, "shared system prompt tokens")
       ->capture_default_str();
-  cmd->add_option("--rate", o.rate, "Poisson arrival rate, requests/s")->capture_default_str()
+  cmd->add_option("--rate", o.rate, "Poisson arrival rate, requests/s")
+      ->capture_default_str()
       ->check(CLI::PositiveNumber);
   cmd->add_option("--max-seq-len", o.max_seq_len, "longest sequence (continuous slot size)")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--token-budget", o.token_budget, "tokens per engine step (chunked prefill)")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--seed", o.seed, "seed of weights and workload")->capture_default_str();
   cmd->add_option("--trace", o.trace, "Mooncake-format JSONL trace instead of the chat workload");
   cmd->add_option("--trace-scale", o.trace_scale, "multiply trace lengths by this")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd->add_flag("--json", o.json, "print JSON instead of the table");
   cmd->callback([] { run_demo(o); });
 }

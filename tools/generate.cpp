@@ -36,8 +36,8 @@ void run_generate(const GenerateOptions& o) {
                                   : engine::load_model(o.model_dir);
   const std::uint32_t len = static_cast<std::uint32_t>(o.prompt.size()) + o.max_new_tokens;
   const std::uint32_t pages = (len + o.page_size - 1) / o.page_size;
-  PagedKVCacheManager manager(model.config().cache_params(CacheStrategy::paged, o.page_size),
-                              pages, 1, pages * o.page_size);
+  PagedKVCacheManager manager(model.config().cache_params(CacheStrategy::paged, o.page_size), pages,
+                              1, pages * o.page_size);
   engine::Scheduler scheduler(model, manager, engine::SchedulerConfig{.max_num_seqs = 1});
   engine::Request r;
   r.prompt = o.prompt;
@@ -59,7 +59,8 @@ void add_generate_command(CLI::App& app) {
   static GenerateOptions o;
   CLI::App* cmd = app.add_subcommand("generate", "Generate tokens for one prompt of token ids");
   cmd->add_option("--prompt-tokens", o.prompt, "prompt token ids, e.g. 1,2,3")
-      ->required()->delimiter(',');
+      ->required()
+      ->delimiter(',');
   cmd->add_option("--max-new-tokens", o.max_new_tokens)->capture_default_str();
   cmd->add_option("--end-token", o.end_token, "stop after this token id");
   cmd->add_option("--preset", o.preset, "model preset (seeded weights)")->capture_default_str();

@@ -25,9 +25,9 @@ constexpr int kBadInput = 2;
 // flags and re-execute ourselves once (OPENBLAS_CORETYPE also guards the loop).
 void choose_blas_core(char** argv) {
   if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return;
-  const char* core = __builtin_cpu_supports("avx512f")  ? "SkylakeX"
-                     : __builtin_cpu_supports("avx2") ? "Haswell"
-                                                      : nullptr;
+  const char* core = __builtin_cpu_supports("avx512f") ? "SkylakeX"
+                     : __builtin_cpu_supports("avx2")  ? "Haswell"
+                                                       : nullptr;
   if (core == nullptr || setenv("OPENBLAS_CORETYPE", core, 1) != 0) return;
   execv("/proc/self/exe", argv);  // returns only on failure: carry on as we are
 }

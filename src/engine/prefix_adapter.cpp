@@ -46,8 +46,8 @@ void step_impl(KVCacheManager& m, std::span<const SeqId> seqs, std::span<const s
 }  // namespace
 
 bool available(const KVCacheManager& m) {
-  return HasPrefixCache<PagedKVCacheManager> &&
-         m.params().cache_strategy == CacheStrategy::paged && m.params().enable_prefix_caching;
+  return HasPrefixCache<PagedKVCacheManager> && m.params().cache_strategy == CacheStrategy::paged &&
+         m.params().enable_prefix_caching;
 }
 
 std::uint32_t match(KVCacheManager& m, SeqId seq, std::span<const TokenId> tokens) {

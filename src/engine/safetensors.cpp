@@ -68,7 +68,8 @@ Tensor read_tensor(const std::string& path, const std::string& name, const json&
   const std::size_t esize = element_size(path, name, dtype);
   std::uint64_t count = 1;
   for (std::uint64_t d : t.shape) {
-    if (d != 0 && count > (std::uint64_t{1} << 40) / d) fail(path, "tensor '" + name + "' too large");
+    if (d != 0 && count > (std::uint64_t{1} << 40) / d)
+      fail(path, "tensor '" + name + "' too large");
     count *= d;
   }
   if (begin > end || end > data_size) {
@@ -143,7 +144,8 @@ void write_safetensors(const std::string& path, const TensorMap& tensors) {
   std::uint64_t offset = 0;
   for (const auto& [name, t] : tensors) {
     const std::uint64_t bytes = t.data.size() * 4;
-    header[name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+    header[name] = {
+        {"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   const std::string h = header.dump();

@@ -98,8 +98,8 @@ void Scheduler::add_request(Request r) {
   const std::uint64_t total = r.prompt.size() + std::uint64_t{r.max_new_tokens};
   std::uint64_t limit = manager_.max_seq_len();
   if (paged_) {
-    limit = std::min<std::uint64_t>(limit, std::uint64_t{manager_.total_blocks()} *
-                                               manager_.params().page_size);
+    limit = std::min<std::uint64_t>(
+        limit, std::uint64_t{manager_.total_blocks()} * manager_.params().page_size);
   }
   if (total > limit) {
     throw InvalidArgument("request " + num(r.id) + ": prompt " + num(r.prompt.size()) +
@@ -218,9 +218,8 @@ bool Scheduler::fetch_with_preemption(std::vector<Planned>& plan, StepResult& re
     } catch (const OutOfPages&) {
       const std::size_t v = pick_victim();
       Seq* victim = running_[v].get();
-      auto it = std::find_if(plan.begin(), plan.end(), [&](const Planned& p) {
-        return p.seq == victim;
-      });
+      auto it =
+          std::find_if(plan.begin(), plan.end(), [&](const Planned& p) { return p.seq == victim; });
       const bool now_admitted = it != plan.end() && it->admitted_now;
       if (it != plan.end()) plan.erase(it);
       if (!now_admitted) ++result.preemptions;
@@ -239,8 +238,7 @@ void Scheduler::finish(std::size_t index) {
 }
 
 void Scheduler::record_utilisation() {
-  const std::uint32_t block_tokens =
-      paged_ ? manager_.params().page_size : manager_.max_seq_len();
+  const std::uint32_t block_tokens = paged_ ? manager_.params().page_size : manager_.max_seq_len();
   const double reserved = double(manager_.used_blocks()) * block_tokens;
   double stored = 0;
   for (const auto& s : running_) stored += s->computed;

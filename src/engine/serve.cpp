@@ -53,7 +53,8 @@ std::unique_ptr<KVCacheManager> make_manager(const Model& model, const ServeOpti
                             " B holds no slot of " + std::to_string(slot) + " B");
     }
     r.blocks = slots, r.block_tokens = o.max_seq_len;
-    r.memory_bytes = ContinuousBatchingKVCacheManager::estimated_memory_size(p, slots, o.max_seq_len);
+    r.memory_bytes =
+        ContinuousBatchingKVCacheManager::estimated_memory_size(p, slots, o.max_seq_len);
     return std::make_unique<ContinuousBatchingKVCacheManager>(p, slots, o.max_seq_len);
   }
   KVCacheParams p = c.cache_params(CacheStrategy::paged, o.page_size);
@@ -95,9 +96,12 @@ void summarise(const std::vector<RequestOutput>& done, double elapsed, ServeRepo
 
 std::string_view serve_mode_name(ServeMode m) {
   switch (m) {
-    case ServeMode::continuous: return "continuous slots";
-    case ServeMode::paged: return "paged";
-    case ServeMode::paged_prefix: return "paged + prefix caching";
+    case ServeMode::continuous:
+      return "continuous slots";
+    case ServeMode::paged:
+      return "paged";
+    case ServeMode::paged_prefix:
+      return "paged + prefix caching";
   }
   return "?";
 }

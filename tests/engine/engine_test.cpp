@@ -26,7 +26,8 @@ const Model& tiny_model() {
 }
 
 std::vector<TokenId> random_prompt(std::mt19937& rng, std::uint32_t len) {
-  std::uniform_int_distribution<TokenId> d(0, static_cast<TokenId>(tiny_model().config().vocab_size) - 1);
+  std::uniform_int_distribution<TokenId> d(
+      0, static_cast<TokenId>(tiny_model().config().vocab_size) - 1);
   std::vector<TokenId> p(len);
   for (TokenId& t : p) t = d(rng);
   return p;
@@ -267,8 +268,8 @@ TEST(Scheduler, PriorityRunsHighFirst) {
   SchedulerConfig sc{.max_num_tokens = 64, .max_num_seqs = 1, .use_priority = true};
   Scheduler s(tiny_model(), *m, sc);
   for (int i = 0; i < 3; ++i) {
-    s.add_request(Request{.id = std::uint64_t(i), .prompt = {1, 2, 3}, .max_new_tokens = 2,
-                          .priority = i});
+    s.add_request(
+        Request{.id = std::uint64_t(i), .prompt = {1, 2, 3}, .max_new_tokens = 2, .priority = i});
   }
   s.run_to_completion();
   const auto done = s.take_finished();

@@ -1,13 +1,14 @@
 // HF Llama checkpoint loading: round trip through files the test writes, and
 // malformed files refused with an InvalidArgument naming the problem.
 
+#include "kvcache/engine/safetensors.h"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
 
 #include "kvcache/engine/model.h"
-#include "kvcache/engine/safetensors.h"
 #include "kvcache/error.h"
 
 namespace kvcache::engine {

@@ -1,10 +1,11 @@
 // The demo's workload replay (engine::serve) at reduced size: figures must be
 // sane and internally consistent, and nothing may be left claimed or leaked.
 
+#include "kvcache/engine/serve.h"
+
 #include <gtest/gtest.h>
 
 #include "kvcache/engine/model.h"
-#include "kvcache/engine/serve.h"
 #include "kvcache/engine/workload.h"
 #include "kvcache/error.h"
 
@@ -31,7 +32,8 @@ TEST(Serve, ReportsAreConsistentForEveryConfiguration) {
     o.max_seq_len = 128;
     o.page_size = 4;
     o.max_num_tokens = 32;
-    o.memory_bytes = 4 * 128 * model.config().cache_params(CacheStrategy::paged, 4).bytes_per_token();
+    o.memory_bytes =
+        4 * 128 * model.config().cache_params(CacheStrategy::paged, 4).bytes_per_token();
     const ServeReport r = serve(model, workload, o);
     SCOPED_TRACE(r.config);
     if (r.pending) {

@@ -60,22 +60,22 @@ std::vector<std::string_view> model_preset_names();
 
 // Weights in HF Llama layout; every matrix is row-major [out][in].
 struct LayerWeights {
-  std::vector<float> input_norm;      // [hidden]
-  std::vector<float> q_proj;          // [heads*head_dim][hidden]
-  std::vector<float> k_proj;          // [kv_heads*head_dim][hidden]
-  std::vector<float> v_proj;          // [kv_heads*head_dim][hidden]
-  std::vector<float> o_proj;          // [hidden][heads*head_dim]
-  std::vector<float> post_norm;       // [hidden]
-  std::vector<float> gate_proj;       // [intermediate][hidden]
-  std::vector<float> up_proj;         // [intermediate][hidden]
-  std::vector<float> down_proj;       // [hidden][intermediate]
+  std::vector<float> input_norm;  // [hidden]
+  std::vector<float> q_proj;      // [heads*head_dim][hidden]
+  std::vector<float> k_proj;      // [kv_heads*head_dim][hidden]
+  std::vector<float> v_proj;      // [kv_heads*head_dim][hidden]
+  std::vector<float> o_proj;      // [hidden][heads*head_dim]
+  std::vector<float> post_norm;   // [hidden]
+  std::vector<float> gate_proj;   // [intermediate][hidden]
+  std::vector<float> up_proj;     // [intermediate][hidden]
+  std::vector<float> down_proj;   // [hidden][intermediate]
 };
 
 struct ModelWeights {
   std::vector<float> embed_tokens;  // [vocab][hidden]
   std::vector<LayerWeights> layers;
-  std::vector<float> final_norm;    // [hidden]
-  std::vector<float> lm_head;       // [vocab][hidden]; empty when tied to embed_tokens
+  std::vector<float> final_norm;  // [hidden]
+  std::vector<float> lm_head;     // [vocab][hidden]; empty when tied to embed_tokens
 
   // Deterministic weights from a seed (scaled so activations stay O(1)).
   static ModelWeights random(const ModelConfig& config, std::uint64_t seed);

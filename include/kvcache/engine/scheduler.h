@@ -46,8 +46,8 @@ struct Request {
   std::uint32_t max_new_tokens = 16;
   std::optional<TokenId> end_token;  // stop after emitting it
   SamplingParams sampling;
-  int priority = 0;          // larger first when SchedulerConfig::use_priority
-  double arrival_time = 0;   // on the scheduler's clock; for latency figures
+  int priority = 0;         // larger first when SchedulerConfig::use_priority
+  double arrival_time = 0;  // on the scheduler's clock; for latency figures
 };
 
 enum class FinishReason : std::uint8_t { max_tokens, end_token };
@@ -59,7 +59,7 @@ struct RequestOutput {
   std::uint32_t prompt_tokens = 0;
   double arrival_time = 0, first_token_time = 0, finish_time = 0;
   std::uint32_t preemptions = 0;
-  std::uint32_t prefix_hit_tokens = 0;  // prompt tokens served from the prefix cache
+  std::uint32_t prefix_hit_tokens = 0;     // prompt tokens served from the prefix cache
   std::vector<std::vector<float>> logits;  // per generated token, if record_logits
 };
 
@@ -68,9 +68,9 @@ struct SchedulerConfig {
   std::uint32_t max_num_seqs = 64;     // running sequences; <= manager max_batch_size
   double watermark = 0.01;             // paged: fraction of pages kept free at admission
   bool use_priority = false;
-  bool prefix_caching = false;         // paged manager with prefix caching enabled
-  bool record_logits = false;          // keep the logits behind every sampled token (tests)
-  std::function<double()> clock;       // seconds; default: steady clock
+  bool prefix_caching = false;    // paged manager with prefix caching enabled
+  bool record_logits = false;     // keep the logits behind every sampled token (tests)
+  std::function<double()> clock;  // seconds; default: steady clock
   // Throws InvalidArgument: zero budget / seqs, watermark outside [0, 1).
   void validate() const;
 };
@@ -87,7 +87,7 @@ struct SchedulerStats {
   double kv_utilisation_sum = 0;  // sum over steps of stored tokens / reserved tokens
   double model_seconds = 0;       // inside Model::forward
   double sampling_seconds = 0;
-  double step_seconds = 0;        // whole step() calls; overhead = step - model - sampling
+  double step_seconds = 0;  // whole step() calls; overhead = step - model - sampling
   double kv_utilisation() const { return steps ? kv_utilisation_sum / double(steps) : 0.0; }
   double overhead_seconds() const { return step_seconds - model_seconds - sampling_seconds; }
 };

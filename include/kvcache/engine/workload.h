@@ -37,8 +37,8 @@ struct ChatWorkloadOptions {
 std::vector<WorkloadRequest> chat_workload(const ChatWorkloadOptions& options);
 
 struct TraceOptions {
-  double scale = 1.0 / 16;       // multiplies input/output lengths and the 512-token block
-  std::uint32_t max_requests = 0;  // 0 = all
+  double scale = 1.0 / 16;             // multiplies input/output lengths and the 512-token block
+  std::uint32_t max_requests = 0;      // 0 = all
   std::uint32_t max_total_tokens = 0;  // cap prompt + output (0 = none); prompts truncated
   std::uint32_t vocab_size = 256;
 };
