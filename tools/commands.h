@@ -17,10 +17,15 @@ namespace kvcache::tools {
 // `kvcache plan`: how many sequences / tokens a memory budget holds.
 void add_plan_command(CLI::App& app);
 
-// `kvcache demo`: plan for a preset plus a narrated lifecycle walk-through.
+// `kvcache tour`: plan for a preset plus a narrated lifecycle walk-through.
+void add_tour_command(CLI::App& app);
+
+// `kvcache demo`: a workload through the engine under three cache configurations.
 void add_demo_command(CLI::App& app);
 
 // `kvcache bench attention|store`: kernels against memory bandwidth / FMA peak.
 void add_bench_command(CLI::App& app);
+// `kvcache generate`: one request through the engine, printing the generated ids.
+void add_generate_command(CLI::App& app);
 
 }  // namespace kvcache::tools

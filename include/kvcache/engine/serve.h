@@ -1,0 +1,62 @@
+// kvcache/engine/serve.h — run a workload through the engine and measure it.
+//
+// `serve` builds a manager for one configuration (continuous slots, paged,
+// paged + prefix caching) under a KV memory budget in bytes, replays the
+// workload's arrivals on a clock that skips idle gaps (real compute time,
+// no sleeping), and reports throughput, latency, concurrency, memory
+// utilisation, prefix hits and preemptions, plus end-of-run audits
+// (sequences left claimed, blocks not back on the free list).
+// The continuous configuration gets floor(budget / (max_seq_len * bytes per
+// token)) slots; the paged ones floor(budget / (page_size * bytes per token))
+// pages. Throws InvalidArgument when the budget holds no slot / page, or
+// when a request cannot fit.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kvcache/engine/model.h"
+#include "kvcache/engine/workload.h"
+
+namespace kvcache::engine {
+
+enum class ServeMode : std::uint8_t { continuous, paged, paged_prefix };
+std::string_view serve_mode_name(ServeMode m);
+
+struct ServeOptions {
+  ServeMode mode = ServeMode::paged;
+  std::size_t memory_bytes = 32u << 20;
+  std::uint32_t page_size = 16;
+  std::uint32_t max_seq_len = 2048;
+  std::uint32_t max_num_tokens = 256;  // step token budget
+  std::uint32_t max_num_seqs = 128;
+  double watermark = 0.01;
+  // Called after every step with (finished requests, total requests).
+  std::function<void(std::size_t, std::size_t)> progress;
+};
+
+struct ServeReport {
+  std::string config;
+  bool pending = false;  // configuration not available in this build (prefix caching)
+  std::string note;
+  std::uint32_t requests = 0;
+  std::uint64_t prompt_tokens = 0, requested_output_tokens = 0, generated_tokens = 0;
+  std::uint32_t blocks = 0, block_tokens = 0;  // slots x max_seq_len, or pages x page_size
+  std::size_t memory_bytes = 0;                // bytes the blocks occupy (<= budget)
+  double elapsed_s = 0, requests_per_s = 0, output_tokens_per_s = 0;
+  double ttft_mean_s = 0, ttft_p50_s = 0, ttft_p99_s = 0, tpot_mean_s = 0;
+  std::uint32_t peak_running = 0;
+  double kv_utilisation = 0;   // mean over steps: tokens stored / tokens reserved
+  double prefix_hit_rate = 0;  // prompt tokens served from cache / admitted prompt tokens
+  std::uint64_t preemptions = 0, steps = 0;
+  double model_s = 0, sampling_s = 0, overhead_s = 0;  // overhead: scheduler + manager
+  std::uint32_t active_sequences_left = 0, blocks_not_free = 0;
+};
+
+ServeReport serve(const Model& model, const std::vector<WorkloadRequest>& workload,
+                  const ServeOptions& options);
+
+}  // namespace kvcache::engine

@@ -1,0 +1,353 @@
+// Continuous-batching scheduler: chunked prefill, admission by free memory,
+// preemption by recompute, prefix reuse through engine/prefix_adapter.h.
+
+#include "kvcache/engine/scheduler.h"
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+
+#include "engine/prefix_adapter.h"
+#include "kvcache/error.h"
+
+namespace kvcache::engine {
+namespace {
+
+std::string num(std::uint64_t v) { return std::to_string(v); }
+
+std::uint32_t ceil_div(std::uint32_t a, std::uint32_t b) { return (a + b - 1) / b; }
+
+double steady_seconds() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+struct Scheduler::Seq {
+  Request req;
+  std::vector<TokenId> tokens;  // prompt + generated so far
+  std::uint32_t computed = 0;   // tokens in the cache (== manager cache_length)
+  std::uint32_t reserved = 0;   // room the last fetch guaranteed
+  std::optional<SeqId> id;      // claimed manager sequence while running
+  std::uint64_t order = 0;      // arrival order: FCFS tie-break
+  std::mt19937_64 rng;
+  RequestOutput out;
+  std::uint32_t remaining() const { return static_cast<std::uint32_t>(tokens.size()) - computed; }
+  std::uint32_t generated() const { return static_cast<std::uint32_t>(out.tokens.size()); }
+};
+
+struct Scheduler::Planned {
+  Seq* seq;
+  std::uint32_t count;
+  bool admitted_now;
+};
+
+void SchedulerConfig::validate() const {
+  if (max_num_tokens == 0) throw InvalidArgument("scheduler: max_num_tokens must be > 0");
+  if (max_num_seqs == 0) throw InvalidArgument("scheduler: max_num_seqs must be > 0");
+  if (!(watermark >= 0.0 && watermark < 1.0)) {
+    throw InvalidArgument("scheduler: watermark " + std::to_string(watermark) +
+                          " must be in [0, 1)");
+  }
+}
+
+Scheduler::Scheduler(const Model& model, KVCacheManager& manager, SchedulerConfig config)
+    : model_(model), manager_(manager), config_(std::move(config)) {
+  config_.validate();
+  paged_ = manager_.params().cache_strategy == CacheStrategy::paged;
+  if (config_.max_num_seqs > manager_.max_batch_size()) {
+    throw InvalidArgument("scheduler: max_num_seqs " + num(config_.max_num_seqs) +
+                          " exceeds the manager's max_batch_size " +
+                          num(manager_.max_batch_size()));
+  }
+  if (config_.prefix_caching && !prefix::available(manager_)) {
+    throw InvalidArgument(
+        "scheduler: prefix caching needs a paged manager with enable_prefix_caching and a "
+        "library built with prefix caching (match_prefix)");
+  }
+  const ModelConfig& c = model_.config();
+  const KVCacheParams& p = manager_.params();
+  if (p.dtype != DType::f32 || p.num_layers != c.num_layers || p.n_kv_heads != c.num_kv_heads ||
+      p.head_dim != c.head_dim) {
+    throw InvalidArgument("scheduler: cache " + p.to_string() + " does not fit model '" + c.name +
+                          "'");
+  }
+  if (!config_.clock) config_.clock = steady_seconds;
+}
+
+Scheduler::~Scheduler() {
+  for (auto& s : running_) {
+    if (s->id) manager_.release(*s->id);
+  }
+}
+
+double Scheduler::now() const { return config_.clock(); }
+
+void Scheduler::add_request(Request r) {
+  if (r.prompt.empty()) throw InvalidArgument("request " + num(r.id) + ": empty prompt");
+  if (r.max_new_tokens == 0) throw InvalidArgument("request " + num(r.id) + ": max_new_tokens 0");
+  r.sampling.validate();
+  const std::uint32_t vocab = model_.config().vocab_size;
+  for (TokenId t : r.prompt) {
+    if (t < 0 || static_cast<std::uint32_t>(t) >= vocab) {
+      throw InvalidArgument("request " + num(r.id) + ": token id " + std::to_string(t) +
+                            " is outside the vocabulary [0, " + num(vocab) + ")");
+    }
+  }
+  const std::uint64_t total = r.prompt.size() + std::uint64_t{r.max_new_tokens};
+  std::uint64_t limit = manager_.max_seq_len();
+  if (paged_) {
+    limit = std::min<std::uint64_t>(
+        limit, std::uint64_t{manager_.total_blocks()} * manager_.params().page_size);
+  }
+  if (total > limit) {
+    throw InvalidArgument("request " + num(r.id) + ": prompt " + num(r.prompt.size()) +
+                          " + max_new_tokens " + num(r.max_new_tokens) + " = " + num(total) +
+                          " tokens exceeds the cache limit of " + num(limit));
+  }
+  auto s = std::make_unique<Seq>();
+  s->tokens = r.prompt;
+  s->order = next_order_++;
+  s->rng.seed(r.sampling.seed);
+  s->out.id = r.id;
+  s->out.prompt_tokens = static_cast<std::uint32_t>(r.prompt.size());
+  s->out.arrival_time = r.arrival_time;
+  s->req = std::move(r);
+  requeue(std::move(s));
+}
+
+// Keeps waiting_ sorted by (priority desc if enabled, arrival order asc), so a
+// preempted (older) sequence lands at the front of its class.
+void Scheduler::requeue(std::unique_ptr<Seq> s) {
+  const bool prio = config_.use_priority;
+  auto before = [prio](const Seq& a, const Seq& b) {
+    if (prio && a.req.priority != b.req.priority) return a.req.priority > b.req.priority;
+    return a.order < b.order;
+  };
+  auto it = std::upper_bound(waiting_.begin(), waiting_.end(), s,
+                             [&](const auto& a, const auto& b) { return before(*a, *b); });
+  waiting_.insert(it, std::move(s));
+}
+
+std::uint32_t Scheduler::pages_needed(const Seq& s) const {
+  // Pages to hold every known token plus the first generated one.
+  const std::uint32_t page = manager_.params().page_size;
+  const std::uint32_t want = ceil_div(static_cast<std::uint32_t>(s.tokens.size()) + 1, page);
+  const std::uint32_t held = ceil_div(std::max(s.reserved, s.computed), page);
+  return want > held ? want - held : 0;
+}
+
+std::uint32_t Scheduler::pending_prompt_pages() const {
+  std::uint32_t total = 0;
+  for (const auto& s : running_) {
+    if (s->remaining() > 1) total += pages_needed(*s);
+  }
+  return total;
+}
+
+bool Scheduler::try_admit(Seq& s, std::uint32_t budget) {
+  if (budget == 0 || running_.size() >= config_.max_num_seqs) return false;
+  if (!paged_) {
+    if (manager_.free_blocks() == 0) return false;
+    s.id = manager_.claim(1)[0];
+    return true;
+  }
+  const SeqId id = manager_.claim(1)[0];
+  std::uint32_t matched = 0;
+  if (config_.prefix_caching) {
+    matched = prefix::match(manager_, id, std::span(s.tokens).first(s.tokens.size() - 1));
+  }
+  s.computed = matched;
+  s.reserved = matched;
+  const std::uint32_t total = manager_.total_blocks();
+  const auto keep = static_cast<std::uint32_t>(config_.watermark * total);
+  const std::uint64_t need = std::uint64_t{pages_needed(s)} + pending_prompt_pages() + keep;
+  if (need > manager_.free_blocks()) {
+    manager_.release(id);
+    s.computed = s.reserved = 0;
+    return false;
+  }
+  s.id = id;
+  stats_.prefix_hit_tokens += matched;
+  s.out.prefix_hit_tokens += matched;
+  return true;
+}
+
+std::size_t Scheduler::pick_victim() const {
+  // Lowest priority (when enabled), newest arrival.
+  std::size_t victim = running_.size() - 1;
+  for (std::size_t i = running_.size(); i-- > 0;) {
+    const Seq& a = *running_[i];
+    const Seq& v = *running_[victim];
+    const bool lower = config_.use_priority && a.req.priority < v.req.priority;
+    const bool same = !config_.use_priority || a.req.priority == v.req.priority;
+    if (lower || (same && a.order > v.order)) victim = i;
+  }
+  return victim;
+}
+
+void Scheduler::preempt(std::size_t index, bool admitted_this_step) {
+  std::unique_ptr<Seq> s = std::move(running_[index]);
+  running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(index));
+  manager_.release(*s->id);
+  s->id.reset();
+  s->computed = s->reserved = 0;
+  if (!admitted_this_step) {
+    ++s->out.preemptions;
+    ++stats_.preemptions;
+  } else {
+    stats_.admitted_prompt_tokens -= s->tokens.size();
+    stats_.prefix_hit_tokens -= s->out.prefix_hit_tokens;
+    s->out.prefix_hit_tokens = 0;
+  }
+  requeue(std::move(s));
+}
+
+bool Scheduler::fetch_with_preemption(std::vector<Planned>& plan, StepResult& result) {
+  while (!plan.empty()) {
+    ids_.clear();
+    counts_.clear();
+    for (const Planned& p : plan) {
+      ids_.push_back(*p.seq->id);
+      counts_.push_back(p.count);
+    }
+    try {
+      manager_.fetch_into(batch_, ids_, counts_);
+      return true;
+    } catch (const OutOfPages&) {
+      const std::size_t v = pick_victim();
+      Seq* victim = running_[v].get();
+      auto it =
+          std::find_if(plan.begin(), plan.end(), [&](const Planned& p) { return p.seq == victim; });
+      const bool now_admitted = it != plan.end() && it->admitted_now;
+      if (it != plan.end()) plan.erase(it);
+      if (!now_admitted) ++result.preemptions;
+      preempt(v, now_admitted);
+    }
+  }
+  return false;
+}
+
+void Scheduler::finish(std::size_t index) {
+  std::unique_ptr<Seq> s = std::move(running_[index]);
+  running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(index));
+  manager_.release(*s->id);
+  s->out.finish_time = now();
+  finished_.push_back(std::move(s->out));
+}
+
+void Scheduler::record_utilisation() {
+  const std::uint32_t block_tokens = paged_ ? manager_.params().page_size : manager_.max_seq_len();
+  const double reserved = double(manager_.used_blocks()) * block_tokens;
+  double stored = 0;
+  for (const auto& s : running_) stored += s->computed;
+  stats_.kv_utilisation_sum += reserved > 0 ? stored / reserved : 0.0;
+}
+
+StepResult Scheduler::step() {
+  StepResult result;
+  if (!has_work()) return result;
+  const double t0 = now();
+  std::uint32_t budget = config_.max_num_tokens;
+  std::vector<Planned> plan;
+  // 1 + 2: running sequences, decodes first, then prefill chunks.
+  for (auto& s : running_) {
+    if (s->remaining() == 1 && budget > 0) {
+      plan.push_back({s.get(), 1, false});
+      --budget;
+    }
+  }
+  for (auto& s : running_) {
+    if (s->remaining() > 1 && budget > 0) {
+      const std::uint32_t n = std::min(s->remaining(), budget);
+      plan.push_back({s.get(), n, false});
+      budget -= n;
+    }
+  }
+  // 3: admission, head of the queue first (no overtaking).
+  while (!waiting_.empty() && try_admit(*waiting_.front(), budget)) {
+    std::unique_ptr<Seq> s = std::move(waiting_.front());
+    waiting_.pop_front();
+    stats_.admitted_prompt_tokens += s->tokens.size();
+    const std::uint32_t n = std::min(s->remaining(), budget);
+    plan.push_back({s.get(), n, true});
+    budget -= n;
+    running_.push_back(std::move(s));
+  }
+  stats_.peak_running = std::max(stats_.peak_running, num_running());
+  // 4: memory for the batch, preempting if the pool ran out.
+  if (!fetch_with_preemption(plan, result)) {
+    stats_.step_seconds += now() - t0;
+    if (running_.empty() && !waiting_.empty()) {
+      throw OutOfPages("scheduler: request " + num(waiting_.front()->req.id) +
+                       " does not fit in the empty pool");
+    }
+    return result;
+  }
+  // 5: forward, commit, sample.
+  tokens_.clear();
+  offsets_.assign(1, 0);
+  logit_rows_.clear();
+  for (const Planned& p : plan) {
+    const auto first = p.seq->tokens.begin() + p.seq->computed;
+    tokens_.insert(tokens_.end(), first, first + p.count);
+    offsets_.push_back(static_cast<std::uint32_t>(tokens_.size()));
+    if (p.count == p.seq->remaining()) logit_rows_.push_back(offsets_.back() - 1);
+    p.seq->reserved = p.seq->computed + p.count;
+    if (p.count == 1 && p.seq->generated() > 0 && p.seq->computed + 1 == p.seq->tokens.size()) {
+      result.decode_tokens += 1;
+    } else {
+      result.prefill_tokens += p.count;
+    }
+  }
+  const std::uint32_t vocab = model_.config().vocab_size;
+  logits_.resize(logit_rows_.size() * vocab);
+  const double tm = now();
+  model_.forward(tokens_, offsets_, batch_, logit_rows_, logits_, scratch_);
+  stats_.model_seconds += now() - tm;
+  prefix::step(manager_, ids_, counts_, tokens_);
+  const double ts = now();
+  std::size_t row = 0;
+  for (const Planned& p : plan) {
+    Seq& s = *p.seq;
+    const bool sample_now = p.count == s.remaining();
+    s.computed += p.count;
+    if (!sample_now) continue;
+    const std::span<const float> lg(logits_.data() + row++ * vocab, vocab);
+    const TokenId t = sample(lg, s.req.sampling, s.rng);
+    if (config_.record_logits) s.out.logits.emplace_back(lg.begin(), lg.end());
+    if (s.out.tokens.empty()) s.out.first_token_time = now();
+    s.out.tokens.push_back(t);
+    s.tokens.push_back(t);
+    ++stats_.generated_tokens;
+    if (s.req.end_token && t == *s.req.end_token) s.out.reason = FinishReason::end_token;
+  }
+  stats_.sampling_seconds += now() - ts;
+  for (std::size_t i = running_.size(); i-- > 0;) {
+    Seq& s = *running_[i];
+    if (s.generated() >= s.req.max_new_tokens || s.out.reason == FinishReason::end_token) {
+      finish(i);
+      ++result.finished;
+    }
+  }
+  result.num_seqs = static_cast<std::uint32_t>(plan.size());
+  stats_.prefill_tokens += result.prefill_tokens;
+  stats_.decode_tokens += result.decode_tokens;
+  ++stats_.steps;
+  record_utilisation();
+  stats_.step_seconds += now() - t0;
+  return result;
+}
+
+void Scheduler::run_to_completion() {
+  while (has_work()) step();
+}
+
+std::vector<RequestOutput> Scheduler::take_finished() {
+  std::vector<RequestOutput> out = std::move(finished_);
+  finished_.clear();
+  return out;
+}
+
+}  // namespace kvcache::engine

@@ -1,0 +1,84 @@
+// The demo's workload replay (engine::serve) at reduced size: figures must be
+// sane and internally consistent, and nothing may be left claimed or leaked.
+
+#include "kvcache/engine/serve.h"
+
+#include <gtest/gtest.h>
+
+#include "kvcache/engine/model.h"
+#include "kvcache/engine/workload.h"
+#include "kvcache/error.h"
+
+namespace kvcache::engine {
+namespace {
+
+std::vector<WorkloadRequest> small_workload() {
+  ChatWorkloadOptions o;
+  o.requests = 10;
+  o.system_prompt_tokens = 48;
+  o.user_median = 8, o.user_max = 32;
+  o.output_median = 6, o.output_max = 24;
+  o.rate = 200;
+  o.vocab_size = model_preset("tiny").vocab_size;
+  return chat_workload(o);
+}
+
+TEST(Serve, ReportsAreConsistentForEveryConfiguration) {
+  const Model model = Model::from_seed(model_preset("tiny"), 3);
+  const auto workload = small_workload();
+  for (ServeMode mode : {ServeMode::continuous, ServeMode::paged, ServeMode::paged_prefix}) {
+    ServeOptions o;
+    o.mode = mode;
+    o.max_seq_len = 128;
+    o.page_size = 4;
+    o.max_num_tokens = 32;
+    o.memory_bytes =
+        4 * 128 * model.config().cache_params(CacheStrategy::paged, 4).bytes_per_token();
+    const ServeReport r = serve(model, workload, o);
+    SCOPED_TRACE(r.config);
+    if (r.pending) {
+      EXPECT_EQ(mode, ServeMode::paged_prefix);
+      continue;
+    }
+    std::uint64_t want_out = 0;
+    for (const auto& w : workload) want_out += w.output_tokens;
+    EXPECT_EQ(r.requests, workload.size());
+    EXPECT_EQ(r.requested_output_tokens, want_out);
+    EXPECT_EQ(r.generated_tokens, want_out);
+    EXPECT_EQ(r.active_sequences_left, 0u);
+    if (mode != ServeMode::paged_prefix) EXPECT_EQ(r.blocks_not_free, 0u);
+    EXPECT_GT(r.elapsed_s, 0);
+    EXPECT_GT(r.output_tokens_per_s, 0);
+    EXPECT_LE(r.ttft_p50_s, r.ttft_p99_s);
+    EXPECT_GE(r.ttft_p50_s, 0);
+    EXPECT_GE(r.peak_running, 1u);
+    EXPECT_LE(r.peak_running, r.requests);
+    EXPECT_GT(r.kv_utilisation, 0);
+    EXPECT_LE(r.kv_utilisation, mode == ServeMode::paged_prefix ? 64.0 : 1.0);
+    EXPECT_GE(r.prefix_hit_rate, 0);
+    EXPECT_LE(r.prefix_hit_rate, 1);
+    if (mode == ServeMode::continuous) EXPECT_LE(r.peak_running, 4u);
+    EXPECT_GE(r.overhead_s, 0);
+  }
+}
+
+TEST(Serve, RefusesABudgetWithoutRoom) {
+  const Model model = Model::from_seed(model_preset("tiny"), 3);
+  ServeOptions o;
+  o.mode = ServeMode::continuous;
+  o.memory_bytes = 100;
+  EXPECT_THROW(serve(model, small_workload(), o), InvalidArgument);
+}
+
+TEST(Workload, ChatWorkloadSharesTheSystemPromptAndIsDeterministic) {
+  const auto a = small_workload(), b = small_workload();
+  ASSERT_EQ(a.size(), 10u);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].prompt, b[i].prompt);
+    EXPECT_TRUE(std::equal(a[0].prompt.begin(), a[0].prompt.begin() + 48, a[i].prompt.begin()));
+    if (i) EXPECT_GE(a[i].arrival, a[i - 1].arrival);
+  }
+}
+
+}  // namespace
+}  // namespace kvcache::engine
