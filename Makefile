@@ -16,7 +16,7 @@ CMAKE_FLAGS ?=
 
 DEB_PACKAGES := cmake ninja-build g++ pkg-config libgtest-dev libbenchmark-dev libhwy-dev \
 	libxxhash-dev libcli11-dev nlohmann-json3-dev librapidcheck-dev libomp-dev libopenblas-dev \
-	python3-dev pybind11-dev python3-pybind11 python3-numpy python3-pytest
+	python3-dev pybind11-dev python3-pybind11 python3-numpy python3-pytest clang libclang-rt-14-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: all deps build demo test asan tsan fuzz format clean
@@ -34,7 +34,7 @@ deps:
 
 build:
 	cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_FLAGS)
-	cmake --build $(BUILD_DIR) -j$(JOBS)
+	cmake --build $(BUILD_DIR) -j$(JOBS) $(if $(BUILD_TARGET),--target $(BUILD_TARGET))
 
 demo: deps
 	$(MAKE) build
@@ -47,12 +47,18 @@ test: deps
 asan: deps
 	$(MAKE) test BUILD_DIR=build-asan BUILD_TYPE=RelWithDebInfo CMAKE_FLAGS=-DKVCACHE_SANITIZE=address
 
+# ThreadSanitizer runs the tests that exercise threads (managers hammered from
+# many threads, the thread pool, multi-threaded kernels).
+TSAN_TESTS ?= Concurrency|Stress|ThreadPool|SplitsAcrossThreads|StrategiesAndThreads
 tsan: deps
-	$(MAKE) test BUILD_DIR=build-tsan BUILD_TYPE=RelWithDebInfo CMAKE_FLAGS=-DKVCACHE_SANITIZE=thread
+	$(MAKE) build BUILD_DIR=build-tsan BUILD_TYPE=RelWithDebInfo BUILD_TARGET=kvcache_tests \
+	  CMAKE_FLAGS=-DKVCACHE_SANITIZE=thread
+	TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan --output-on-failure -j$(JOBS) \
+	  -R '$(TSAN_TESTS)'
 
 FUZZ_SECONDS ?= 60
 fuzz: deps
-	CXX=clang++ $(MAKE) build BUILD_DIR=build-fuzz BUILD_TYPE=RelWithDebInfo \
+	CXX=clang++ $(MAKE) build BUILD_DIR=build-fuzz BUILD_TYPE=RelWithDebInfo BUILD_TARGET=manager_fuzzer \
 	  CMAKE_FLAGS="-DKVCACHE_SANITIZE=address -DKVCACHE_FUZZ=ON"
 	mkdir -p build-fuzz/corpus/manager
 	build-fuzz/bin/manager_fuzzer -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \

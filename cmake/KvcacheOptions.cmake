@@ -17,6 +17,8 @@ if(KVCACHE_SANITIZE)
   if(KVCACHE_SANITIZE STREQUAL "address")
     list(APPEND _kvcache_san_flags -fsanitize=undefined)
   endif()
+  # Any report fails the test that triggered it (UBSan would otherwise print and go on).
+  list(APPEND _kvcache_san_flags -fno-sanitize-recover=all)
   add_compile_options(${_kvcache_san_flags})
   add_link_options(${_kvcache_san_flags})
   message(STATUS "kvcache: building with ${_kvcache_san_flags}")
