@@ -20,4 +20,7 @@ void add_plan_command(CLI::App& app);
 // `kvcache demo`: plan for a preset plus a narrated lifecycle walk-through.
 void add_demo_command(CLI::App& app);
 
+// `kvcache replay`: replay a Mooncake JSONL trace against the prefix cache.
+void add_replay_command(CLI::App& app);
+
 }  // namespace kvcache::tools

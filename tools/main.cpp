@@ -20,6 +20,7 @@ int run(int argc, char** argv) {
   app.require_subcommand(1);
   kvcache::tools::add_plan_command(app);
   kvcache::tools::add_demo_command(app);
+  kvcache::tools::add_replay_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help

@@ -30,6 +30,8 @@ enum class EvictionPolicyKind : std::uint8_t {
   lru,     // least recently released first; a sequence's tail before its head (vLLM)
   s3fifo,  // S3-FIFO: a small probation FIFO for never-reused pages, a main
            // FIFO with second chances for reused ones, a ghost FIFO of evicted hashes
+  tiered,  // LRU-2 flavoured: pages used by one request only go first (LRU), then
+           // pages used by two or more (reused, or remembered by a ghost of evicted hashes)
 };
 
 std::string_view policy_name(EvictionPolicyKind kind);
@@ -59,6 +61,9 @@ struct PrefixCacheConfig {
   EvictionPolicyKind policy = EvictionPolicyKind::lru;
   // S3-FIFO: share of the pool reserved for the probation queue (0, 1).
   double s3fifo_small_fraction = 0.1;
+  // s3fifo / tiered: ghost FIFO length (hashes of evicted pages, 16 bytes
+  // each) in units of the pool size, in [0, 64].
+  double ghost_factor = 16.0;
   BlockHashFn hash;  // empty: default_block_hash
   // Called (under the manager's lock) for every page stored in / removed from
   // the index. Must not call back into the manager and must not throw

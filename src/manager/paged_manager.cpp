@@ -35,6 +35,7 @@ struct PagedKVCacheManager::Impl {
     std::vector<std::uint64_t> hashes;  // chain hash of each full page hashed so far
     bool tokens_known = true;
     std::uint64_t extra_key = 0;
+    bool extends_cached = false;  // match_prefix reused at least one page
   };
 
   // Per-page prefix-cache state.
@@ -220,7 +221,7 @@ struct PagedKVCacheManager::Impl {
     m.pin = 0;
     m.published = true;
     std::copy(toks.begin(), toks.end(), page_tokens.begin() + std::size_t{page} * ps);
-    policy->on_publish(page, h);
+    policy->on_publish(page, h, s.extends_cached);
     ++metrics.pages_published;
     emit(PageEvent::Kind::stored, page);
   }
@@ -489,6 +490,7 @@ std::uint32_t PagedKVCacheManager::match_prefix(SeqId seq,
   s.tokens.assign(prompt_tokens.begin(), prompt_tokens.begin() + reused);
   s.length = s.reserved = reused;
   s.extra_key = extra_key;
+  s.extends_cached = n > 0;
   ++im.metrics.match_calls;
   im.metrics.prompt_tokens += prompt_tokens.size();
   im.metrics.reused_tokens += reused;
@@ -508,6 +510,7 @@ SeqId PagedKVCacheManager::fork(SeqId seq) {
   child.hashes = parent.hashes;
   child.tokens_known = parent.tokens_known;
   child.extra_key = parent.extra_key;
+  child.extends_cached = parent.extends_cached;
   const SeqId id = im.next_id;
   im.seqs.emplace(id, std::move(child));  // may throw: nothing changed yet
   ++im.next_id;

@@ -19,6 +19,7 @@ std::string_view policy_name(EvictionPolicyKind kind) {
   switch (kind) {
     case EvictionPolicyKind::lru: return "lru";
     case EvictionPolicyKind::s3fifo: return "s3fifo";
+    case EvictionPolicyKind::tiered: return "tiered";
   }
   return "?";
 }
@@ -26,8 +27,9 @@ std::string_view policy_name(EvictionPolicyKind kind) {
 EvictionPolicyKind parse_policy(std::string_view name) {
   if (name == "lru") return EvictionPolicyKind::lru;
   if (name == "s3fifo") return EvictionPolicyKind::s3fifo;
+  if (name == "tiered") return EvictionPolicyKind::tiered;
   throw InvalidArgument("unknown eviction policy '" + std::string(name) +
-                        "' (known: lru, s3fifo)");
+                        "' (known: lru, s3fifo, tiered)");
 }
 
 }  // namespace kvcache

@@ -47,7 +47,7 @@ namespace {
 class LruPolicy final : public EvictionPolicy {
  public:
   explicit LruPolicy(std::uint32_t n) : lists_(n, 1) {}
-  void on_publish(std::uint32_t, std::uint64_t) override {}
+  void on_publish(std::uint32_t, std::uint64_t, bool) override {}
   void on_hit(std::uint32_t) override {}
   void insert(std::uint32_t page) override { lists_.push_back(0, page); }
   void erase(std::uint32_t page) override { lists_.remove(page); }
@@ -69,16 +69,16 @@ class LruPolicy final : public EvictionPolicy {
 // from while it holds more than small_fraction of the pool.
 class S3FifoPolicy final : public EvictionPolicy {
  public:
-  S3FifoPolicy(std::uint32_t n, double small_fraction)
+  S3FifoPolicy(std::uint32_t n, double small_fraction, std::uint32_t ghost)
       : lists_(n, 2),
         freq_(n, 0),
         main_(n, 0),
         hash_(n, 0),
         small_target_(static_cast<std::uint32_t>(std::ceil(small_fraction * n))),
-        ghost_ring_(std::max<std::uint32_t>(n, 1), 0),
-        ghost_index_(std::max<std::uint32_t>(n, 1)) {}
+        ghost_ring_(std::max<std::uint32_t>(ghost, 1), 0),
+        ghost_index_(std::max<std::uint32_t>(ghost, 1)) {}
 
-  void on_publish(std::uint32_t page, std::uint64_t hash) override {
+  void on_publish(std::uint32_t page, std::uint64_t hash, bool) override {
     freq_[page] = 0;
     hash_[page] = hash;
     main_[page] = ghost_index_.find(hash).has_value() ? 1 : 0;
@@ -145,6 +145,76 @@ class S3FifoPolicy final : public EvictionPolicy {
   PageIndex ghost_index_;
 };
 
+// Ghost FIFO: the hashes of the last `capacity` evicted pages, O(1), no
+// allocation after construction.
+class GhostFifo {
+ public:
+  explicit GhostFifo(std::uint32_t capacity)
+      : ring_(std::max<std::uint32_t>(capacity, 1), 0), index_(std::max<std::uint32_t>(capacity, 1)) {}
+  bool contains(std::uint64_t hash) const { return index_.find(hash).has_value(); }
+  void remember(std::uint64_t hash) {
+    if (contains(hash)) return;
+    if (size_ == ring_.size()) {
+      index_.erase(ring_[head_]);
+      head_ = (head_ + 1) % ring_.size();
+      --size_;
+    }
+    const std::size_t slot = (head_ + size_) % ring_.size();
+    ring_[slot] = hash;
+    index_.insert(hash, static_cast<std::uint32_t>(slot));
+    ++size_;
+  }
+
+ private:
+  std::vector<std::uint64_t> ring_;
+  std::size_t head_ = 0, size_ = 0;
+  PageIndex index_;
+};
+
+// Tiered LRU (LRU-2 flavoured): pages whose content was used by only one
+// request so far (published, never reused, not remembered by the ghost) are
+// evicted first, least recently released first; pages seen twice (reused, or
+// re-published while the ghost FIFO still remembers their hash) are evicted
+// only when no once-seen page is left, also in LRU order. The ghost keeps
+// ghost_factor x pool-size hashes of evicted pages. O(1).
+class TieredPolicy final : public EvictionPolicy {
+ public:
+  TieredPolicy(std::uint32_t n, std::uint32_t ghost)
+      : lists_(n, 2), seen_(n, 0), hash_(n, 0), ghost_(ghost) {}
+  void on_publish(std::uint32_t page, std::uint64_t hash, bool) override {
+    hash_[page] = hash;
+    seen_[page] = ghost_.contains(hash) ? 1 : 0;
+  }
+  void on_hit(std::uint32_t page) override { seen_[page] = 1; }
+  void insert(std::uint32_t page) override { lists_.push_back(seen_[page], page); }
+  void erase(std::uint32_t page) override { lists_.remove(page); }
+  std::uint32_t evict() override {
+    const std::uint32_t page = lists_.pop_front(lists_.size(0) > 0 ? 0 : 1);
+    ghost_.remember(hash_[page]);
+    return page;
+  }
+  std::uint32_t size() const override { return lists_.size(0) + lists_.size(1); }
+  bool contains(std::uint32_t page) const override {
+    return lists_.list_of(page) != PageLists::kNone;
+  }
+
+ private:
+  PageLists lists_;
+  std::vector<std::uint8_t> seen_;
+  std::vector<std::uint64_t> hash_;
+  GhostFifo ghost_;
+};
+
+}  // namespace
+
+namespace {
+std::uint32_t ghost_length(const PrefixCacheConfig& config, std::uint32_t num_pages) {
+  if (!(config.ghost_factor >= 0.0 && config.ghost_factor <= 64.0)) {
+    throw InvalidArgument("ghost_factor " + std::to_string(config.ghost_factor) +
+                          " must lie in [0, 64]");
+  }
+  return static_cast<std::uint32_t>(std::min<double>(config.ghost_factor * num_pages, 1u << 30));
+}
 }  // namespace
 
 std::unique_ptr<EvictionPolicy> make_policy(const PrefixCacheConfig& config,
@@ -152,13 +222,17 @@ std::unique_ptr<EvictionPolicy> make_policy(const PrefixCacheConfig& config,
   switch (config.policy) {
     case EvictionPolicyKind::lru:
       return std::make_unique<LruPolicy>(num_pages);
+    case EvictionPolicyKind::tiered:
+      return std::make_unique<TieredPolicy>(num_pages, ghost_length(config, num_pages));
     case EvictionPolicyKind::s3fifo:
       if (!(config.s3fifo_small_fraction > 0.0 && config.s3fifo_small_fraction < 1.0)) {
         throw InvalidArgument("s3fifo_small_fraction " +
                               std::to_string(config.s3fifo_small_fraction) +
                               " must lie in (0, 1)");
       }
-      return std::make_unique<S3FifoPolicy>(num_pages, config.s3fifo_small_fraction);
+      return std::make_unique<S3FifoPolicy>(
+          num_pages, config.s3fifo_small_fraction,
+          ghost_length(config, num_pages));
   }
   throw InvalidArgument("unknown eviction policy " +
                         std::to_string(static_cast<int>(config.policy)));

@@ -20,7 +20,8 @@ namespace kvcache::prefix {
 class EvictionPolicy {
  public:
   virtual ~EvictionPolicy() = default;
-  virtual void on_publish(std::uint32_t page, std::uint64_t hash) = 0;
+  // extension: published by a sequence that started from a cached prefix.
+  virtual void on_publish(std::uint32_t page, std::uint64_t hash, bool extension) = 0;
   virtual void on_hit(std::uint32_t page) = 0;
   virtual void insert(std::uint32_t page) = 0;  // precondition: !contains(page)
   virtual void erase(std::uint32_t page) = 0;   // precondition: contains(page)
@@ -42,6 +43,7 @@ class PageLists {
   void push_back(std::uint8_t list, std::uint32_t page);
   void remove(std::uint32_t page);
   std::uint32_t pop_front(std::uint8_t list);
+  std::uint32_t front(std::uint8_t list) const { return lists_[list].head; }
   std::uint32_t size(std::uint8_t list) const { return lists_[list].size; }
   std::uint8_t list_of(std::uint32_t page) const { return tag_[page]; }
 
