@@ -21,6 +21,7 @@ int run(int argc, char** argv) {
   kvcache::tools::add_plan_command(app);
   kvcache::tools::add_demo_command(app);
   kvcache::tools::add_replay_command(app);
+  kvcache::tools::add_bench_manager_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help
