@@ -35,18 +35,18 @@ build:
 	cmake --build $(BUILD_DIR) -j$(JOBS)
 
 demo: deps
-	$(MAKE) build
+	$(MAKE) --no-print-directory build
 	$(BUILD_DIR)/bin/kvcache demo
 
 test: deps
-	$(MAKE) build
+	$(MAKE) --no-print-directory build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j$(JOBS)
 
 asan: deps
-	$(MAKE) test BUILD_DIR=build-asan BUILD_TYPE=RelWithDebInfo CMAKE_FLAGS=-DKVCACHE_SANITIZE=address
+	$(MAKE) --no-print-directory test BUILD_DIR=build-asan BUILD_TYPE=RelWithDebInfo CMAKE_FLAGS=-DKVCACHE_SANITIZE=address
 
 tsan: deps
-	$(MAKE) test BUILD_DIR=build-tsan BUILD_TYPE=RelWithDebInfo CMAKE_FLAGS=-DKVCACHE_SANITIZE=thread
+	$(MAKE) --no-print-directory test BUILD_DIR=build-tsan BUILD_TYPE=RelWithDebInfo CMAKE_FLAGS=-DKVCACHE_SANITIZE=thread
 
 format:
 	clang-format -i $$(git ls-files '*.h' '*.cpp')
