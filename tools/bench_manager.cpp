@@ -31,8 +31,12 @@ struct BenchArgs {
 };
 
 KVCacheParams bench_params(std::uint32_t page_size, bool caching) {
-  return KVCacheParams{.dtype = DType::f32, .num_layers = 1, .n_kv_heads = 1, .head_dim = 1,
-                       .cache_strategy = CacheStrategy::paged, .page_size = page_size,
+  return KVCacheParams{.dtype = DType::f32,
+                       .num_layers = 1,
+                       .n_kv_heads = 1,
+                       .head_dim = 1,
+                       .cache_strategy = CacheStrategy::paged,
+                       .page_size = page_size,
                        .enable_prefix_caching = caching};
 }
 
@@ -92,8 +96,8 @@ void run_bench(const BenchArgs& a) {
     std::snprintf(b1, sizeof b1, "%.1f", plain);
     std::snprintf(b2, sizeof b2, "%.1f", cached);
     t.add_row({std::to_string(batch), b1, b2});
-    j["decode"].push_back({{"batch", batch}, {"ns_per_seq_step", plain},
-                           {"ns_per_seq_step_prefix_caching", cached}});
+    j["decode"].push_back(
+        {{"batch", batch}, {"ns_per_seq_step", plain}, {"ns_per_seq_step_prefix_caching", cached}});
   }
   Table t2({"prompt tokens", "ns/request (claim+match_prefix+release)"});
   for (std::uint32_t len : {512u, 4096u, 32768u}) {
@@ -118,9 +122,11 @@ void run_bench(const BenchArgs& a) {
 void add_bench_manager_command(CLI::App& app) {
   auto args = std::make_shared<BenchArgs>();
   CLI::App* cmd = app.add_subcommand(
-      "bench-manager", "Time the paged manager's bookkeeping (fetch + step, match_prefix + release)");
+      "bench-manager",
+      "Time the paged manager's bookkeeping (fetch + step, match_prefix + release)");
   cmd->add_option("--page-size", args->page_size, "Tokens per page")->capture_default_str();
-  cmd->add_option("--steps", args->steps, "Decode steps timed per batch size")->capture_default_str();
+  cmd->add_option("--steps", args->steps, "Decode steps timed per batch size")
+      ->capture_default_str();
   cmd->add_option("--prompt", args->prompt, "Prompt tokens before decoding")->capture_default_str();
   cmd->add_flag("--json", args->json, "Print a JSON object");
   cmd->callback([args] { run_bench(*args); });

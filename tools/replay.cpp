@@ -68,9 +68,13 @@ std::uint64_t parse_tokens(const std::string& text) {
     used = 0;
   }
   const std::string suffix = text.substr(used);
-  double mult = suffix.empty() ? 1 : suffix == "K" || suffix == "k" ? 1e3 : suffix == "M" || suffix == "m" ? 1e6 : 0;
+  double mult = suffix.empty()                   ? 1
+                : suffix == "K" || suffix == "k" ? 1e3
+                : suffix == "M" || suffix == "m" ? 1e6
+                                                 : 0;
   if (used == 0 || mult == 0 || v < 0) {
-    throw InvalidArgument("capacity '" + text + "' is not a token count (examples: 1M, 3000000, 512K, unlimited)");
+    throw InvalidArgument("capacity '" + text +
+                          "' is not a token count (examples: 1M, 3000000, 512K, unlimited)");
   }
   return static_cast<std::uint64_t>(v * mult);
 }
@@ -141,19 +145,22 @@ void add_replay_command(CLI::App& app) {
   auto args = std::make_shared<ReplayArgs>();
   CLI::App* cmd = app.add_subcommand(
       "replay", "Replay a Mooncake JSONL trace against the prefix cache and report hit rates");
-  cmd->add_option("--trace", args->trace, "JSONL trace (timestamp, input_length, output_length, hash_ids)")
+  cmd->add_option("--trace", args->trace,
+                  "JSONL trace (timestamp, input_length, output_length, hash_ids)")
       ->required();
   cmd->add_option("--page-size", args->page_size, "Tokens per page")->capture_default_str();
   cmd->add_option("--capacity", args->capacity, "Cache capacity in tokens (1M, 3000000, unlimited)")
       ->capture_default_str();
-  cmd->add_option("--policy", args->policy, "Eviction policy: lru | s3fifo | tiered")->capture_default_str();
+  cmd->add_option("--policy", args->policy, "Eviction policy: lru | s3fifo | tiered")
+      ->capture_default_str();
   cmd->add_option("--small-fraction", args->small_fraction,
                   "s3fifo: share of the pool for the probation queue, in (0, 1)")
       ->capture_default_str();
   cmd->add_option("--ghost", args->ghost_factor, "s3fifo/tiered: ghost length (x pool size, 0..64)")
       ->capture_default_str();
-  cmd->add_flag("--sequential", args->sequential,
-                "One request at a time (match, compute the rest, release) instead of timed arrivals");
+  cmd->add_flag(
+      "--sequential", args->sequential,
+      "One request at a time (match, compute the rest, release) instead of timed arrivals");
   cmd->add_option("--rate", args->rate, "Timed mode: decode tokens per second per request")
       ->capture_default_str();
   cmd->add_option("--max-batch", args->max_batch, "Timed mode: concurrent requests")

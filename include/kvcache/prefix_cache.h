@@ -85,9 +85,9 @@ struct PrefixCacheMetrics {
   std::uint64_t evictions = 0;
   std::uint64_t cow_copies = 0;
   double hit_rate() const {
-    return prompt_tokens == 0 ? 0.0
-                              : static_cast<double>(reused_tokens) /
-                                    static_cast<double>(prompt_tokens);
+    return prompt_tokens == 0
+               ? 0.0
+               : static_cast<double>(reused_tokens) / static_cast<double>(prompt_tokens);
   }
 };
 

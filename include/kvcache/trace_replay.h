@@ -1,5 +1,5 @@
-// kvcache/trace_replay.h — replays a Mooncake-format request trace against a PagedKVCacheManager with
-// prefix caching, measuring how much of the trace the cache serves.
+// kvcache/trace_replay.h — replays a Mooncake-format request trace against a PagedKVCacheManager
+// with prefix caching, measuring how much of the trace the cache serves.
 //
 // Trace format (one request; the CLI parses JSONL into these): hash_ids are
 // 512-token blocks, equal ids = equal content (and, as Mooncake generates
@@ -62,10 +62,14 @@ struct ReplayResult {
   std::uint64_t decode_steps = 0;
   double block_hit_rate() const { return ratio(blocks_hit, blocks_total); }
   double token_hit_rate() const { return ratio(tokens_hit, prompt_tokens); }
-  double ns_per_request() const { return requests == 0 ? 0 : double(manager_ns) / double(requests); }
+  double ns_per_request() const {
+    return requests == 0 ? 0 : double(manager_ns) / double(requests);
+  }
 
  private:
-  static double ratio(std::uint64_t a, std::uint64_t b) { return b == 0 ? 0 : double(a) / double(b); }
+  static double ratio(std::uint64_t a, std::uint64_t b) {
+    return b == 0 ? 0 : double(a) / double(b);
+  }
 };
 
 // Throws InvalidArgument on bad options or requests.

@@ -177,8 +177,8 @@ struct PagedKVCacheManager::Impl {
   // ---- hashing / matching ----------------------------------------------------
   // The longest chain of index entries for the full pages of tokens (at most
   // max_pages), each verified against stored tokens, extra key and parent.
-  void walk(std::span<const std::uint32_t> tokens, std::uint64_t extra_key,
-            std::uint32_t max_pages, std::vector<MatchedPage>& out) const {
+  void walk(std::span<const std::uint32_t> tokens, std::uint64_t extra_key, std::uint32_t max_pages,
+            std::vector<MatchedPage>& out) const {
     const std::uint32_t ps = params.page_size;
     std::uint64_t parent_hash = 0;
     std::uint32_t parent = num_pages();
@@ -188,7 +188,8 @@ struct PagedKVCacheManager::Impl {
       const auto found = index.find(h);
       if (!found) return;
       const PageMeta& m = meta[*found];
-      const bool same_parent = m.parent == parent && (parent == num_pages() || m.parent_gen == meta[parent].gen);
+      const bool same_parent =
+          m.parent == parent && (parent == num_pages() || m.parent_gen == meta[parent].gen);
       if (!same_parent || m.extra_key != extra_key || m.parent_hash != parent_hash ||
           !std::equal(page_tokens_j.begin(), page_tokens_j.end(), stored_tokens(*found).begin())) {
         return;  // hash collision: never trust it
@@ -249,20 +250,18 @@ struct PagedKVCacheManager::Impl {
   std::vector<std::uint32_t> page_tokens;
   std::unique_ptr<prefix::EvictionPolicy> policy;
   std::set<std::pair<std::uint32_t, std::uint32_t>> pinned;  // evictable pinned pages
-  std::uint32_t num_pinned = 0;                               // published pages with pin > 0
+  std::uint32_t num_pinned = 0;                              // published pages with pin > 0
   PrefixCacheMetrics metrics;
   std::vector<MatchedPage> scratch;
   mutable std::mutex mu;
 };
 
-PagedKVCacheManager::PagedKVCacheManager(const KVCacheParams& params,
-                                         std::uint32_t total_num_pages,
+PagedKVCacheManager::PagedKVCacheManager(const KVCacheParams& params, std::uint32_t total_num_pages,
                                          std::uint32_t max_batch_size, std::uint32_t max_seq_len)
     : PagedKVCacheManager(params, total_num_pages, max_batch_size, max_seq_len,
                           PrefixCacheConfig{}) {}
 
-PagedKVCacheManager::PagedKVCacheManager(const KVCacheParams& params,
-                                         std::uint32_t total_num_pages,
+PagedKVCacheManager::PagedKVCacheManager(const KVCacheParams& params, std::uint32_t total_num_pages,
                                          std::uint32_t max_batch_size, std::uint32_t max_seq_len,
                                          PrefixCacheConfig config)
     : KVCacheManager(params, max_batch_size, max_seq_len) {
@@ -290,9 +289,11 @@ std::size_t PagedKVCacheManager::estimated_memory_size(const KVCacheParams& para
 std::uint32_t PagedKVCacheManager::pages_for_memory(const KVCacheParams& params,
                                                     std::size_t memory_bytes) {
   params.validate();
-  if (params.page_size == 0) throw InvalidArgument("page_size is 0: pages_for_memory needs a page size");
+  if (params.page_size == 0)
+    throw InvalidArgument("page_size is 0: pages_for_memory needs a page size");
   const std::size_t page_bytes = std::size_t{params.page_size} * params.bytes_per_token();
-  return static_cast<std::uint32_t>(std::min<std::size_t>(memory_bytes / page_bytes, UINT32_MAX - 1));
+  return static_cast<std::uint32_t>(
+      std::min<std::size_t>(memory_bytes / page_bytes, UINT32_MAX - 1));
 }
 
 std::vector<SeqId> PagedKVCacheManager::claim(std::uint32_t n) {
@@ -334,15 +335,16 @@ void PagedKVCacheManager::fetch_into(KVCacheBatch& out, std::span<const SeqId> s
     // Shared pages that this step writes into need a private copy.
     if (target > s.length) {
       const std::uint32_t last = std::min<std::uint32_t>((target - 1) / ps + 1, s.pages.size());
-      for (std::uint32_t j = s.length / ps; j < last; ++j) copies_needed += im.pool.ref_count(s.pages[j]) > 1;
+      for (std::uint32_t j = s.length / ps; j < last; ++j)
+        copies_needed += im.pool.ref_count(s.pages[j]) > 1;
     }
     stride = std::max<std::uint32_t>(stride, std::max<std::uint32_t>(want, s.pages.size()));
   }
   if (pages_needed + copies_needed > im.available()) {
     throw OutOfPages("need " + str(pages_needed + copies_needed) + " pages for this batch of " +
-                     str(seqs.size()) + " sequences (" + str(copies_needed) +
-                     " copy-on-write), " + str(im.pool.num_free()) + " free + " +
-                     str(im.num_evictable()) + " evictable of " + str(im.pool.num_blocks()));
+                     str(seqs.size()) + " sequences (" + str(copies_needed) + " copy-on-write), " +
+                     str(im.pool.num_free()) + " free + " + str(im.num_evictable()) +
+                     " evictable of " + str(im.pool.num_blocks()));
   }
   // Grow page-table capacity and the output buffers first: the only steps
   // that can throw (bad_alloc) happen before any state changes.
@@ -464,13 +466,13 @@ std::uint32_t PagedKVCacheManager::match_prefix(SeqId seq,
   im.require_caching("match_prefix");
   Impl::Sequence& s = im.find(seq);
   if (s.length != 0 || !s.pages.empty() || !s.tokens_known) {
-    throw InvalidArgument(seq_name(seq) + " is not freshly claimed (cache length " +
-                          str(s.length) + ", " + str(s.pages.size()) +
+    throw InvalidArgument(seq_name(seq) + " is not freshly claimed (cache length " + str(s.length) +
+                          ", " + str(s.pages.size()) +
                           " pages): match_prefix needs a new sequence");
   }
   const std::uint32_t ps = im.params.page_size;
-  const std::uint64_t usable = std::min<std::uint64_t>(
-      prompt_tokens.empty() ? 0 : prompt_tokens.size() - 1, im.max_seq_len);
+  const std::uint64_t usable =
+      std::min<std::uint64_t>(prompt_tokens.empty() ? 0 : prompt_tokens.size() - 1, im.max_seq_len);
   im.scratch.clear();
   im.scratch.reserve(usable / ps);
   im.walk(prompt_tokens, extra_key, static_cast<std::uint32_t>(usable / ps), im.scratch);
@@ -649,7 +651,8 @@ void PagedKVCacheManager::check_invariants() const {
   if (im.seqs.size() > im.max_batch_size) throw Error("more sequences than max_batch_size");
   for (const auto& [id, s] : im.seqs) {
     if (s.length > s.reserved) {
-      throw Error(seq_name(id) + " length " + str(s.length) + " exceeds reserved " + str(s.reserved));
+      throw Error(seq_name(id) + " length " + str(s.length) + " exceeds reserved " +
+                  str(s.reserved));
     }
     if (s.reserved > im.max_seq_len) throw Error(seq_name(id) + " reserved past max_seq_len");
     if (s.pages.size() < pages_for(s.reserved, ps)) {
@@ -666,7 +669,8 @@ void PagedKVCacheManager::check_invariants() const {
       throw Error(seq_name(id) + " keeps " + str(s.tokens.size()) + " token ids for length " +
                   str(s.length));
     }
-    if (s.hashes.size() > s.length / ps) throw Error(seq_name(id) + " hashed a page that is not full");
+    if (s.hashes.size() > s.length / ps)
+      throw Error(seq_name(id) + " hashed a page that is not full");
     for (std::size_t j = 0; j < s.pages.size(); ++j) {
       const Impl::PageMeta& m = im.meta[s.pages[j]];
       if (!m.published) continue;
@@ -680,14 +684,16 @@ void PagedKVCacheManager::check_invariants() const {
       }
       const std::size_t mine = hashed ? ps : s.length % ps;
       const auto stored = im.stored_tokens(s.pages[j]);
-      if (s.tokens_known && !std::equal(stored.begin(), stored.begin() + mine, s.tokens.begin() + j * ps)) {
+      if (s.tokens_known &&
+          !std::equal(stored.begin(), stored.begin() + mine, s.tokens.begin() + j * ps)) {
         throw Error(seq_name(id) + " page " + str(j) + " stored tokens differ from its own");
       }
     }
   }
   std::vector<std::uint8_t> free(n, 0);
   for (std::uint32_t p : im.pool.free_list()) {
-    if (p >= n || free[p]++ != 0) throw Error("page " + str(p) + " is on the free list twice or out of range");
+    if (p >= n || free[p]++ != 0)
+      throw Error("page " + str(p) + " is on the free list twice or out of range");
   }
   std::uint32_t cached = 0, pinned = 0, published = 0;
   for (std::uint32_t p = 0; p < n; ++p) {
@@ -697,14 +703,16 @@ void PagedKVCacheManager::check_invariants() const {
     }
     const bool pub = im.caching && im.meta[p].published;
     if (pub && free[p]) throw Error("page " + str(p) + " is both free and cached");
-    if (refs[p] == 0 && !pub && !free[p]) throw Error("page " + str(p) + " is leaked: unreferenced, not free, not cached");
+    if (refs[p] == 0 && !pub && !free[p])
+      throw Error("page " + str(p) + " is leaked: unreferenced, not free, not cached");
     if (refs[p] != 0 && free[p]) throw Error("page " + str(p) + " is referenced and free");
     if (!pub) continue;
     const Impl::PageMeta& m = im.meta[p];
     ++published;
     pinned += m.pin > 0;
     const auto found = im.index.find(m.hash);
-    if (!found || *found != p) throw Error("published page " + str(p) + " is not indexed under its hash");
+    if (!found || *found != p)
+      throw Error("published page " + str(p) + " is not indexed under its hash");
     if (im.config.hash(m.parent_hash, im.stored_tokens(p), m.extra_key) != m.hash) {
       throw Error("page " + str(p) + " hash does not match its stored tokens");
     }
@@ -713,7 +721,8 @@ void PagedKVCacheManager::check_invariants() const {
     if (refs[p] == 0 && (m.pin > 0 ? !in_pinned || in_policy : !in_policy || in_pinned)) {
       throw Error("cached page " + str(p) + " is not evictable exactly once");
     }
-    if (refs[p] != 0 && (in_policy || in_pinned)) throw Error("page " + str(p) + " is in use and evictable");
+    if (refs[p] != 0 && (in_policy || in_pinned))
+      throw Error("page " + str(p) + " is in use and evictable");
     cached += refs[p] == 0;
   }
   if (im.caching) {

@@ -17,9 +17,12 @@ std::uint64_t default_block_hash(std::uint64_t parent, std::span<const std::uint
 
 std::string_view policy_name(EvictionPolicyKind kind) {
   switch (kind) {
-    case EvictionPolicyKind::lru: return "lru";
-    case EvictionPolicyKind::s3fifo: return "s3fifo";
-    case EvictionPolicyKind::tiered: return "tiered";
+    case EvictionPolicyKind::lru:
+      return "lru";
+    case EvictionPolicyKind::s3fifo:
+      return "s3fifo";
+    case EvictionPolicyKind::tiered:
+      return "tiered";
   }
   return "?";
 }

@@ -19,7 +19,10 @@ void PageLists::push_back(std::uint8_t list, std::uint32_t page) {
   List& l = lists_[list];
   prev_[page] = l.tail;
   next_[page] = nil_;
-  if (l.tail != nil_) next_[l.tail] = page; else l.head = page;
+  if (l.tail != nil_)
+    next_[l.tail] = page;
+  else
+    l.head = page;
   l.tail = page;
   ++l.size;
   tag_[page] = list;
@@ -28,8 +31,14 @@ void PageLists::push_back(std::uint8_t list, std::uint32_t page) {
 void PageLists::remove(std::uint32_t page) {
   List& l = lists_[tag_[page]];
   const std::uint32_t p = prev_[page], n = next_[page];
-  if (p != nil_) next_[p] = n; else l.head = n;
-  if (n != nil_) prev_[n] = p; else l.tail = p;
+  if (p != nil_)
+    next_[p] = n;
+  else
+    l.head = n;
+  if (n != nil_)
+    prev_[n] = p;
+  else
+    l.tail = p;
   --l.size;
   tag_[page] = kNone;
 }
@@ -150,7 +159,8 @@ class S3FifoPolicy final : public EvictionPolicy {
 class GhostFifo {
  public:
   explicit GhostFifo(std::uint32_t capacity)
-      : ring_(std::max<std::uint32_t>(capacity, 1), 0), index_(std::max<std::uint32_t>(capacity, 1)) {}
+      : ring_(std::max<std::uint32_t>(capacity, 1), 0),
+        index_(std::max<std::uint32_t>(capacity, 1)) {}
   bool contains(std::uint64_t hash) const { return index_.find(hash).has_value(); }
   void remember(std::uint64_t hash) {
     if (contains(hash)) return;
@@ -227,12 +237,10 @@ std::unique_ptr<EvictionPolicy> make_policy(const PrefixCacheConfig& config,
     case EvictionPolicyKind::s3fifo:
       if (!(config.s3fifo_small_fraction > 0.0 && config.s3fifo_small_fraction < 1.0)) {
         throw InvalidArgument("s3fifo_small_fraction " +
-                              std::to_string(config.s3fifo_small_fraction) +
-                              " must lie in (0, 1)");
+                              std::to_string(config.s3fifo_small_fraction) + " must lie in (0, 1)");
       }
-      return std::make_unique<S3FifoPolicy>(
-          num_pages, config.s3fifo_small_fraction,
-          ghost_length(config, num_pages));
+      return std::make_unique<S3FifoPolicy>(num_pages, config.s3fifo_small_fraction,
+                                            ghost_length(config, num_pages));
   }
   throw InvalidArgument("unknown eviction policy " +
                         std::to_string(static_cast<int>(config.policy)));

@@ -83,9 +83,9 @@ class Replayer {
     cfg.s3fifo_small_fraction = o.s3fifo_small_fraction;
     cfg.ghost_factor = o.ghost_factor;
     const std::uint32_t batch = o.sequential ? 1 : std::max<std::uint32_t>(o.max_batch, 1);
-    return PagedKVCacheManager(p, static_cast<std::uint32_t>(pages), batch,
-                               static_cast<std::uint32_t>(std::min<std::uint64_t>(max_len, UINT32_MAX)),
-                               std::move(cfg));
+    return PagedKVCacheManager(
+        p, static_cast<std::uint32_t>(pages), batch,
+        static_cast<std::uint32_t>(std::min<std::uint64_t>(max_len, UINT32_MAX)), std::move(cfg));
   }
 
   void count_prompt(const TraceRequest& r, std::uint32_t reused) {
@@ -114,7 +114,8 @@ class Replayer {
     const std::uint32_t rest = r.input_length - reused;
     const std::uint32_t steps = extra + 1;
     try {
-      timed(ns, [&] { manager_.fetch_into(batch_, std::span(&seq, 1), std::span(&rest, 1), steps); });
+      timed(ns,
+            [&] { manager_.fetch_into(batch_, std::span(&seq, 1), std::span(&rest, 1), steps); });
     } catch (const OutOfPages&) {
       timed(ns, [&] { manager_.release(seq); });
       return false;

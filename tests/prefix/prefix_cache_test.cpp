@@ -119,7 +119,7 @@ TEST(PrefixCache, CollisionWithDifferentParentIsRejected) {
 TEST(PrefixCache, EvictsOnlyWhenFreeListIsEmptyAndNeverPagesInUse) {
   PagedKVCacheManager m(tiny_params(4), 6, 4, 64);
   const std::vector<std::uint32_t> a = iota_tokens(8, 1), b = iota_tokens(8, 100);
-  m.release(run_prompt(m, a));  // 2 cached pages
+  m.release(run_prompt(m, a));        // 2 cached pages
   const SeqId sb = run_prompt(m, b);  // 2 pages in use, 2 free
   EXPECT_EQ(m.metrics().evictions, 0u);
   // Needs 4 pages: 2 free + 2 evicted (a's pages), never b's.
@@ -240,7 +240,9 @@ TEST(PrefixCache, FailingCallsLeaveSnapshotUnchanged) {
 TEST(PrefixCache, ResetDropsEveryEntryAndMetricsAddUp) {
   int stored = 0, removed = 0;
   PrefixCacheConfig cfg;
-  cfg.on_event = [&](const PageEvent& e) { (e.kind == PageEvent::Kind::stored ? stored : removed)++; };
+  cfg.on_event = [&](const PageEvent& e) {
+    (e.kind == PageEvent::Kind::stored ? stored : removed)++;
+  };
   PagedKVCacheManager m(tiny_params(4), 16, 4, 64, cfg);
   m.release(run_prompt(m, iota_tokens(9, 1)));
   const SeqId s = run_prompt(m, iota_tokens(9, 100));
@@ -261,8 +263,8 @@ TEST(PrefixCache, ResetDropsEveryEntryAndMetricsAddUp) {
 }
 
 TEST(PrefixCache, EveryPolicyKeepsInvariantsUnderPressure) {
-  for (EvictionPolicyKind kind : {EvictionPolicyKind::lru, EvictionPolicyKind::s3fifo,
-                                  EvictionPolicyKind::tiered}) {
+  for (EvictionPolicyKind kind :
+       {EvictionPolicyKind::lru, EvictionPolicyKind::s3fifo, EvictionPolicyKind::tiered}) {
     PrefixCacheConfig cfg;
     cfg.policy = kind;
     PagedKVCacheManager m(tiny_params(4), 10, 4, 64, cfg);
@@ -275,7 +277,9 @@ TEST(PrefixCache, EveryPolicyKeepsInvariantsUnderPressure) {
       m.check_invariants();
     }
     // (S3-FIFO's probation queue is one page here: it may reuse nothing.)
-    if (kind != EvictionPolicyKind::s3fifo) EXPECT_GT(m.metrics().reused_tokens, 0u) << policy_name(kind);
+    if (kind != EvictionPolicyKind::s3fifo) {
+      EXPECT_GT(m.metrics().reused_tokens, 0u) << policy_name(kind);
+    }
     EXPECT_GT(m.metrics().evictions, 0u) << policy_name(kind);
   }
 }

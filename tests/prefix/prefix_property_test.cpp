@@ -112,8 +112,10 @@ RC_GTEST_PROP(PrefixCacheProperty, RandomOperationsKeepInvariantsAndData, ()) {
       const SeqId id = pick();
       const auto len = static_cast<std::uint32_t>(model.tokens[id].size());
       const std::uint32_t n = *rc::gen::inRange(0u, len + 2);
-      if (strong(m, [&] { m.truncate(id, n); })) model.tokens[id].resize(n);
-      else RC_ASSERT(n > len);
+      if (strong(m, [&] { m.truncate(id, n); }))
+        model.tokens[id].resize(n);
+      else
+        RC_ASSERT(n > len);
     } else if (kind == 5) {
       const SeqId id = pick();
       m.release(id);

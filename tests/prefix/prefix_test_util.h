@@ -42,10 +42,12 @@ inline float* element(const KVCacheBatch& batch, std::uint32_t b, std::uint32_t 
                       std::uint32_t kv, std::uint32_t layer, std::uint32_t d) {
   const KVCacheParams& p = batch.params();
   const std::uint32_t ps = p.page_size;
-  const std::uint32_t page = batch.lookup_table()[std::size_t{b} * batch.lookup_stride() + pos / ps];
+  const std::uint32_t page =
+      batch.lookup_table()[std::size_t{b} * batch.lookup_stride() + pos / ps];
   const std::size_t off =
       ((((std::size_t{page} * 2 + kv) * p.num_layers + layer) * ps + pos % ps) * p.n_kv_heads) *
-          p.head_dim + d;
+          p.head_dim +
+      d;
   return static_cast<float*>(batch.blocks(0)) + off;
 }
 
@@ -57,7 +59,8 @@ inline void write_kv(const KVCacheBatch& batch, std::uint32_t b,
   for (std::uint32_t pos = from; pos < to; ++pos)
     for (std::uint32_t kv = 0; kv < 2; ++kv)
       for (std::uint32_t l = 0; l < p.num_layers; ++l)
-        for (std::uint32_t d = 0; d < p.head_dim; ++d) *element(batch, b, pos, kv, l, d) = kv_value(h[pos], kv, l, d);
+        for (std::uint32_t d = 0; d < p.head_dim; ++d)
+          *element(batch, b, pos, kv, l, d) = kv_value(h[pos], kv, l, d);
 }
 
 // True iff positions [0, tokens.size()) of entry b hold the data written for tokens.

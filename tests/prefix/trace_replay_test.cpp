@@ -40,9 +40,8 @@ TEST(TraceReplay, SequentialUnlimitedHitRateIsKnown) {
 
 TEST(TraceReplay, SmallCapacityEvictsAndLosesHits) {
   // A, B, A with room for 4 pages of 512: B (4 pages) evicts all of A's under LRU.
-  const std::vector<TraceRequest> trace = {req(0, 2048, {0, 1, 2, 3}),
-                                           req(1, 2048, {10, 11, 12, 13}),
-                                           req(2, 2048, {0, 1, 2, 3})};
+  const std::vector<TraceRequest> trace = {
+      req(0, 2048, {0, 1, 2, 3}), req(1, 2048, {10, 11, 12, 13}), req(2, 2048, {0, 1, 2, 3})};
   ReplayOptions o;
   o.capacity_tokens = 4 * 512;
   const ReplayResult lru = replay_trace(trace, o);
@@ -54,9 +53,8 @@ TEST(TraceReplay, SmallCapacityEvictsAndLosesHits) {
 
 TEST(TraceReplay, TimedModeKeepsRequestsAliveWhileDecoding) {
   // Two overlapping requests sharing a prefix, then one after both finished.
-  const std::vector<TraceRequest> trace = {req(0, 1100, {0, 1, 2}, 20),
-                                           req(10, 1100, {0, 1, 3}, 20),
-                                           req(5000, 1100, {0, 1, 2}, 1)};
+  const std::vector<TraceRequest> trace = {
+      req(0, 1100, {0, 1, 2}, 20), req(10, 1100, {0, 1, 3}, 20), req(5000, 1100, {0, 1, 2}, 1)};
   for (EvictionPolicyKind p : {EvictionPolicyKind::lru, EvictionPolicyKind::tiered}) {
     ReplayOptions o;
     o.sequential = false;
@@ -64,7 +62,7 @@ TEST(TraceReplay, TimedModeKeepsRequestsAliveWhileDecoding) {
     o.policy = p;
     const ReplayResult r = replay_trace(trace, o);
     EXPECT_EQ(r.requests, 3u);
-    EXPECT_EQ(r.blocks_hit, 4u);  // 2 + 2
+    EXPECT_EQ(r.blocks_hit, 4u);       // 2 + 2
     EXPECT_EQ(r.peak_pages_used, 4u);  // both alive at once, sharing 2 pages
     EXPECT_GT(r.decode_steps, 0u);
   }
