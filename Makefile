@@ -37,15 +37,15 @@ build:
 	cmake --build $(BUILD_DIR) -j$(JOBS) $(if $(BUILD_TARGET),--target $(BUILD_TARGET))
 
 demo: deps
-	$(MAKE) build
+	$(MAKE) --no-print-directory build
 	$(BUILD_DIR)/bin/kvcache demo
 
 test: deps
-	$(MAKE) build
+	$(MAKE) --no-print-directory build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j$(JOBS)
 
 asan: deps
-	$(MAKE) test BUILD_DIR=build-asan BUILD_TYPE=RelWithDebInfo CMAKE_FLAGS=-DKVCACHE_SANITIZE=address
+	$(MAKE) --no-print-directory test BUILD_DIR=build-asan BUILD_TYPE=RelWithDebInfo CMAKE_FLAGS=-DKVCACHE_SANITIZE=address
 
 # ThreadSanitizer runs the tests that exercise threads (managers hammered from
 # many threads, the thread pool, multi-threaded kernels).

@@ -27,5 +27,10 @@ void add_demo_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 // `kvcache generate`: one request through the engine, printing the generated ids.
 void add_generate_command(CLI::App& app);
+// `kvcache replay`: replay a Mooncake JSONL trace against the prefix cache.
+void add_replay_command(CLI::App& app);
+
+// `kvcache bench-manager`: bookkeeping cost of the paged manager.
+void add_bench_manager_command(CLI::App& app);
 
 }  // namespace kvcache::tools

@@ -40,6 +40,8 @@ int run(int argc, char** argv) {
   kvcache::tools::add_bench_command(app);
   kvcache::tools::add_tour_command(app);
   kvcache::tools::add_generate_command(app);
+  kvcache::tools::add_replay_command(app);
+  kvcache::tools::add_bench_manager_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help

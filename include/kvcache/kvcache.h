@@ -10,4 +10,5 @@
 #include "kvcache/kv_cache.h"
 #include "kvcache/manager.h"
 #include "kvcache/paged_manager.h"
+#include "kvcache/prefix_cache.h"
 #include "kvcache/params.h"

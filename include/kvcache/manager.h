@@ -44,6 +44,10 @@ struct ManagerSnapshot {
   std::vector<std::uint32_t> free_blocks;   // sorted
   std::vector<std::uint32_t> ref_counts;    // per block
   SeqId next_seq_id = 0;
+  // Paged prefix cache: pages in the hash index (sorted) and their pin
+  // priorities (same order); empty without prefix caching.
+  std::vector<std::uint32_t> cached_blocks;
+  std::vector<std::uint32_t> cached_priorities;
   friend bool operator==(const ManagerSnapshot&, const ManagerSnapshot&) = default;
 };
 

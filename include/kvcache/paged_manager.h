@@ -8,7 +8,24 @@
 // taken from an index-based free list in O(1) with no heap allocation per
 // step in steady state. Unused lookup_table entries hold the sentinel
 // total_num_pages. release() returns pages whose ref count drops to zero.
-// Thread-safe (see manager.h).
+//
+// Prefix caching (params.enable_prefix_caching, see prefix_cache.h): the
+// manager keeps each sequence's committed token ids (step's token overload);
+// every page that becomes full is hashed and published in the hash index.
+// release() keeps published pages as evictable cache entries (ref count 0);
+// match_prefix() attaches them to a fresh sequence. Pages with ref count > 0
+// are never evicted. fetch() takes free pages first, then evicts; its
+// all-or-nothing check counts evictable pages as available.
+//
+// Sharing: fork() shares every page with a child; the first write into a
+// shared page (a partial page after fork, or a page cut by truncate) copies
+// it inside fetch (copy-on-write: all layers, K and V, every device).
+// truncate() rolls a sequence back (speculative decoding).
+//
+// Complexity: O(1) per page for fetch/step/release/evict (hashing a page is
+// O(page_size)); no heap allocation per step in steady state except the
+// growth of a sequence's token and page vectors.
+// Thread-safe (see manager.h); the event callback runs under the lock.
 #pragma once
 
 #include <cstddef>
@@ -16,6 +33,7 @@
 #include <memory>
 
 #include "kvcache/manager.h"
+#include "kvcache/prefix_cache.h"
 
 namespace kvcache {
 
@@ -25,6 +43,11 @@ class PagedKVCacheManager final : public KVCacheManager {
   // max_batch_size caps claimed sequences. Throws InvalidArgument or OutOfMemory.
   PagedKVCacheManager(const KVCacheParams& params, std::uint32_t total_num_pages,
                       std::uint32_t max_batch_size, std::uint32_t max_seq_len);
+  // Same, with a prefix-cache configuration (policy, hash function, events).
+  // Throws InvalidArgument for a bad config (e.g. s3fifo_small_fraction).
+  PagedKVCacheManager(const KVCacheParams& params, std::uint32_t total_num_pages,
+                      std::uint32_t max_batch_size, std::uint32_t max_seq_len,
+                      PrefixCacheConfig config);
   ~PagedKVCacheManager() override;
 
   // Bytes of a pool of total_num_pages pages over all devices.
@@ -41,7 +64,49 @@ class PagedKVCacheManager final : public KVCacheManager {
                   std::span<const std::uint32_t> num_new_tokens,
                   std::uint32_t num_steps = 1) override;
   void step(std::span<const SeqId> seqs, std::span<const std::uint32_t> valid_lengths) override;
+  // step that also commits the tokens' ids (flat, sum(valid_lengths) long,
+  // in batch order); with prefix caching, pages that became full are
+  // published. The two-argument step forgets a sequence's tokens: its later
+  // pages are never published. Throws InvalidArgument on a size mismatch.
+  void step(std::span<const SeqId> seqs, std::span<const std::uint32_t> valid_lengths,
+            std::span<const std::uint32_t> token_ids);
   void release(SeqId seq) override;
+
+  // Attaches to a freshly claimed sequence (no pages, length 0) the cached
+  // pages of the longest cached prefix of full pages of prompt_tokens under
+  // extra_key, leaving at least one prompt token to compute; sets its cache
+  // length (and reserved room) to the tokens reused and returns that count.
+  // The sequence keeps extra_key for the pages it publishes later. Throws
+  // InvalidArgument (prefix caching disabled: enable_prefix_caching; seq not
+  // fresh), UnknownSequence.
+  std::uint32_t match_prefix(SeqId seq, std::span<const std::uint32_t> prompt_tokens,
+                             std::uint64_t extra_key = 0);
+
+  // A new sequence sharing every page of seq that holds committed tokens
+  // (ref count +1), with the same length, tokens and extra key. Throws
+  // UnknownSequence, CapacityExceeded (max_batch_size).
+  SeqId fork(SeqId seq);
+
+  // Rolls seq back to new_length tokens (<= cache_length): pages past it are
+  // released (published ones stay cached); a published page that the cut
+  // makes partial is unpublished if only seq holds it (else copied on the
+  // next write). Reserved room becomes new_length. Throws InvalidArgument,
+  // UnknownSequence.
+  void truncate(SeqId seq, std::uint32_t new_length);
+
+  // Pins the cached full pages of this prefix with priority > 0 (evicted
+  // only when no unpinned page is evictable, lowest priority first);
+  // priority 0 unpins. Returns the tokens covered. Throws InvalidArgument
+  // when prefix caching is disabled.
+  std::uint32_t pin_prefix(std::span<const std::uint32_t> tokens, std::uint32_t priority,
+                           std::uint64_t extra_key = 0);
+
+  // Drops every cache entry: evictable pages go to the free list, pages in
+  // use stay with their sequences but leave the index (removed events).
+  void reset_prefix_cache();
+
+  PrefixCacheMetrics metrics() const;
+  void reset_metrics();
   std::uint32_t cache_length(SeqId seq) const override;
   bool contains(SeqId seq) const override;
   std::uint32_t num_active_sequences() const override;

@@ -1,62 +1,42 @@
-// Compile-time bridge to the paged manager's prefix cache (see prefix_adapter.h).
+// Bridge from the engine's signed token ids to the paged manager's prefix cache.
 
 #include "engine/prefix_adapter.h"
 
-#include <concepts>
+#include <type_traits>
 
 #include "kvcache/paged_manager.h"
 
 namespace kvcache::engine::prefix {
 namespace {
 
-template <class M>
-concept HasPrefixCache = requires(M& m, SeqId s, std::span<const TokenId> t,
-                                  std::span<const SeqId> seqs, std::span<const std::uint32_t> v) {
-  { m.match_prefix(s, t) } -> std::convertible_to<std::uint32_t>;
-  m.step(seqs, v, t);
-};
-
-template <class M>
-PagedKVCacheManager* as_prefix_manager(KVCacheManager& m) {
-  if constexpr (HasPrefixCache<M>) {
-    if (m.params().cache_strategy == CacheStrategy::paged && m.params().enable_prefix_caching) {
-      return static_cast<M*>(&m);
-    }
-  }
-  return nullptr;
+// Token ids are non-negative; int32 and uint32 may alias each other.
+static_assert(sizeof(TokenId) == sizeof(std::uint32_t) && std::is_integral_v<TokenId>);
+std::span<const std::uint32_t> as_unsigned(std::span<const TokenId> tokens) {
+  return {reinterpret_cast<const std::uint32_t*>(tokens.data()), tokens.size()};
 }
 
-template <class M>
-std::uint32_t match_impl(KVCacheManager& m, SeqId seq, std::span<const TokenId> tokens) {
-  if constexpr (HasPrefixCache<M>) {
-    if (M* pm = as_prefix_manager<M>(m)) return pm->match_prefix(seq, tokens);
-  }
-  return 0;
-}
-
-template <class M>
-void step_impl(KVCacheManager& m, std::span<const SeqId> seqs, std::span<const std::uint32_t> valid,
-               std::span<const TokenId> new_tokens) {
-  if constexpr (HasPrefixCache<M>) {
-    if (M* pm = as_prefix_manager<M>(m)) return pm->step(seqs, valid, new_tokens);
-  }
-  m.step(seqs, valid);
+PagedKVCacheManager* prefix_manager(KVCacheManager& m) {
+  return available(m) ? static_cast<PagedKVCacheManager*>(&m) : nullptr;
 }
 
 }  // namespace
 
 bool available(const KVCacheManager& m) {
-  return HasPrefixCache<PagedKVCacheManager> && m.params().cache_strategy == CacheStrategy::paged &&
-         m.params().enable_prefix_caching;
+  return m.params().cache_strategy == CacheStrategy::paged && m.params().enable_prefix_caching;
 }
 
 std::uint32_t match(KVCacheManager& m, SeqId seq, std::span<const TokenId> tokens) {
-  return match_impl<PagedKVCacheManager>(m, seq, tokens);
+  PagedKVCacheManager* pm = prefix_manager(m);
+  return pm != nullptr ? pm->match_prefix(seq, as_unsigned(tokens)) : 0;
 }
 
 void step(KVCacheManager& m, std::span<const SeqId> seqs, std::span<const std::uint32_t> valid,
           std::span<const TokenId> new_tokens) {
-  step_impl<PagedKVCacheManager>(m, seqs, valid, new_tokens);
+  if (PagedKVCacheManager* pm = prefix_manager(m)) {
+    pm->step(seqs, valid, as_unsigned(new_tokens));
+  } else {
+    m.step(seqs, valid);
+  }
 }
 
 }  // namespace kvcache::engine::prefix

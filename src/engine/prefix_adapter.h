@@ -1,10 +1,9 @@
 // src/engine/prefix_adapter.h — the scheduler's ONE door to prefix caching.
 //
-// Prefix caching (PagedKVCacheManager::match_prefix and the token-aware
-// step) is being added to the library separately. These three functions are
-// everything the scheduler needs from it; they detect the API at compile
-// time, so until it exists `available()` is false, `match` returns 0 and
-// `step` forwards to the plain KVCacheManager::step.
+// Prefix caching lives in PagedKVCacheManager (match_prefix and the
+// token-aware step). These three functions are everything the scheduler
+// needs from it: for a manager without prefix caching enabled, `available()`
+// is false, `match` returns 0 and `step` forwards to KVCacheManager::step.
 #pragma once
 
 #include <cstdint>
@@ -15,7 +14,7 @@
 
 namespace kvcache::engine::prefix {
 
-// True when this build's library has prefix caching and `m` has it enabled.
+// True when `m` is a paged manager with prefix caching enabled.
 bool available(const KVCacheManager& m);
 
 // Attaches the longest cached prefix of `tokens` to the (fresh) sequence;

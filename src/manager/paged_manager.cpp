@@ -1,22 +1,27 @@
 #include "kvcache/paged_manager.h"
 
 #include <algorithm>
+#include <cstring>
 #include <mutex>
+#include <set>
 #include <string>
 #include <unordered_map>
 
 #include "manager/checks.h"
 #include "memory/block_pool.h"
 #include "memory/host_arena.h"
+#include "prefix/eviction_policy.h"
+#include "prefix/page_index.h"
 
 namespace kvcache {
 
 using manager::seq_name;
 
 namespace {
-std::uint32_t pages_for(std::uint32_t tokens, std::uint32_t page_size) {
-  return static_cast<std::uint32_t>((std::uint64_t{tokens} + page_size - 1) / page_size);
+std::uint32_t pages_for(std::uint64_t tokens, std::uint32_t page_size) {
+  return static_cast<std::uint32_t>((tokens + page_size - 1) / page_size);
 }
+std::string str(std::uint64_t v) { return std::to_string(v); }
 }  // namespace
 
 struct PagedKVCacheManager::Impl {
@@ -25,15 +30,52 @@ struct PagedKVCacheManager::Impl {
     std::uint32_t length = 0;
     std::uint32_t reserved = 0;
     std::uint64_t mark = 0;
+    // Prefix caching only.
+    std::vector<std::uint32_t> tokens;  // committed token ids (while tokens_known)
+    std::vector<std::uint64_t> hashes;  // chain hash of each full page hashed so far
+    bool tokens_known = true;
+    std::uint64_t extra_key = 0;
+    bool extends_cached = false;  // match_prefix reused at least one page
+  };
+
+  // Per-page prefix-cache state.
+  struct PageMeta {
+    std::uint64_t hash = 0;
+    std::uint64_t parent_hash = 0;
+    std::uint64_t extra_key = 0;
+    std::uint32_t parent = 0;      // parent page id, or num_pages for a first page
+    std::uint32_t parent_gen = 0;  // parent's generation when this page was published
+    std::uint32_t gen = 0;         // bumped whenever the page leaves the index
+    std::uint32_t pin = 0;         // pin priority, 0 = unpinned
+    bool published = false;
+  };
+
+  struct MatchedPage {
+    std::uint32_t page;
+    std::uint64_t hash;
   };
 
   Impl(const KVCacheParams& p, std::uint32_t num_pages, std::uint32_t max_batch,
-       std::uint32_t max_seq)
-      : params(p), max_batch_size(max_batch), max_seq_len(max_seq), pool(num_pages) {
+       std::uint32_t max_seq, PrefixCacheConfig cfg)
+      : params(p),
+        max_batch_size(max_batch),
+        max_seq_len(max_seq),
+        pool(num_pages),
+        config(std::move(cfg)),
+        caching(p.enable_prefix_caching),
+        index(caching ? num_pages : 0) {
+    page_bytes = std::size_t{p.page_size} * p.bytes_per_token_per_device();
     const std::size_t per_device = estimated_memory_size(p, num_pages) / p.n_devices;
     for (std::uint32_t d = 0; d < p.n_devices; ++d) arenas.emplace_back(per_device);
+    if (!config.hash) config.hash = default_block_hash;
+    if (caching) {
+      meta.resize(num_pages);
+      page_tokens.resize(std::size_t{num_pages} * p.page_size);
+      policy = prefix::make_policy(config, num_pages);
+    }
   }
 
+  // ---- lookups ---------------------------------------------------------------
   Sequence& mark(SeqId id) {
     auto it = seqs.find(id);
     if (it == seqs.end()) manager::throw_unknown(id);
@@ -42,26 +84,186 @@ struct PagedKVCacheManager::Impl {
     return it->second;
   }
 
-  const Sequence& find(SeqId id) const {
+  Sequence& find(SeqId id) {
     auto it = seqs.find(id);
     if (it == seqs.end()) manager::throw_unknown(id);
     return it->second;
+  }
+  const Sequence& find(SeqId id) const { return const_cast<Impl*>(this)->find(id); }
+
+  std::uint32_t num_pages() const { return pool.num_blocks(); }
+  std::uint32_t num_evictable() const {
+    return caching ? policy->size() + static_cast<std::uint32_t>(pinned.size()) : 0;
+  }
+  std::uint32_t available() const { return pool.num_free() + num_evictable(); }
+  std::span<const std::uint32_t> stored_tokens(std::uint32_t page) const {
+    return {page_tokens.data() + std::size_t{page} * params.page_size, params.page_size};
+  }
+
+  void require_caching(const char* what) const {
+    if (!caching) {
+      throw InvalidArgument(std::string(what) +
+                            " needs params.enable_prefix_caching = true (it is false)");
+    }
+  }
+
+  // ---- events ----------------------------------------------------------------
+  void emit(PageEvent::Kind kind, std::uint32_t page) const noexcept {
+    if (!config.on_event) return;
+    const PageMeta& m = meta[page];
+    config.on_event(PageEvent{kind, page, m.hash, m.parent_hash, m.extra_key, stored_tokens(page)});
+  }
+
+  // ---- evictable set ---------------------------------------------------------
+  void make_evictable(std::uint32_t page) {
+    if (meta[page].pin > 0) {
+      pinned.emplace(meta[page].pin, page);
+    } else {
+      policy->insert(page);
+    }
+  }
+  void make_unevictable(std::uint32_t page) {
+    if (meta[page].pin > 0) {
+      pinned.erase({meta[page].pin, page});
+    } else {
+      policy->erase(page);
+    }
+  }
+
+  // Removes a page from the index (it stays wherever its references are).
+  void unpublish(std::uint32_t page) {
+    emit(PageEvent::Kind::removed, page);
+    PageMeta& m = meta[page];
+    index.erase(m.hash);
+    if (m.pin > 0) --num_pinned;
+    m.published = false;
+    m.pin = 0;
+    ++m.gen;
+  }
+
+  // Drops one reference; a published page at ref 0 becomes evictable.
+  void drop_ref(std::uint32_t page) {
+    if (caching && meta[page].published) {
+      if (pool.unref(page) == 0) make_evictable(page);
+    } else {
+      pool.release(page);
+    }
+  }
+
+  // A page with ref count 1: from the free list, else evicted. Precondition: available() > 0.
+  std::uint32_t take_page() {
+    if (pool.num_free() > 0) return pool.allocate();
+    std::uint32_t page;
+    if (policy->size() > 0) {
+      page = policy->evict();
+    } else {
+      page = pinned.begin()->second;
+      pinned.erase(pinned.begin());
+    }
+    unpublish(page);
+    ++metrics.evictions;
+    pool.retain(page);  // 0 -> 1
+    return page;
+  }
+
+  void copy_page(std::uint32_t from, std::uint32_t to) {
+    for (auto& arena : arenas) {
+      std::memcpy(arena.data() + std::size_t{to} * page_bytes,
+                  arena.data() + std::size_t{from} * page_bytes, page_bytes);
+    }
+    ++metrics.cow_copies;
+  }
+
+  // ---- hashing / matching ----------------------------------------------------
+  // The longest chain of index entries for the full pages of tokens (at most
+  // max_pages), each verified against stored tokens, extra key and parent.
+  void walk(std::span<const std::uint32_t> tokens, std::uint64_t extra_key, std::uint32_t max_pages,
+            std::vector<MatchedPage>& out) const {
+    const std::uint32_t ps = params.page_size;
+    std::uint64_t parent_hash = 0;
+    std::uint32_t parent = num_pages();
+    for (std::uint32_t j = 0; j < max_pages; ++j) {
+      const auto page_tokens_j = tokens.subspan(std::size_t{j} * ps, ps);
+      const std::uint64_t h = config.hash(parent_hash, page_tokens_j, extra_key);
+      const auto found = index.find(h);
+      if (!found) return;
+      const PageMeta& m = meta[*found];
+      const bool same_parent =
+          m.parent == parent && (parent == num_pages() || m.parent_gen == meta[parent].gen);
+      if (!same_parent || m.extra_key != extra_key || m.parent_hash != parent_hash ||
+          !std::equal(page_tokens_j.begin(), page_tokens_j.end(), stored_tokens(*found).begin())) {
+        return;  // hash collision: never trust it
+      }
+      out.push_back({*found, h});
+      parent_hash = h;
+      parent = *found;
+    }
+  }
+
+  // Hashes full page j of s (j == s.hashes.size()) and publishes it if its
+  // parent is published and no entry holds the hash. Needs s.hashes capacity.
+  void hash_and_publish(Sequence& s, std::uint32_t j) {
+    const std::uint32_t ps = params.page_size;
+    const std::uint64_t parent_hash = j == 0 ? 0 : s.hashes[j - 1];
+    const auto toks = std::span<const std::uint32_t>(s.tokens).subspan(std::size_t{j} * ps, ps);
+    const std::uint64_t h = config.hash(parent_hash, toks, s.extra_key);
+    s.hashes.push_back(h);
+    const std::uint32_t page = s.pages[j];
+    PageMeta& m = meta[page];
+    if (m.published) return;
+    const std::uint32_t parent = j == 0 ? num_pages() : s.pages[j - 1];
+    if (j > 0 && !(meta[parent].published && meta[parent].hash == parent_hash)) return;
+    if (!index.insert(h, page)) return;  // duplicate content or a collision: stays private
+    m.hash = h;
+    m.parent_hash = parent_hash;
+    m.extra_key = s.extra_key;
+    m.parent = parent;
+    m.parent_gen = j == 0 ? 0 : meta[parent].gen;
+    m.pin = 0;
+    m.published = true;
+    std::copy(toks.begin(), toks.end(), page_tokens.begin() + std::size_t{page} * ps);
+    policy->on_publish(page, h, s.extends_cached);
+    ++metrics.pages_published;
+    emit(PageEvent::Kind::stored, page);
+  }
+
+  void publish_full_pages(Sequence& s) {
+    if (!caching || !s.tokens_known) return;
+    const std::uint32_t full = s.length / params.page_size;
+    while (s.hashes.size() < full) hash_and_publish(s, static_cast<std::uint32_t>(s.hashes.size()));
   }
 
   KVCacheParams params;
   std::uint32_t max_batch_size;
   std::uint32_t max_seq_len;
   std::vector<memory::HostArena> arenas;
+  std::size_t page_bytes = 0;  // per device
   memory::BlockPool pool;
   std::unordered_map<SeqId, Sequence> seqs;
   SeqId next_id = 0;
   std::uint64_t epoch = 0;
+  // Prefix cache.
+  PrefixCacheConfig config;
+  bool caching;
+  prefix::PageIndex index;
+  std::vector<PageMeta> meta;
+  std::vector<std::uint32_t> page_tokens;
+  std::unique_ptr<prefix::EvictionPolicy> policy;
+  std::set<std::pair<std::uint32_t, std::uint32_t>> pinned;  // evictable pinned pages
+  std::uint32_t num_pinned = 0;                              // published pages with pin > 0
+  PrefixCacheMetrics metrics;
+  std::vector<MatchedPage> scratch;
   mutable std::mutex mu;
 };
 
-PagedKVCacheManager::PagedKVCacheManager(const KVCacheParams& params,
-                                         std::uint32_t total_num_pages,
+PagedKVCacheManager::PagedKVCacheManager(const KVCacheParams& params, std::uint32_t total_num_pages,
                                          std::uint32_t max_batch_size, std::uint32_t max_seq_len)
+    : PagedKVCacheManager(params, total_num_pages, max_batch_size, max_seq_len,
+                          PrefixCacheConfig{}) {}
+
+PagedKVCacheManager::PagedKVCacheManager(const KVCacheParams& params, std::uint32_t total_num_pages,
+                                         std::uint32_t max_batch_size, std::uint32_t max_seq_len,
+                                         PrefixCacheConfig config)
     : KVCacheManager(params, max_batch_size, max_seq_len) {
   if (params.cache_strategy != CacheStrategy::paged) {
     throw InvalidArgument("PagedKVCacheManager needs cache_strategy paged, got " +
@@ -72,7 +274,8 @@ PagedKVCacheManager::PagedKVCacheManager(const KVCacheParams& params,
     throw InvalidArgument("total_num_pages " + std::to_string(total_num_pages) +
                           " leaves no room for the sentinel; the limit is 4294967294");
   }
-  impl_ = std::make_unique<Impl>(params, total_num_pages, max_batch_size, max_seq_len);
+  impl_ = std::make_unique<Impl>(params, total_num_pages, max_batch_size, max_seq_len,
+                                 std::move(config));
 }
 
 PagedKVCacheManager::~PagedKVCacheManager() = default;
@@ -86,9 +289,11 @@ std::size_t PagedKVCacheManager::estimated_memory_size(const KVCacheParams& para
 std::uint32_t PagedKVCacheManager::pages_for_memory(const KVCacheParams& params,
                                                     std::size_t memory_bytes) {
   params.validate();
-  if (params.page_size == 0) throw InvalidArgument("page_size is 0: pages_for_memory needs a page size");
+  if (params.page_size == 0)
+    throw InvalidArgument("page_size is 0: pages_for_memory needs a page size");
   const std::size_t page_bytes = std::size_t{params.page_size} * params.bytes_per_token();
-  return static_cast<std::uint32_t>(std::min<std::size_t>(memory_bytes / page_bytes, UINT32_MAX - 1));
+  return static_cast<std::uint32_t>(
+      std::min<std::size_t>(memory_bytes / page_bytes, UINT32_MAX - 1));
 }
 
 std::vector<SeqId> PagedKVCacheManager::claim(std::uint32_t n) {
@@ -113,50 +318,71 @@ std::vector<SeqId> PagedKVCacheManager::claim(std::uint32_t n) {
 void PagedKVCacheManager::fetch_into(KVCacheBatch& out, std::span<const SeqId> seqs,
                                      std::span<const std::uint32_t> num_new_tokens,
                                      std::uint32_t num_steps) {
-  std::lock_guard lock(impl_->mu);
+  Impl& im = *impl_;
+  std::lock_guard lock(im.mu);
   manager::check_batch_spans(seqs, num_new_tokens.size(), "num_new_tokens");
   manager::check_num_steps(num_steps);
-  const std::uint32_t ps = impl_->params.page_size;
-  ++impl_->epoch;
-  std::uint64_t pages_needed = 0;
+  const std::uint32_t ps = im.params.page_size;
+  ++im.epoch;
+  std::uint64_t pages_needed = 0, copies_needed = 0;
   std::uint32_t stride = 1;
   for (std::size_t b = 0; b < seqs.size(); ++b) {
-    Impl::Sequence& s = impl_->mark(seqs[b]);
+    Impl::Sequence& s = im.mark(seqs[b]);
     const std::uint32_t target =
-        manager::reserved_target(seqs[b], s.length, num_new_tokens[b], num_steps, impl_->max_seq_len);
+        manager::reserved_target(seqs[b], s.length, num_new_tokens[b], num_steps, im.max_seq_len);
     const std::uint32_t want = pages_for(target, ps);
     if (want > s.pages.size()) pages_needed += want - s.pages.size();
+    // Shared pages that this step writes into need a private copy.
+    if (target > s.length) {
+      const std::uint32_t last = std::min<std::uint32_t>((target - 1) / ps + 1, s.pages.size());
+      for (std::uint32_t j = s.length / ps; j < last; ++j)
+        copies_needed += im.pool.ref_count(s.pages[j]) > 1;
+    }
     stride = std::max<std::uint32_t>(stride, std::max<std::uint32_t>(want, s.pages.size()));
   }
-  if (pages_needed > impl_->pool.num_free()) {
-    throw OutOfPages("need " + std::to_string(pages_needed) + " pages for this batch of " +
-                     std::to_string(seqs.size()) + " sequences, " +
-                     std::to_string(impl_->pool.num_free()) + " free of " +
-                     std::to_string(impl_->pool.num_blocks()));
+  if (pages_needed + copies_needed > im.available()) {
+    throw OutOfPages("need " + str(pages_needed + copies_needed) + " pages for this batch of " +
+                     str(seqs.size()) + " sequences (" + str(copies_needed) + " copy-on-write), " +
+                     str(im.pool.num_free()) + " free + " + str(im.num_evictable()) +
+                     " evictable of " + str(im.pool.num_blocks()));
   }
   // Grow page-table capacity and the output buffers first: the only steps
   // that can throw (bad_alloc) happen before any state changes.
-  out.reserve(seqs.size(), seqs.size() * std::size_t{stride}, impl_->arenas.size());
+  out.reserve(seqs.size(), seqs.size() * std::size_t{stride}, im.arenas.size());
   for (std::size_t b = 0; b < seqs.size(); ++b) {
-    Impl::Sequence& s = impl_->seqs.find(seqs[b])->second;
-    s.pages.reserve(pages_for(s.length + num_new_tokens[b] + (num_steps - 1), ps));
+    Impl::Sequence& s = im.seqs.find(seqs[b])->second;
+    s.pages.reserve(pages_for(std::uint64_t{s.length} + num_new_tokens[b] + (num_steps - 1), ps));
   }
   KVCacheBatch& next = out;  // buffers reserved above; nothing below allocates
   next.seq_ids_.assign(seqs.begin(), seqs.end());
   next.cache_lengths_.resize(seqs.size());
   next.reserved_lengths_.resize(seqs.size());
-  next.lookup_table_.assign(seqs.size() * std::size_t{stride}, impl_->pool.num_blocks());
+  next.lookup_table_.assign(seqs.size() * std::size_t{stride}, im.pool.num_blocks());
   next.device_blocks_.clear();
-  for (auto& arena : impl_->arenas) next.device_blocks_.push_back(arena.data());
+  for (auto& arena : im.arenas) next.device_blocks_.push_back(arena.data());
   // Commit.
-  next.params_ = impl_->params;
+  next.params_ = im.params;
   next.lookup_stride_ = stride;
-  next.num_blocks_ = impl_->pool.num_blocks();
+  next.num_blocks_ = im.pool.num_blocks();
   next.block_tokens_ = ps;
   for (std::size_t b = 0; b < seqs.size(); ++b) {
-    Impl::Sequence& s = impl_->seqs.find(seqs[b])->second;
+    Impl::Sequence& s = im.seqs.find(seqs[b])->second;
     s.reserved = s.length + num_new_tokens[b] + (num_steps - 1);
-    while (s.pages.size() < pages_for(s.reserved, ps)) s.pages.push_back(impl_->pool.allocate());
+    if (s.reserved > s.length) {
+      const std::uint32_t last = std::min<std::uint32_t>((s.reserved - 1) / ps + 1, s.pages.size());
+      for (std::uint32_t j = s.length / ps; j < last; ++j) {
+        const std::uint32_t page = s.pages[j];
+        if (im.pool.ref_count(page) > 1) {  // copy-on-write
+          const std::uint32_t copy = im.take_page();
+          im.copy_page(page, copy);
+          im.pool.unref(page);  // still >= 1: another sequence holds it
+          s.pages[j] = copy;
+        } else if (im.caching && im.meta[page].published) {
+          im.unpublish(page);  // about to change: leave the index
+        }
+      }
+    }
+    while (s.pages.size() < pages_for(s.reserved, ps)) s.pages.push_back(im.take_page());
     next.cache_lengths_[b] = s.length;
     next.reserved_lengths_[b] = s.reserved;
     std::copy(s.pages.begin(), s.pages.end(), next.lookup_table_.begin() + b * stride);
@@ -166,15 +392,59 @@ void PagedKVCacheManager::fetch_into(KVCacheBatch& out, std::span<const SeqId> s
 
 void PagedKVCacheManager::step(std::span<const SeqId> seqs,
                                std::span<const std::uint32_t> valid_lengths) {
-  std::lock_guard lock(impl_->mu);
+  Impl& im = *impl_;
+  std::lock_guard lock(im.mu);
   manager::check_batch_spans(seqs, valid_lengths.size(), "valid_lengths");
-  ++impl_->epoch;
+  ++im.epoch;
   for (std::size_t b = 0; b < seqs.size(); ++b) {
-    const Impl::Sequence& s = impl_->mark(seqs[b]);
+    const Impl::Sequence& s = im.mark(seqs[b]);
     manager::check_step_room(seqs[b], s.length, valid_lengths[b], s.reserved);
   }
   for (std::size_t b = 0; b < seqs.size(); ++b) {
-    impl_->seqs.find(seqs[b])->second.length += valid_lengths[b];
+    Impl::Sequence& s = im.seqs.find(seqs[b])->second;
+    s.length += valid_lengths[b];
+    if (im.caching && valid_lengths[b] > 0 && s.tokens_known) {
+      s.tokens_known = false;  // ids unknown from here on: nothing more to publish
+      s.tokens.clear();
+    }
+  }
+}
+
+void PagedKVCacheManager::step(std::span<const SeqId> seqs,
+                               std::span<const std::uint32_t> valid_lengths,
+                               std::span<const std::uint32_t> token_ids) {
+  Impl& im = *impl_;
+  std::lock_guard lock(im.mu);
+  manager::check_batch_spans(seqs, valid_lengths.size(), "valid_lengths");
+  std::uint64_t total = 0;
+  for (std::uint32_t v : valid_lengths) total += v;
+  if (total != token_ids.size()) {
+    throw InvalidArgument("token_ids has " + str(token_ids.size()) +
+                          " entries but valid_lengths sum to " + str(total));
+  }
+  ++im.epoch;
+  for (std::size_t b = 0; b < seqs.size(); ++b) {
+    const Impl::Sequence& s = im.mark(seqs[b]);
+    manager::check_step_room(seqs[b], s.length, valid_lengths[b], s.reserved);
+  }
+  if (im.caching) {  // grow vectors first (strong guarantee)
+    for (std::size_t b = 0; b < seqs.size(); ++b) {
+      Impl::Sequence& s = im.seqs.find(seqs[b])->second;
+      if (!s.tokens_known) continue;
+      s.tokens.reserve(s.length + valid_lengths[b]);
+      s.hashes.reserve((s.length + valid_lengths[b]) / im.params.page_size);
+    }
+  }
+  std::size_t offset = 0;
+  for (std::size_t b = 0; b < seqs.size(); ++b) {
+    Impl::Sequence& s = im.seqs.find(seqs[b])->second;
+    if (im.caching && s.tokens_known) {
+      s.tokens.insert(s.tokens.end(), token_ids.begin() + offset,
+                      token_ids.begin() + offset + valid_lengths[b]);
+    }
+    offset += valid_lengths[b];
+    s.length += valid_lengths[b];
+    im.publish_full_pages(s);
   }
 }
 
@@ -182,11 +452,146 @@ void PagedKVCacheManager::release(SeqId seq) {
   std::lock_guard lock(impl_->mu);
   auto it = impl_->seqs.find(seq);
   if (it == impl_->seqs.end()) manager::throw_unknown(seq);
-  // Release the tail first so the free list hands the head out last.
-  for (auto p = it->second.pages.rbegin(); p != it->second.pages.rend(); ++p) {
-    impl_->pool.release(*p);
-  }
+  // Release the tail first: the free list hands the head out last and LRU
+  // evicts the tail before the head.
+  for (auto p = it->second.pages.rbegin(); p != it->second.pages.rend(); ++p) impl_->drop_ref(*p);
   impl_->seqs.erase(it);
+}
+
+std::uint32_t PagedKVCacheManager::match_prefix(SeqId seq,
+                                                std::span<const std::uint32_t> prompt_tokens,
+                                                std::uint64_t extra_key) {
+  Impl& im = *impl_;
+  std::lock_guard lock(im.mu);
+  im.require_caching("match_prefix");
+  Impl::Sequence& s = im.find(seq);
+  if (s.length != 0 || !s.pages.empty() || !s.tokens_known) {
+    throw InvalidArgument(seq_name(seq) + " is not freshly claimed (cache length " + str(s.length) +
+                          ", " + str(s.pages.size()) +
+                          " pages): match_prefix needs a new sequence");
+  }
+  const std::uint32_t ps = im.params.page_size;
+  const std::uint64_t usable =
+      std::min<std::uint64_t>(prompt_tokens.empty() ? 0 : prompt_tokens.size() - 1, im.max_seq_len);
+  im.scratch.clear();
+  im.scratch.reserve(usable / ps);
+  im.walk(prompt_tokens, extra_key, static_cast<std::uint32_t>(usable / ps), im.scratch);
+  const std::uint32_t n = static_cast<std::uint32_t>(im.scratch.size());
+  const std::uint32_t reused = n * ps;
+  s.pages.reserve(n);
+  s.hashes.reserve(n);
+  s.tokens.reserve(prompt_tokens.size());
+  // Commit.
+  for (const Impl::MatchedPage& m : im.scratch) {
+    if (im.pool.ref_count(m.page) == 0) im.make_unevictable(m.page);
+    im.pool.retain(m.page);
+    im.policy->on_hit(m.page);
+    s.pages.push_back(m.page);
+    s.hashes.push_back(m.hash);
+  }
+  s.tokens.assign(prompt_tokens.begin(), prompt_tokens.begin() + reused);
+  s.length = s.reserved = reused;
+  s.extra_key = extra_key;
+  s.extends_cached = n > 0;
+  ++im.metrics.match_calls;
+  im.metrics.prompt_tokens += prompt_tokens.size();
+  im.metrics.reused_tokens += reused;
+  return reused;
+}
+
+SeqId PagedKVCacheManager::fork(SeqId seq) {
+  Impl& im = *impl_;
+  std::lock_guard lock(im.mu);
+  const Impl::Sequence& parent = im.find(seq);
+  manager::check_claim(1, static_cast<std::uint32_t>(im.seqs.size()), im.max_batch_size);
+  Impl::Sequence child;
+  const std::uint32_t shared = pages_for(parent.length, im.params.page_size);
+  child.pages.assign(parent.pages.begin(), parent.pages.begin() + shared);
+  child.length = child.reserved = parent.length;
+  child.tokens = parent.tokens;
+  child.hashes = parent.hashes;
+  child.tokens_known = parent.tokens_known;
+  child.extra_key = parent.extra_key;
+  child.extends_cached = parent.extends_cached;
+  const SeqId id = im.next_id;
+  im.seqs.emplace(id, std::move(child));  // may throw: nothing changed yet
+  ++im.next_id;
+  for (std::uint32_t page : im.seqs.find(id)->second.pages) im.pool.retain(page);
+  return id;
+}
+
+void PagedKVCacheManager::truncate(SeqId seq, std::uint32_t new_length) {
+  Impl& im = *impl_;
+  std::lock_guard lock(im.mu);
+  Impl::Sequence& s = im.find(seq);
+  if (new_length > s.length) {
+    throw InvalidArgument("truncate " + seq_name(seq) + " to " + str(new_length) +
+                          " tokens: it only has " + str(s.length));
+  }
+  const std::uint32_t ps = im.params.page_size;
+  const std::uint32_t keep = pages_for(new_length, ps);
+  while (s.pages.size() > keep) {
+    im.drop_ref(s.pages.back());
+    s.pages.pop_back();
+  }
+  const std::uint32_t full = new_length / ps;
+  if (new_length % ps != 0 && im.caching) {
+    const std::uint32_t page = s.pages[full];
+    if (im.meta[page].published && im.pool.ref_count(page) == 1) im.unpublish(page);
+  }
+  if (s.hashes.size() > full) s.hashes.resize(full);
+  if (s.tokens.size() > new_length) s.tokens.resize(new_length);
+  s.length = s.reserved = new_length;
+}
+
+std::uint32_t PagedKVCacheManager::pin_prefix(std::span<const std::uint32_t> tokens,
+                                              std::uint32_t priority, std::uint64_t extra_key) {
+  Impl& im = *impl_;
+  std::lock_guard lock(im.mu);
+  im.require_caching("pin_prefix");
+  im.scratch.clear();
+  im.scratch.reserve(tokens.size() / im.params.page_size);
+  im.walk(tokens, extra_key, static_cast<std::uint32_t>(tokens.size() / im.params.page_size),
+          im.scratch);
+  for (const Impl::MatchedPage& m : im.scratch) {
+    const bool evictable = im.pool.ref_count(m.page) == 0;
+    if (evictable) im.make_unevictable(m.page);
+    Impl::PageMeta& meta = im.meta[m.page];
+    im.num_pinned += (priority > 0) - (meta.pin > 0);
+    meta.pin = priority;
+    if (evictable) im.make_evictable(m.page);
+  }
+  return static_cast<std::uint32_t>(im.scratch.size()) * im.params.page_size;
+}
+
+void PagedKVCacheManager::reset_prefix_cache() {
+  Impl& im = *impl_;
+  std::lock_guard lock(im.mu);
+  if (!im.caching) return;
+  for (std::uint32_t page = 0; page < im.num_pages(); ++page) {
+    if (!im.meta[page].published) continue;
+    const bool evictable = im.pool.ref_count(page) == 0;
+    if (evictable) im.make_unevictable(page);
+    im.unpublish(page);
+    if (evictable) im.pool.free_unreferenced(page);
+  }
+}
+
+PrefixCacheMetrics PagedKVCacheManager::metrics() const {
+  const Impl& im = *impl_;
+  std::lock_guard lock(im.mu);
+  PrefixCacheMetrics m = im.metrics;
+  m.pages_total = im.num_pages();
+  m.pages_free = im.pool.num_free();
+  m.pages_cached = im.num_evictable();
+  m.pages_used = m.pages_total - m.pages_free - m.pages_cached;
+  m.pages_pinned = im.num_pinned;
+  return m;
+}
+
+void PagedKVCacheManager::reset_metrics() {
+  std::lock_guard lock(impl_->mu);
+  impl_->metrics = PrefixCacheMetrics{};
 }
 
 std::uint32_t PagedKVCacheManager::cache_length(SeqId seq) const {
@@ -217,53 +622,122 @@ std::vector<std::size_t> PagedKVCacheManager::block_shape(std::uint32_t n) const
 }
 
 ManagerSnapshot PagedKVCacheManager::snapshot() const {
-  std::lock_guard lock(impl_->mu);
+  const Impl& im = *impl_;
+  std::lock_guard lock(im.mu);
   ManagerSnapshot snap;
-  for (const auto& [id, s] : impl_->seqs) snap.sequences.push_back({id, s.length, s.reserved, s.pages});
+  for (const auto& [id, s] : im.seqs) snap.sequences.push_back({id, s.length, s.reserved, s.pages});
   std::sort(snap.sequences.begin(), snap.sequences.end(),
             [](const auto& a, const auto& b) { return a.id < b.id; });
-  snap.free_blocks = impl_->pool.free_list();
+  snap.free_blocks = im.pool.free_list();
   std::sort(snap.free_blocks.begin(), snap.free_blocks.end());
-  snap.ref_counts = impl_->pool.ref_counts();
-  snap.next_seq_id = impl_->next_id;
+  snap.ref_counts = im.pool.ref_counts();
+  snap.next_seq_id = im.next_id;
+  if (im.caching) {
+    for (std::uint32_t p = 0; p < im.num_pages(); ++p) {
+      if (!im.meta[p].published) continue;
+      snap.cached_blocks.push_back(p);
+      snap.cached_priorities.push_back(im.meta[p].pin);
+    }
+  }
   return snap;
 }
 
 void PagedKVCacheManager::check_invariants() const {
-  std::lock_guard lock(impl_->mu);
-  const std::uint32_t n = impl_->pool.num_blocks();
-  const std::uint32_t ps = impl_->params.page_size;
+  const Impl& im = *impl_;
+  std::lock_guard lock(im.mu);
+  const std::uint32_t n = im.pool.num_blocks();
+  const std::uint32_t ps = im.params.page_size;
   std::vector<std::uint32_t> refs(n, 0);
-  if (impl_->seqs.size() > impl_->max_batch_size) throw Error("more sequences than max_batch_size");
-  for (const auto& [id, s] : impl_->seqs) {
+  if (im.seqs.size() > im.max_batch_size) throw Error("more sequences than max_batch_size");
+  for (const auto& [id, s] : im.seqs) {
     if (s.length > s.reserved) {
-      throw Error(seq_name(id) + " length " + std::to_string(s.length) + " exceeds reserved " +
-                  std::to_string(s.reserved));
+      throw Error(seq_name(id) + " length " + str(s.length) + " exceeds reserved " +
+                  str(s.reserved));
     }
-    if (s.reserved > impl_->max_seq_len) throw Error(seq_name(id) + " reserved past max_seq_len");
+    if (s.reserved > im.max_seq_len) throw Error(seq_name(id) + " reserved past max_seq_len");
     if (s.pages.size() < pages_for(s.reserved, ps)) {
-      throw Error(seq_name(id) + " has " + std::to_string(s.pages.size()) + " pages for " +
-                  std::to_string(s.reserved) + " reserved tokens");
+      throw Error(seq_name(id) + " has " + str(s.pages.size()) + " pages for " + str(s.reserved) +
+                  " reserved tokens");
     }
     for (std::uint32_t p : s.pages) {
-      if (p >= n) throw Error(seq_name(id) + " holds page " + std::to_string(p) + " >= " + std::to_string(n));
+      if (p >= n) throw Error(seq_name(id) + " holds page " + str(p) + " >= " + str(n));
       ++refs[p];
     }
-    if (id >= impl_->next_id) throw Error(seq_name(id) + " is not below next id");
+    if (id >= im.next_id) throw Error(seq_name(id) + " is not below next id");
+    if (!im.caching) continue;
+    if (s.tokens_known && s.tokens.size() != s.length) {
+      throw Error(seq_name(id) + " keeps " + str(s.tokens.size()) + " token ids for length " +
+                  str(s.length));
+    }
+    if (s.hashes.size() > s.length / ps)
+      throw Error(seq_name(id) + " hashed a page that is not full");
+    for (std::size_t j = 0; j < s.pages.size(); ++j) {
+      const Impl::PageMeta& m = im.meta[s.pages[j]];
+      if (!m.published) continue;
+      // A published page is a verified full page of the sequence, or (after
+      // truncate) the partial page it writes next, shared and copied on write.
+      const bool hashed = j < s.hashes.size() && s.hashes[j] == m.hash;
+      const bool cut = j >= s.hashes.size() && j == s.length / ps && s.length % ps != 0;
+      if (!hashed && !cut) {
+        throw Error(seq_name(id) + " page " + str(j) + " (id " + str(s.pages[j]) +
+                    ") is published but not a verified full page of it");
+      }
+      const std::size_t mine = hashed ? ps : s.length % ps;
+      const auto stored = im.stored_tokens(s.pages[j]);
+      if (s.tokens_known &&
+          !std::equal(stored.begin(), stored.begin() + mine, s.tokens.begin() + j * ps)) {
+        throw Error(seq_name(id) + " page " + str(j) + " stored tokens differ from its own");
+      }
+    }
   }
   std::vector<std::uint8_t> free(n, 0);
-  for (std::uint32_t p : impl_->pool.free_list()) {
-    if (p >= n || free[p]++ != 0) throw Error("page " + std::to_string(p) + " is on the free list twice or out of range");
+  for (std::uint32_t p : im.pool.free_list()) {
+    if (p >= n || free[p]++ != 0)
+      throw Error("page " + str(p) + " is on the free list twice or out of range");
   }
+  std::uint32_t cached = 0, pinned = 0, published = 0;
   for (std::uint32_t p = 0; p < n; ++p) {
-    if (refs[p] != impl_->pool.ref_count(p)) {
-      throw Error("page " + std::to_string(p) + " has ref count " +
-                  std::to_string(impl_->pool.ref_count(p)) + " but " + std::to_string(refs[p]) +
-                  " page-table references");
+    if (refs[p] != im.pool.ref_count(p)) {
+      throw Error("page " + str(p) + " has ref count " + str(im.pool.ref_count(p)) + " but " +
+                  str(refs[p]) + " page-table references");
     }
-    if ((refs[p] == 0) != (free[p] == 1)) {
-      throw Error("page " + std::to_string(p) + (refs[p] ? " is referenced and free" : " is leaked: unreferenced and not free"));
+    const bool pub = im.caching && im.meta[p].published;
+    if (pub && free[p]) throw Error("page " + str(p) + " is both free and cached");
+    if (refs[p] == 0 && !pub && !free[p])
+      throw Error("page " + str(p) + " is leaked: unreferenced, not free, not cached");
+    if (refs[p] != 0 && free[p]) throw Error("page " + str(p) + " is referenced and free");
+    if (!pub) continue;
+    const Impl::PageMeta& m = im.meta[p];
+    ++published;
+    pinned += m.pin > 0;
+    const auto found = im.index.find(m.hash);
+    if (!found || *found != p)
+      throw Error("published page " + str(p) + " is not indexed under its hash");
+    if (im.config.hash(m.parent_hash, im.stored_tokens(p), m.extra_key) != m.hash) {
+      throw Error("page " + str(p) + " hash does not match its stored tokens");
     }
+    const bool in_policy = im.policy->contains(p);
+    const bool in_pinned = im.pinned.count({m.pin, p}) != 0;
+    if (refs[p] == 0 && (m.pin > 0 ? !in_pinned || in_policy : !in_policy || in_pinned)) {
+      throw Error("cached page " + str(p) + " is not evictable exactly once");
+    }
+    if (refs[p] != 0 && (in_policy || in_pinned))
+      throw Error("page " + str(p) + " is in use and evictable");
+    cached += refs[p] == 0;
+  }
+  if (im.caching) {
+    if (im.index.size() != published) {
+      throw Error("hash index holds " + str(im.index.size()) + " entries for " + str(published) +
+                  " published pages");
+    }
+    im.index.for_each([&](std::uint64_t, std::uint32_t p) {
+      if (p >= n || !im.meta[p].published) throw Error("hash index maps to invalid page " + str(p));
+    });
+    if (im.num_evictable() != cached) {
+      throw Error("evictable set holds " + str(im.num_evictable()) + " pages, " + str(cached) +
+                  " are cached with ref 0");
+    }
+    if (pinned != im.num_pinned) throw Error("pinned page count is off");
   }
 }
 

@@ -1,0 +1,94 @@
+// kvcache/prefix_cache.h — configuration, metrics and events of the paged
+// manager's prefix cache (automatic reuse of K/V pages across requests).
+//
+// Block identity: every full page j of a sequence gets a chained hash
+//   h_j = hash(h_{j-1}, tokens of page j, extra_key),   h_{-1} = 0,
+// (XXH3-64 by default; injectable for tests). The extra key isolates tenants
+// (LoRA id, cache salt): equal tokens under different keys never match. A hash
+// hit is only trusted after comparing the stored tokens, the extra key and the
+// parent page (id + generation), so even a colliding hash can never hand out
+// another request's K/V.
+//
+// Eviction: published pages whose ref count drops to 0 stay cached and become
+// evictable; `fetch` takes free pages first and evicts only when the free list
+// is empty. The policy choosing the victim is picked here (O(1) per page).
+// Pinned pages (priority > 0) are evicted only when no unpinned page is
+// evictable, lowest priority first.
+//
+// Plain value types; no thread-safety concerns of their own.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string_view>
+
+namespace kvcache {
+
+// Eviction policy for cached pages (ref count 0, still in the hash index).
+enum class EvictionPolicyKind : std::uint8_t {
+  lru,     // least recently released first; a sequence's tail before its head (vLLM)
+  s3fifo,  // S3-FIFO: a small probation FIFO for never-reused pages, a main
+           // FIFO with second chances for reused ones, a ghost FIFO of evicted hashes
+  tiered,  // LRU-2 flavoured: pages used by one request only go first (LRU), then
+           // pages used by two or more (reused, or remembered by a ghost of evicted hashes)
+};
+
+std::string_view policy_name(EvictionPolicyKind kind);
+// "lru" | "s3fifo"; throws InvalidArgument naming the known policies otherwise.
+EvictionPolicyKind parse_policy(std::string_view name);
+
+// Chained block hash: (parent hash, page tokens, extra key) -> hash.
+using BlockHashFn = std::function<std::uint64_t(
+    std::uint64_t parent, std::span<const std::uint32_t> tokens, std::uint64_t extra_key)>;
+
+// XXH3-64 over the tokens, seeded by the parent hash and extra key.
+std::uint64_t default_block_hash(std::uint64_t parent, std::span<const std::uint32_t> tokens,
+                                 std::uint64_t extra_key);
+
+// A page entering or leaving the hash index (what KV-aware routers consume).
+struct PageEvent {
+  enum class Kind : std::uint8_t { stored, removed };
+  Kind kind = Kind::stored;
+  std::uint32_t page = 0;
+  std::uint64_t hash = 0;
+  std::uint64_t parent_hash = 0;  // 0 for a sequence's first page
+  std::uint64_t extra_key = 0;
+  std::span<const std::uint32_t> tokens;  // the page's tokens; valid during the callback only
+};
+
+struct PrefixCacheConfig {
+  EvictionPolicyKind policy = EvictionPolicyKind::lru;
+  // S3-FIFO: share of the pool reserved for the probation queue (0, 1).
+  double s3fifo_small_fraction = 0.1;
+  // s3fifo / tiered: ghost FIFO length (hashes of evicted pages, 16 bytes
+  // each) in units of the pool size, in [0, 64].
+  double ghost_factor = 16.0;
+  BlockHashFn hash;  // empty: default_block_hash
+  // Called (under the manager's lock) for every page stored in / removed from
+  // the index. Must not call back into the manager and must not throw
+  // (an exception escaping it terminates the program).
+  std::function<void(const PageEvent&)> on_event;
+};
+
+// Counters since construction (or the last reset_metrics()); gauges are now.
+struct PrefixCacheMetrics {
+  std::uint32_t pages_total = 0;
+  std::uint32_t pages_free = 0;    // on the free list
+  std::uint32_t pages_used = 0;    // ref count > 0
+  std::uint32_t pages_cached = 0;  // ref count 0, in the hash index (evictable)
+  std::uint32_t pages_pinned = 0;  // in the index with pin priority > 0
+  std::uint64_t match_calls = 0;
+  std::uint64_t prompt_tokens = 0;  // sum of prompt sizes passed to match_prefix
+  std::uint64_t reused_tokens = 0;  // sum of tokens match_prefix attached
+  std::uint64_t pages_published = 0;
+  std::uint64_t evictions = 0;
+  std::uint64_t cow_copies = 0;
+  double hit_rate() const {
+    return prompt_tokens == 0
+               ? 0.0
+               : static_cast<double>(reused_tokens) / static_cast<double>(prompt_tokens);
+  }
+};
+
+}  // namespace kvcache

@@ -1,0 +1,249 @@
+#include "prefix/eviction_policy.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "kvcache/error.h"
+#include "prefix/page_index.h"
+
+namespace kvcache::prefix {
+
+PageLists::PageLists(std::uint32_t num_pages, std::uint8_t num_lists)
+    : nil_(num_pages),
+      prev_(num_pages, num_pages),
+      next_(num_pages, num_pages),
+      tag_(num_pages, kNone),
+      lists_(num_lists, List{num_pages, num_pages, 0}) {}
+
+void PageLists::push_back(std::uint8_t list, std::uint32_t page) {
+  List& l = lists_[list];
+  prev_[page] = l.tail;
+  next_[page] = nil_;
+  if (l.tail != nil_)
+    next_[l.tail] = page;
+  else
+    l.head = page;
+  l.tail = page;
+  ++l.size;
+  tag_[page] = list;
+}
+
+void PageLists::remove(std::uint32_t page) {
+  List& l = lists_[tag_[page]];
+  const std::uint32_t p = prev_[page], n = next_[page];
+  if (p != nil_)
+    next_[p] = n;
+  else
+    l.head = n;
+  if (n != nil_)
+    prev_[n] = p;
+  else
+    l.tail = p;
+  --l.size;
+  tag_[page] = kNone;
+}
+
+std::uint32_t PageLists::pop_front(std::uint8_t list) {
+  const std::uint32_t page = lists_[list].head;
+  remove(page);
+  return page;
+}
+
+namespace {
+
+// Least recently released first. The manager releases a sequence's pages
+// tail first, so a sequence's tail is evicted before its head.
+class LruPolicy final : public EvictionPolicy {
+ public:
+  explicit LruPolicy(std::uint32_t n) : lists_(n, 1) {}
+  void on_publish(std::uint32_t, std::uint64_t, bool) override {}
+  void on_hit(std::uint32_t) override {}
+  void insert(std::uint32_t page) override { lists_.push_back(0, page); }
+  void erase(std::uint32_t page) override { lists_.remove(page); }
+  std::uint32_t evict() override { return lists_.pop_front(0); }
+  std::uint32_t size() const override { return lists_.size(0); }
+  bool contains(std::uint32_t page) const override {
+    return lists_.list_of(page) != PageLists::kNone;
+  }
+
+ private:
+  PageLists lists_;
+};
+
+// S3-FIFO (Yang et al., SOSP'23) adapted to pages that leave the queues while
+// in use: a page that was never reused waits in the small probation FIFO; a
+// page reused at least once (or re-published soon after its eviction, as the
+// ghost FIFO of evicted hashes tells) lives in the main FIFO, where each hit
+// buys a second chance (frequency saturates at 3). The small FIFO is evicted
+// from while it holds more than small_fraction of the pool.
+class S3FifoPolicy final : public EvictionPolicy {
+ public:
+  S3FifoPolicy(std::uint32_t n, double small_fraction, std::uint32_t ghost)
+      : lists_(n, 2),
+        freq_(n, 0),
+        main_(n, 0),
+        hash_(n, 0),
+        small_target_(static_cast<std::uint32_t>(std::ceil(small_fraction * n))),
+        ghost_ring_(std::max<std::uint32_t>(ghost, 1), 0),
+        ghost_index_(std::max<std::uint32_t>(ghost, 1)) {}
+
+  void on_publish(std::uint32_t page, std::uint64_t hash, bool) override {
+    freq_[page] = 0;
+    hash_[page] = hash;
+    main_[page] = ghost_index_.find(hash).has_value() ? 1 : 0;
+  }
+  void on_hit(std::uint32_t page) override {
+    freq_[page] = static_cast<std::uint8_t>(std::min(3, freq_[page] + 1));
+  }
+  void insert(std::uint32_t page) override {
+    if (freq_[page] > 0) main_[page] = 1;
+    lists_.push_back(main_[page] ? kMain : kSmall, page);
+  }
+  void erase(std::uint32_t page) override { lists_.remove(page); }
+  std::uint32_t size() const override { return lists_.size(kSmall) + lists_.size(kMain); }
+  bool contains(std::uint32_t page) const override {
+    return lists_.list_of(page) != PageLists::kNone;
+  }
+
+  std::uint32_t evict() override {
+    for (;;) {
+      if (lists_.size(kMain) == 0 || lists_.size(kSmall) > small_target_) {
+        const std::uint32_t page = lists_.pop_front(kSmall);
+        if (freq_[page] > 0) {  // reused while on probation: promote
+          freq_[page] = 0;
+          main_[page] = 1;
+          lists_.push_back(kMain, page);
+          continue;
+        }
+        remember(hash_[page]);
+        return page;
+      }
+      const std::uint32_t page = lists_.pop_front(kMain);
+      if (freq_[page] > 0) {  // second chance
+        --freq_[page];
+        lists_.push_back(kMain, page);
+        continue;
+      }
+      return page;
+    }
+  }
+
+ private:
+  static constexpr std::uint8_t kSmall = 0, kMain = 1;
+
+  // Ghost FIFO: the hashes of the last n pages evicted from probation.
+  void remember(std::uint64_t hash) {
+    if (ghost_index_.find(hash)) return;
+    if (ghost_size_ == ghost_ring_.size()) {
+      ghost_index_.erase(ghost_ring_[ghost_head_]);
+      ghost_head_ = (ghost_head_ + 1) % ghost_ring_.size();
+      --ghost_size_;
+    }
+    const std::size_t slot = (ghost_head_ + ghost_size_) % ghost_ring_.size();
+    ghost_ring_[slot] = hash;
+    ghost_index_.insert(hash, static_cast<std::uint32_t>(slot));
+    ++ghost_size_;
+  }
+
+  PageLists lists_;
+  std::vector<std::uint8_t> freq_, main_;
+  std::vector<std::uint64_t> hash_;
+  std::uint32_t small_target_;
+  std::vector<std::uint64_t> ghost_ring_;
+  std::size_t ghost_head_ = 0, ghost_size_ = 0;
+  PageIndex ghost_index_;
+};
+
+// Ghost FIFO: the hashes of the last `capacity` evicted pages, O(1), no
+// allocation after construction.
+class GhostFifo {
+ public:
+  explicit GhostFifo(std::uint32_t capacity)
+      : ring_(std::max<std::uint32_t>(capacity, 1), 0),
+        index_(std::max<std::uint32_t>(capacity, 1)) {}
+  bool contains(std::uint64_t hash) const { return index_.find(hash).has_value(); }
+  void remember(std::uint64_t hash) {
+    if (contains(hash)) return;
+    if (size_ == ring_.size()) {
+      index_.erase(ring_[head_]);
+      head_ = (head_ + 1) % ring_.size();
+      --size_;
+    }
+    const std::size_t slot = (head_ + size_) % ring_.size();
+    ring_[slot] = hash;
+    index_.insert(hash, static_cast<std::uint32_t>(slot));
+    ++size_;
+  }
+
+ private:
+  std::vector<std::uint64_t> ring_;
+  std::size_t head_ = 0, size_ = 0;
+  PageIndex index_;
+};
+
+// Tiered LRU (LRU-2 flavoured): pages whose content was used by only one
+// request so far (published, never reused, not remembered by the ghost) are
+// evicted first, least recently released first; pages seen twice (reused, or
+// re-published while the ghost FIFO still remembers their hash) are evicted
+// only when no once-seen page is left, also in LRU order. The ghost keeps
+// ghost_factor x pool-size hashes of evicted pages. O(1).
+class TieredPolicy final : public EvictionPolicy {
+ public:
+  TieredPolicy(std::uint32_t n, std::uint32_t ghost)
+      : lists_(n, 2), seen_(n, 0), hash_(n, 0), ghost_(ghost) {}
+  void on_publish(std::uint32_t page, std::uint64_t hash, bool) override {
+    hash_[page] = hash;
+    seen_[page] = ghost_.contains(hash) ? 1 : 0;
+  }
+  void on_hit(std::uint32_t page) override { seen_[page] = 1; }
+  void insert(std::uint32_t page) override { lists_.push_back(seen_[page], page); }
+  void erase(std::uint32_t page) override { lists_.remove(page); }
+  std::uint32_t evict() override {
+    const std::uint32_t page = lists_.pop_front(lists_.size(0) > 0 ? 0 : 1);
+    ghost_.remember(hash_[page]);
+    return page;
+  }
+  std::uint32_t size() const override { return lists_.size(0) + lists_.size(1); }
+  bool contains(std::uint32_t page) const override {
+    return lists_.list_of(page) != PageLists::kNone;
+  }
+
+ private:
+  PageLists lists_;
+  std::vector<std::uint8_t> seen_;
+  std::vector<std::uint64_t> hash_;
+  GhostFifo ghost_;
+};
+
+}  // namespace
+
+namespace {
+std::uint32_t ghost_length(const PrefixCacheConfig& config, std::uint32_t num_pages) {
+  if (!(config.ghost_factor >= 0.0 && config.ghost_factor <= 64.0)) {
+    throw InvalidArgument("ghost_factor " + std::to_string(config.ghost_factor) +
+                          " must lie in [0, 64]");
+  }
+  return static_cast<std::uint32_t>(std::min<double>(config.ghost_factor * num_pages, 1u << 30));
+}
+}  // namespace
+
+std::unique_ptr<EvictionPolicy> make_policy(const PrefixCacheConfig& config,
+                                            std::uint32_t num_pages) {
+  switch (config.policy) {
+    case EvictionPolicyKind::lru:
+      return std::make_unique<LruPolicy>(num_pages);
+    case EvictionPolicyKind::tiered:
+      return std::make_unique<TieredPolicy>(num_pages, ghost_length(config, num_pages));
+    case EvictionPolicyKind::s3fifo:
+      if (!(config.s3fifo_small_fraction > 0.0 && config.s3fifo_small_fraction < 1.0)) {
+        throw InvalidArgument("s3fifo_small_fraction " +
+                              std::to_string(config.s3fifo_small_fraction) + " must lie in (0, 1)");
+      }
+      return std::make_unique<S3FifoPolicy>(num_pages, config.s3fifo_small_fraction,
+                                            ghost_length(config, num_pages));
+  }
+  throw InvalidArgument("unknown eviction policy " +
+                        std::to_string(static_cast<int>(config.policy)));
+}
+
+}  // namespace kvcache::prefix

@@ -1,0 +1,247 @@
+#include "kvcache/trace_replay.h"
+
+#include <algorithm>
+#include <chrono>
+#include <deque>
+#include <string>
+
+#include "kvcache/error.h"
+#include "kvcache/paged_manager.h"
+
+namespace kvcache {
+
+namespace {
+
+std::uint32_t mix32(std::uint64_t x) {
+  x += 0x9E3779B97F4A7C15ULL;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return static_cast<std::uint32_t>((x ^ (x >> 31)) & 0x7fffffff);
+}
+
+std::uint64_t pages_for(std::uint64_t tokens, std::uint32_t ps) { return (tokens + ps - 1) / ps; }
+
+using Clock = std::chrono::steady_clock;
+
+// Accumulates the wall time of the manager calls made inside `f`.
+template <class F>
+auto timed(std::uint64_t& ns, F&& f) {
+  const auto t0 = Clock::now();
+  struct Add {
+    std::uint64_t& ns;
+    Clock::time_point t0;
+    ~Add() {
+      ns += static_cast<std::uint64_t>(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+    }
+  } add{ns, t0};
+  return f();
+}
+
+class Replayer {
+ public:
+  Replayer(std::span<const TraceRequest> trace, const ReplayOptions& o)
+      : trace_(trace), opt_(o), manager_(make_manager(trace, o)) {
+    result_.capacity_pages = manager_.total_blocks();
+  }
+
+  ReplayResult run() {
+    if (opt_.sequential) {
+      run_sequential();
+    } else {
+      run_timed();
+    }
+    result_.evictions = manager_.metrics().evictions;
+    return result_;
+  }
+
+ private:
+  static PagedKVCacheManager make_manager(std::span<const TraceRequest> trace,
+                                          const ReplayOptions& o) {
+    if (o.page_size == 0) throw InvalidArgument("page size is 0: it must be at least 1");
+    if (!o.sequential && !(o.decode_tokens_per_s > 0)) {
+      throw InvalidArgument("decode rate " + std::to_string(o.decode_tokens_per_s) +
+                            " tokens/s must be positive");
+    }
+    std::uint64_t max_len = 1, all_pages = 0;
+    for (const TraceRequest& r : trace) {
+      const std::uint64_t len = std::uint64_t{r.input_length} + r.output_length + 1;
+      max_len = std::max(max_len, len);
+      all_pages += pages_for(len, o.page_size);
+    }
+    std::uint64_t pages = o.capacity_tokens == 0 ? all_pages : o.capacity_tokens / o.page_size;
+    pages = std::clamp<std::uint64_t>(pages, 1, UINT32_MAX - 1);
+    KVCacheParams p{.dtype = DType::f32,
+                    .num_layers = 1,
+                    .n_kv_heads = 1,
+                    .head_dim = 1,
+                    .cache_strategy = CacheStrategy::paged,
+                    .page_size = o.page_size,
+                    .enable_prefix_caching = true};
+    PrefixCacheConfig cfg;
+    cfg.policy = o.policy;
+    cfg.s3fifo_small_fraction = o.s3fifo_small_fraction;
+    cfg.ghost_factor = o.ghost_factor;
+    const std::uint32_t batch = o.sequential ? 1 : std::max<std::uint32_t>(o.max_batch, 1);
+    return PagedKVCacheManager(
+        p, static_cast<std::uint32_t>(pages), batch,
+        static_cast<std::uint32_t>(std::min<std::uint64_t>(max_len, UINT32_MAX)), std::move(cfg));
+  }
+
+  void count_prompt(const TraceRequest& r, std::uint32_t reused) {
+    ++result_.requests;
+    result_.blocks_total += r.hash_ids.size();
+    result_.blocks_hit += reused / kTraceBlockTokens;
+    result_.prompt_tokens += r.input_length;
+    result_.tokens_hit += reused;
+  }
+
+  void note_peak() {
+    result_.peak_pages_used = std::max(result_.peak_pages_used, manager_.metrics().pages_used);
+  }
+
+  void progress(std::size_t done) {
+    if (opt_.progress) opt_.progress(done, trace_.size());
+  }
+
+  // Claims, matches and fetches room for prompt + `extra` tokens. Returns the
+  // sequence and the reused tokens, or nothing if the pages are not there.
+  bool admit(const TraceRequest& r, const std::vector<std::uint32_t>& tokens, std::uint32_t extra,
+             SeqId& seq, std::uint32_t& reused) {
+    std::uint64_t& ns = result_.manager_ns;
+    seq = timed(ns, [&] { return manager_.claim(1)[0]; });
+    reused = timed(ns, [&] { return manager_.match_prefix(seq, tokens); });
+    const std::uint32_t rest = r.input_length - reused;
+    const std::uint32_t steps = extra + 1;
+    try {
+      timed(ns,
+            [&] { manager_.fetch_into(batch_, std::span(&seq, 1), std::span(&rest, 1), steps); });
+    } catch (const OutOfPages&) {
+      timed(ns, [&] { manager_.release(seq); });
+      return false;
+    }
+    note_peak();
+    timed(ns, [&] {
+      manager_.step(std::span(&seq, 1), std::span(&rest, 1),
+                    std::span(tokens).subspan(reused, rest));
+    });
+    return true;
+  }
+
+  void run_sequential() {
+    for (std::size_t i = 0; i < trace_.size(); ++i) {
+      const TraceRequest& r = trace_[i];
+      const std::vector<std::uint32_t> tokens = request_tokens(r);
+      SeqId seq;
+      std::uint32_t reused;
+      if (r.input_length == 0) continue;
+      if (admit(r, tokens, 0, seq, reused)) {
+        count_prompt(r, reused);
+        timed(result_.manager_ns, [&] { manager_.release(seq); });
+      } else {
+        ++result_.rejected;
+      }
+      progress(i + 1);
+    }
+  }
+
+  struct Active {
+    SeqId seq;
+    std::uint32_t remaining;
+    std::uint32_t salt;
+  };
+
+  void run_timed() {
+    const double interval = 1000.0 / opt_.decode_tokens_per_s;
+    std::deque<std::size_t> pending;
+    std::vector<Active> active;
+    std::vector<SeqId> ids;
+    std::vector<std::uint32_t> ones, new_tokens;
+    std::size_t next = 0, done = 0;
+    double now = 0;
+    std::uint64_t& ns = result_.manager_ns;
+    while (next < trace_.size() || !pending.empty() || !active.empty()) {
+      if (active.empty() && pending.empty()) now = std::max(now, trace_[next].timestamp_ms);
+      while (next < trace_.size() && trace_[next].timestamp_ms <= now) pending.push_back(next++);
+      // Admit in arrival order while pages last.
+      while (!pending.empty() && active.size() < manager_.max_batch_size()) {
+        const TraceRequest& r = trace_[pending.front()];
+        if (r.input_length == 0) {
+          pending.pop_front();
+          ++done;
+          continue;
+        }
+        const std::vector<std::uint32_t> tokens = request_tokens(r);
+        SeqId seq;
+        std::uint32_t reused;
+        if (!admit(r, tokens, r.output_length, seq, reused)) {
+          if (!active.empty()) break;  // wait for pages
+          ++result_.rejected;          // cannot fit even alone
+        } else {
+          count_prompt(r, reused);
+          active.push_back({seq, r.output_length, static_cast<std::uint32_t>(pending.front())});
+        }
+        pending.pop_front();
+        progress(++done);
+      }
+      // One decode step for every active request, then retire finished ones.
+      ids.clear();
+      new_tokens.clear();
+      for (Active& a : active) {
+        if (a.remaining == 0) continue;
+        ids.push_back(a.seq);
+        new_tokens.push_back(mix32((std::uint64_t{a.salt} << 32) | a.remaining) | 0x40000000u);
+      }
+      if (!ids.empty()) {
+        ones.assign(ids.size(), 1);
+        timed(ns, [&] {
+          manager_.fetch_into(batch_, ids, ones);
+          manager_.step(ids, ones, new_tokens);
+        });
+        ++result_.decode_steps;
+        note_peak();
+      }
+      for (std::size_t i = 0; i < active.size();) {
+        if (active[i].remaining > 0) --active[i].remaining;
+        if (active[i].remaining == 0) {
+          timed(ns, [&] { manager_.release(active[i].seq); });
+          active[i] = active.back();
+          active.pop_back();
+        } else {
+          ++i;
+        }
+      }
+      now += interval;
+    }
+  }
+
+  std::span<const TraceRequest> trace_;
+  ReplayOptions opt_;
+  PagedKVCacheManager manager_;
+  KVCacheBatch batch_;
+  ReplayResult result_;
+};
+
+}  // namespace
+
+std::vector<std::uint32_t> request_tokens(const TraceRequest& r) {
+  const std::uint64_t blocks = r.hash_ids.size();
+  if (r.input_length > blocks * kTraceBlockTokens ||
+      (blocks > 0 && r.input_length <= (blocks - 1) * kTraceBlockTokens)) {
+    throw InvalidArgument("input_length " + std::to_string(r.input_length) + " does not fit " +
+                          std::to_string(blocks) + " hash ids of " +
+                          std::to_string(kTraceBlockTokens) + " tokens");
+  }
+  std::vector<std::uint32_t> tokens(r.input_length);
+  for (std::uint32_t i = 0; i < r.input_length; ++i) {
+    const std::uint64_t k = r.hash_ids[i / kTraceBlockTokens];
+    tokens[i] = mix32(k * kTraceBlockTokens + i % kTraceBlockTokens) & 0x3fffffffu;
+  }
+  return tokens;
+}
+
+ReplayResult replay_trace(std::span<const TraceRequest> trace, const ReplayOptions& options) {
+  return Replayer(trace, options).run();
+}
+
+}  // namespace kvcache

@@ -1,0 +1,83 @@
+// replay_trace on small generated traces with hit rates known by hand.
+#include "kvcache/trace_replay.h"
+
+#include <gtest/gtest.h>
+
+#include "kvcache/error.h"
+
+namespace kvcache {
+namespace {
+
+TraceRequest req(double ts, std::uint32_t input, std::vector<std::uint64_t> ids,
+                 std::uint32_t output = 2) {
+  return TraceRequest{ts, input, output, std::move(ids)};
+}
+
+TEST(TraceReplay, RequestTokensFollowBlockIds) {
+  const auto a = request_tokens(req(0, 1000, {7, 8}));
+  const auto b = request_tokens(req(0, 600, {7, 9}));
+  ASSERT_EQ(a.size(), 1000u);
+  EXPECT_TRUE(std::equal(a.begin(), a.begin() + 512, b.begin()));  // same block 7
+  EXPECT_NE(a[512], b[512]);
+  EXPECT_THROW(request_tokens(req(0, 1100, {1, 2})), InvalidArgument);  // 3 blocks' worth
+  EXPECT_THROW(request_tokens(req(0, 500, {1, 2})), InvalidArgument);   // fits in 1
+}
+
+TEST(TraceReplay, SequentialUnlimitedHitRateIsKnown) {
+  // Three identical 3-block requests (1500 tokens): the first computes all,
+  // the next two reuse 2 full blocks each ((1500 - 1) / 512 = 2). 4 / 9.
+  const std::vector<TraceRequest> trace = {req(0, 1500, {0, 1, 2}), req(1, 1500, {0, 1, 2}),
+                                           req(2, 1500, {0, 1, 2})};
+  ReplayOptions o;
+  const ReplayResult r = replay_trace(trace, o);
+  EXPECT_EQ(r.requests, 3u);
+  EXPECT_EQ(r.blocks_total, 9u);
+  EXPECT_EQ(r.blocks_hit, 4u);
+  EXPECT_DOUBLE_EQ(r.token_hit_rate(), 2048.0 / 4500.0);
+  EXPECT_EQ(r.evictions, 0u);
+  EXPECT_EQ(r.peak_pages_used, 3u);
+}
+
+TEST(TraceReplay, SmallCapacityEvictsAndLosesHits) {
+  // A, B, A with room for 4 pages of 512: B (4 pages) evicts all of A's under LRU.
+  const std::vector<TraceRequest> trace = {
+      req(0, 2048, {0, 1, 2, 3}), req(1, 2048, {10, 11, 12, 13}), req(2, 2048, {0, 1, 2, 3})};
+  ReplayOptions o;
+  o.capacity_tokens = 4 * 512;
+  const ReplayResult lru = replay_trace(trace, o);
+  EXPECT_EQ(lru.blocks_hit, 0u);
+  EXPECT_EQ(lru.evictions, 8u);
+  o.capacity_tokens = 8 * 512;
+  EXPECT_EQ(replay_trace(trace, o).blocks_hit, 3u);
+}
+
+TEST(TraceReplay, TimedModeKeepsRequestsAliveWhileDecoding) {
+  // Two overlapping requests sharing a prefix, then one after both finished.
+  const std::vector<TraceRequest> trace = {
+      req(0, 1100, {0, 1, 2}, 20), req(10, 1100, {0, 1, 3}, 20), req(5000, 1100, {0, 1, 2}, 1)};
+  for (EvictionPolicyKind p : {EvictionPolicyKind::lru, EvictionPolicyKind::tiered}) {
+    ReplayOptions o;
+    o.sequential = false;
+    o.decode_tokens_per_s = 100;
+    o.policy = p;
+    const ReplayResult r = replay_trace(trace, o);
+    EXPECT_EQ(r.requests, 3u);
+    EXPECT_EQ(r.blocks_hit, 4u);       // 2 + 2
+    EXPECT_EQ(r.peak_pages_used, 4u);  // both alive at once, sharing 2 pages
+    EXPECT_GT(r.decode_steps, 0u);
+  }
+}
+
+TEST(TraceReplay, RejectsBadOptions) {
+  const std::vector<TraceRequest> trace = {req(0, 10, {0})};
+  ReplayOptions o;
+  o.page_size = 0;
+  EXPECT_THROW(replay_trace(trace, o), InvalidArgument);
+  o.page_size = 16;
+  o.sequential = false;
+  o.decode_tokens_per_s = 0;
+  EXPECT_THROW(replay_trace(trace, o), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace kvcache

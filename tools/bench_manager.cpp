@@ -1,0 +1,135 @@
+// tools/bench_manager.cpp — `kvcache bench-manager`: bookkeeping cost of the
+// paged manager. Reports ns per decoding sequence per step of fetch + step at
+// batch 1..1024 (with and without prefix caching, which adds token ids and
+// page hashing), and ns per request of claim + match_prefix + release.
+// Tiny model shape: only bookkeeping is timed, no K/V is written.
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <vector>
+
+#include "commands.h"
+#include "kvcache/paged_manager.h"
+#include "table.h"
+
+namespace kvcache::tools {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct BenchArgs {
+  std::uint32_t page_size = 16;
+  std::uint32_t steps = 256;
+  std::uint32_t prompt = 512;
+  bool json = false;
+};
+
+KVCacheParams bench_params(std::uint32_t page_size, bool caching) {
+  return KVCacheParams{.dtype = DType::f32,
+                       .num_layers = 1,
+                       .n_kv_heads = 1,
+                       .head_dim = 1,
+                       .cache_strategy = CacheStrategy::paged,
+                       .page_size = page_size,
+                       .enable_prefix_caching = caching};
+}
+
+// ns per sequence per decode step (fetch one token + step) at this batch.
+double decode_cost(const BenchArgs& a, std::uint32_t batch, bool caching) {
+  const std::uint32_t len = a.prompt + a.steps + 1;
+  const std::uint32_t pages = batch * ((len + a.page_size - 1) / a.page_size) + 1;
+  PagedKVCacheManager m(bench_params(a.page_size, caching), pages, batch, len);
+  const std::vector<SeqId> seqs = m.claim(batch);
+  std::vector<std::uint32_t> prompt(batch, a.prompt), ones(batch, 1);
+  std::vector<std::uint32_t> prompt_tokens(std::size_t{batch} * a.prompt);
+  std::iota(prompt_tokens.begin(), prompt_tokens.end(), 1u);
+  KVCacheBatch out;
+  m.fetch_into(out, seqs, prompt);
+  m.step(seqs, prompt, prompt_tokens);
+  std::vector<std::uint32_t> tokens(batch, 7);
+  const auto t0 = Clock::now();
+  for (std::uint32_t s = 0; s < a.steps; ++s) {
+    m.fetch_into(out, seqs, ones);
+    if (caching) {
+      tokens[0] = s;  // distinct content per step
+      m.step(seqs, ones, tokens);
+    } else {
+      m.step(seqs, ones);
+    }
+  }
+  const double ns = std::chrono::duration<double, std::nano>(Clock::now() - t0).count();
+  return ns / (double(a.steps) * batch);
+}
+
+// ns per request of claim + match_prefix (prompt fully cached) + release.
+double match_cost(const BenchArgs& a, std::uint32_t prompt_len) {
+  const std::uint32_t pages = (prompt_len + a.page_size - 1) / a.page_size + 4;
+  PagedKVCacheManager m(bench_params(a.page_size, true), pages, 4, prompt_len + 1);
+  std::vector<std::uint32_t> prompt(prompt_len);
+  std::iota(prompt.begin(), prompt.end(), 3u);
+  const SeqId s = m.claim(1)[0];
+  m.fetch(std::span(&s, 1), std::span(&prompt_len, 1));
+  m.step(std::span(&s, 1), std::span(&prompt_len, 1), prompt);
+  m.release(s);
+  const int reps = 2000;
+  const auto t0 = Clock::now();
+  for (int r = 0; r < reps; ++r) {
+    const SeqId q = m.claim(1)[0];
+    m.match_prefix(q, prompt);
+    m.release(q);
+  }
+  return std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / reps;
+}
+
+void run_bench(const BenchArgs& a) {
+  nlohmann::json j;
+  Table t({"batch", "ns/seq/step", "ns/seq/step (prefix caching)"});
+  char b1[32], b2[32];
+  for (std::uint32_t batch : {1u, 4u, 16u, 64u, 256u, 1024u}) {
+    const double plain = decode_cost(a, batch, false), cached = decode_cost(a, batch, true);
+    std::snprintf(b1, sizeof b1, "%.1f", plain);
+    std::snprintf(b2, sizeof b2, "%.1f", cached);
+    t.add_row({std::to_string(batch), b1, b2});
+    j["decode"].push_back(
+        {{"batch", batch}, {"ns_per_seq_step", plain}, {"ns_per_seq_step_prefix_caching", cached}});
+  }
+  Table t2({"prompt tokens", "ns/request (claim+match_prefix+release)"});
+  for (std::uint32_t len : {512u, 4096u, 32768u}) {
+    const double ns = match_cost(a, len);
+    std::snprintf(b1, sizeof b1, "%.0f", ns);
+    t2.add_row({std::to_string(len), b1});
+    j["match"].push_back({{"prompt_tokens", len}, {"ns_per_request", ns}});
+  }
+  if (a.json) {
+    std::cout << j.dump(2) << '\n';
+    return;
+  }
+  std::printf("paged manager bookkeeping, page size %u, %u decode steps after a %u-token prompt\n",
+              a.page_size, a.steps, a.prompt);
+  t.print(std::cout);
+  std::printf("\n");
+  t2.print(std::cout);
+}
+
+}  // namespace
+
+void add_bench_manager_command(CLI::App& app) {
+  auto args = std::make_shared<BenchArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "bench-manager",
+      "Time the paged manager's bookkeeping (fetch + step, match_prefix + release)");
+  cmd->add_option("--page-size", args->page_size, "Tokens per page")->capture_default_str();
+  cmd->add_option("--steps", args->steps, "Decode steps timed per batch size")
+      ->capture_default_str();
+  cmd->add_option("--prompt", args->prompt, "Prompt tokens before decoding")->capture_default_str();
+  cmd->add_flag("--json", args->json, "Print a JSON object");
+  cmd->callback([args] { run_bench(*args); });
+}
+
+}  // namespace kvcache::tools
