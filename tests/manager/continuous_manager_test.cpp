@@ -294,6 +294,7 @@ TEST(ContinuousManagerSizes, MemoryIsZeroInitialised) {
   ContinuousBatchingKVCacheManager m(p, 2, 8);
   const Ids ids = m.claim(1);
   KVCacheBatch b = m.fetch(ids, U32{1});
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(b.blocks()) % 4096, 0u) << "not page-aligned";
   const auto bytes = kvtest::copy_buffers(m, b);
   ASSERT_EQ(bytes[0].size(), std::size_t{2} * 2 * 2 * 8 * 2 * 4 * 4);
   for (auto c : bytes[0]) ASSERT_EQ(c, 0);

@@ -14,6 +14,16 @@ using namespace kvcache;
 using kvtest::Ids;
 using kvtest::U32;
 
+// Views are the trivially copyable descriptors kernels take (seed traits).
+static_assert(KVCacheT<PagedKVCache<float>> && KVCacheT<PagedKVCache<Half>> &&
+              KVCacheT<PagedKVCache<BFloat16>>);
+static_assert(KVCacheT<ContinuousBatchingKVCache<float>> &&
+              KVCacheT<ContinuousBatchingKVCache<Half>>);
+static_assert(KVCollectionT<PagedKVCacheCollection<float>> &&
+              KVCollectionT<ContinuousBatchingKVCacheCollection<BFloat16>>);
+static_assert(std::is_trivially_copyable_v<PagedKVCacheCollection<Half>>);
+static_assert(PagedKVCache<float>::is_paged && !ContinuousBatchingKVCache<float>::is_paged);
+
 // ---- helpers ------------------------------------------------------------------
 
 // Both managers behind one factory so every layout test runs on both.
