@@ -123,6 +123,21 @@ TEST(AttentionFast, PageSizesStrategiesAndThreads) {
   });
 }
 
+// Head dims that are not multiples of any vector width (row padding in the
+// kernel's scratch), pages that do not divide the kernel's tile, GQA decode.
+TEST(AttentionFast, OddHeadDimsAndPagesWithGqa) {
+  std::mt19937 rng(4242);
+  for_dtypes([&](auto tag) {
+    using T = decltype(tag);
+    for (std::uint32_t dim : {8u, 36u, 72u, 100u}) {
+      for (std::uint32_t page : {1u, 7u, 48u, 512u}) {
+        Case c{{{600, 1}, {33, 4}, {0, 5}, {77, 2}}, true, page, 2, 4, dim, 2};
+        check_case<T>(c, rng);
+      }
+    }
+  });
+}
+
 TEST(AttentionFast, LongSingleDecodeSplitsAcrossThreads) {
   std::mt19937 rng(7);
   Case c{{{4099, 1}}, true, 16, 2, 4, 128, 2};

@@ -2,12 +2,14 @@
 // for the contract and kernels/cpu/attention_plan.h for the work split.
 //
 // Per work item: query vectors are pre-scaled into scratch; KV tokens are
-// walked in tiles of at most kTile tokens that never cross a page; for each
-// KV head of the item, the scores of all its query vectors against the tile
-// are computed (kM query vectors x kT tokens per register block, so one
-// K load feeds kM FMAs), an online softmax updates max / sum, and the tile's
-// V rows are accumulated (two query vectors x 4 vectors of head_dim per V
-// load). The next tile's rows of that head are prefetched from the page table
+// walked in tiles of at most kTile tokens (gathered across pages through the
+// page table); for each KV head of the item, the tile's K and V rows are
+// converted to f32 scratch once and serve every query vector of that head
+// (all G query heads x the item's rows). Scores are computed kN tokens at a
+// time (kN per-token partial-product vectors reduced by a transpose-add tree
+// into one vector of kN scores), the online softmax runs on whole score
+// vectors, and the tile's V rows are accumulated (4 query vectors x 2 vectors
+// of head_dim per V load). The next tile's rows of that head are prefetched
 // meanwhile. Split items write (max, sum, acc) partials merged afterwards.
 #include <algorithm>
 #include <atomic>
@@ -15,6 +17,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/kernel_common.h"
@@ -25,6 +28,7 @@
 #define HWY_TARGET_INCLUDE "kernels/cpu/attention_cpu.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 // Must come after foreach_target.h.
+#include "hwy/aligned_allocator.h"
 #include "hwy/highway.h"
 #include "hwy/contrib/math/math-inl.h"
 
@@ -60,135 +64,244 @@ HWY_INLINE float ReduceSum(DF df, VF v) { return hn::GetLane(hn::SumOfLanes(df, 
 template <class T>
 HWY_INLINE void PrefetchRow(const T* p, std::size_t bytes) {
   const char* c = reinterpret_cast<const char*>(p);
-  for (std::size_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 0, 3);
+  for (std::size_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 0, 2);
 }
 
-// scores[j * kTile + u] = q_j . k_u for kM query vectors and kT tokens.
-template <int kM, int kT, class T>
-HWY_INLINE void Dot(DF df, const float* q, std::uint32_t dim, const T* const* kp, float* scores) {
-  const std::size_t n = hn::Lanes(df);
-  VF a[kM][kT];
-  for (int j = 0; j < kM; ++j)
-    for (int u = 0; u < kT; ++u) a[j][u] = hn::Zero(df);
-  std::size_t d = 0;
-  for (; d + n <= dim; d += n) {
-    VF kv[kT];
-    for (int u = 0; u < kT; ++u) kv[u] = LoadF(df, kp[u] + d);
-    for (int j = 0; j < kM; ++j) {
-      const VF qv = hn::LoadU(df, q + j * dim + d);
-      for (int u = 0; u < kT; ++u) a[j][u] = hn::MulAdd(qv, kv[u], a[j][u]);
-    }
+// Lanes per f32 vector, known at compile time for every x86 target.
+constexpr std::size_t kN = HWY_LANES(float);
+// Elements per chunk: a K or V row is consumed 2 * kN elements at a time as
+// two f32 vectors (lo, hi).
+constexpr std::size_t kC = 2 * kN;
+static_assert(kTile % kN == 0, "a tile must hold whole score vectors");
+
+// bf16 chunks are split into even elements (lo) and odd elements (hi): one
+// 32-bit load, a shift and a mask, no lane shuffles. Query and accumulator
+// rows use the same element order ("layout"); outputs are put back in order.
+template <class T>
+constexpr bool kSplitLayout = std::is_same_v<T, hwy::bfloat16_t>;
+
+// Position of element e of a row in the layout of T.
+template <class T>
+HWY_INLINE std::size_t LayoutPos(std::size_t e) {
+  if constexpr (kSplitLayout<T>) {
+    const std::size_t r = e % kC;
+    return e - r + (r % 2) * kN + r / 2;
+  } else {
+    return e;
   }
-  for (int j = 0; j < kM; ++j) {
+}
+
+HWY_INLINE void LoadChunk(DF df, const float* p, VF& lo, VF& hi) {
+  lo = hn::LoadU(df, p);
+  hi = hn::LoadU(df, p + kN);
+}
+HWY_INLINE void LoadChunk(DF df, const hwy::float16_t* p, VF& lo, VF& hi) {
+  lo = LoadF(df, p);
+  hi = LoadF(df, p + kN);
+}
+HWY_INLINE void LoadChunk(DF df, const hwy::bfloat16_t* p, VF& lo, VF& hi) {
+  const hn::RebindToUnsigned<DF> du;
+  const auto w = hn::LoadU(du, reinterpret_cast<const std::uint32_t*>(p));
+  lo = hn::BitCast(df, hn::ShiftLeft<16>(w));
+  hi = hn::BitCast(df, hn::And(w, hn::Set(du, 0xFFFF0000u)));
+}
+
+// Chunk at element d of a row of dim elements; past the row end (head dims
+// that are not a multiple of kC) the missing elements read as zero.
+template <bool kTail, class T>
+HWY_INLINE void LoadChunkAt(DF df, const T* row, std::size_t d, std::size_t dim, VF& lo, VF& hi) {
+  if constexpr (kTail) {
+    HWY_ALIGN T tmp[kC];
+    std::memset(static_cast<void*>(tmp), 0, sizeof(tmp));
+    std::memcpy(static_cast<void*>(tmp), row + d, (dim - d) * sizeof(T));
+    LoadChunk(df, tmp, lo, hi);
+  } else {
+    (void)dim;
+    LoadChunk(df, row + d, lo, hi);
+  }
+}
+
+// Reduces kN per-(query, token) partial-product vectors a[u] to one vector
+// whose lane u is the horizontal sum of a[u] (a transpose-add tree: about
+// 3 * kN shuffles and adds instead of kN horizontal sums).
+HWY_INLINE VF ReduceTokens(DF df, VF* a) {
+#if HWY_TARGET == HWY_SCALAR
+  (void)df;
+  return a[0];
+#else
+  if constexpr (kN % 4 == 0 && kN <= 16) {
+    const hn::Repartition<std::uint64_t, DF> du;
+    // Within each 128-bit block: lane j of c[g] = block sum of a[4g + j].
+    VF c[kN / 4];
+    for (std::size_t g = 0; g < kN / 4; ++g) {
+      const VF* x = a + 4 * g;
+      const VF s01 =
+          hn::Add(hn::InterleaveLower(df, x[0], x[1]), hn::InterleaveUpper(df, x[0], x[1]));
+      const VF s23 =
+          hn::Add(hn::InterleaveLower(df, x[2], x[3]), hn::InterleaveUpper(df, x[2], x[3]));
+      const auto w01 = hn::BitCast(du, s01);
+      const auto w23 = hn::BitCast(du, s23);
+      c[g] = hn::Add(hn::BitCast(df, hn::InterleaveLower(du, w01, w23)),
+                     hn::BitCast(df, hn::InterleaveUpper(du, w01, w23)));
+    }
+    if constexpr (kN == 4) {
+      return c[0];
+    } else if constexpr (kN == 8) {
+      return hn::Add(hn::ConcatLowerLower(df, c[1], c[0]), hn::ConcatUpperUpper(df, c[1], c[0]));
+    } else {
+      // kN == 16 (AVX-512): halve, then pick blocks across the two halves.
+      const VF f01 =
+          hn::Add(hn::ConcatLowerLower(df, c[1], c[0]), hn::ConcatUpperUpper(df, c[1], c[0]));
+      const VF f23 =
+          hn::Add(hn::ConcatLowerLower(df, c[3], c[2]), hn::ConcatUpperUpper(df, c[3], c[2]));
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+      const __m512 x = _mm512_shuffle_f32x4(f01.raw, f23.raw, _MM_SHUFFLE(2, 0, 2, 0));
+      const __m512 y = _mm512_shuffle_f32x4(f01.raw, f23.raw, _MM_SHUFFLE(3, 1, 3, 1));
+      return VF{_mm512_add_ps(x, y)};
+#else
+      HWY_ALIGN float buf[2][kN];
+      hn::Store(f01, df, buf[0]);
+      hn::Store(f23, df, buf[1]);
+      HWY_ALIGN float r[kN];
+      for (std::size_t blk = 0; blk < 4; ++blk)
+        for (std::size_t j = 0; j < 4; ++j)
+          r[4 * blk + j] = buf[blk / 2][8 * (blk % 2) + j] + buf[blk / 2][8 * (blk % 2) + 4 + j];
+      return hn::Load(df, r);
+#endif
+    }
+  } else {
+    HWY_ALIGN float r[kN];
+    for (std::size_t u = 0; u < kN; ++u) r[u] = ReduceSum(df, a[u]);
+    return hn::Load(df, r);
+  }
+#endif
+}
+
+// Scores of kQ query vectors (layout order, stride dimp, zero padded) against
+// kT key rows, kQ * kT == kN: lane j * kT + u = q_j . k_u. Each K chunk load
+// feeds 2 * kQ FMAs; one transpose-add tree per kN scores.
+template <int kQ, int kT, bool kTail, class T>
+HWY_INLINE void ScoreChunks(DF df, const float* HWY_RESTRICT q, std::size_t dimp,
+                            const T* const* kr, std::size_t d0, std::size_t d1, std::size_t dim,
+                            VF* a) {
+  for (std::size_t d = d0; d < d1; d += kC) {
     for (int u = 0; u < kT; ++u) {
-      float s = ReduceSum(df, a[j][u]);
-      for (std::size_t e = d; e < dim; ++e) s += q[j * dim + e] * ToF(kp[u][e]);
-      scores[j * kTile + u] = s;
+      VF lo, hi;
+      LoadChunkAt<kTail>(df, kr[u], d, dim, lo, hi);
+      for (int j = 0; j < kQ; ++j) {
+        a[j * kT + u] = hn::MulAdd(hn::Load(df, q + j * dimp + d), lo, a[j * kT + u]);
+        a[j * kT + u] = hn::MulAdd(hn::Load(df, q + j * dimp + d + kN), hi, a[j * kT + u]);
+      }
     }
   }
 }
 
-template <int kM, class T>
-HWY_INLINE void DotTile(DF df, const float* q, std::uint32_t dim, const T* kb, std::size_t ts,
-                        std::uint32_t nt, float* scores) {
-  constexpr int kT = kM <= 2 ? 4 : 2;
-  std::uint32_t t = 0;
-  for (; t + kT <= nt; t += kT) {
-    const T* kp[kT];
-    for (int u = 0; u < kT; ++u) kp[u] = kb + (t + u) * ts;
-    Dot<kM, kT>(df, q, dim, kp, scores + t);
-  }
-  for (; t < nt; ++t) {
-    const T* kp[1] = {kb + t * ts};
-    Dot<kM, 1>(df, q, dim, kp, scores + t);
-  }
+template <int kQ, int kT, class T>
+HWY_INLINE VF ScoreBlock(DF df, const float* q, std::size_t dimp, const T* const* kr,
+                         std::size_t dim) {
+  static_assert(kQ * kT == static_cast<int>(kN), "one score vector per block");
+  VF a[kN];
+  for (std::size_t u = 0; u < kN; ++u) a[u] = hn::Zero(df);
+  const std::size_t full = dim / kC * kC;
+  ScoreChunks<kQ, kT, false>(df, q, dimp, kr, 0, full, dim, a);
+  if (full < dim) ScoreChunks<kQ, kT, true>(df, q, dimp, kr, full, full + kC, dim, a);
+  return ReduceTokens(df, a);
 }
 
-// acc_r += sum_t p_r[t] * v_t for kR query vectors; kV vectors of head_dim
-// per register block, so each V load feeds kR FMAs.
-template <int kR, int kV, class T>
-HWY_INLINE void PvRows(DF df, const float* const* p, float* const* acc, const T* vb,
-                       std::size_t ts, std::uint32_t nt, std::uint32_t dim) {
-  const std::size_t n = hn::Lanes(df);
-  std::size_t d = 0;
-  for (; d + kV * n <= dim; d += kV * n) {
-    VF a[kR][kV];
+// acc_r += sum_t p_r[t] * v_t for kR query vectors over chunks [d0, d1),
+// kCh chunks per register block, so each V chunk load feeds 2 * kR FMAs.
+template <int kR, int kCh, bool kTail, class T>
+HWY_INLINE void PvChunks(DF df, const float* const* p, float* const* acc, const T* const* vr,
+                         std::uint32_t nt, std::size_t d0, std::size_t d1, std::size_t dim) {
+  for (std::size_t d = d0; d + kCh * kC <= d1; d += kCh * kC) {
+    VF a[kR][2 * kCh];
     for (int r = 0; r < kR; ++r)
-      for (int i = 0; i < kV; ++i) a[r][i] = hn::LoadU(df, acc[r] + d + i * n);
+      for (int i = 0; i < 2 * kCh; ++i) a[r][i] = hn::Load(df, acc[r] + d + i * kN);
     for (std::uint32_t t = 0; t < nt; ++t) {
-      const T* v = vb + t * ts + d;
-      VF vv[kV];
-      for (int i = 0; i < kV; ++i) vv[i] = LoadF(df, v + i * n);
+      VF v[2 * kCh];
+      for (int c = 0; c < kCh; ++c) LoadChunkAt<kTail>(df, vr[t], d + c * kC, dim, v[2 * c], v[2 * c + 1]);
       for (int r = 0; r < kR; ++r) {
         const VF pr = hn::Set(df, p[r][t]);
-        for (int i = 0; i < kV; ++i) a[r][i] = hn::MulAdd(pr, vv[i], a[r][i]);
+        for (int i = 0; i < 2 * kCh; ++i) a[r][i] = hn::MulAdd(pr, v[i], a[r][i]);
       }
     }
     for (int r = 0; r < kR; ++r)
-      for (int i = 0; i < kV; ++i) hn::StoreU(a[r][i], df, acc[r] + d + i * n);
-  }
-  for (; d + n <= dim; d += n) {
-    VF a[kR];
-    for (int r = 0; r < kR; ++r) a[r] = hn::LoadU(df, acc[r] + d);
-    for (std::uint32_t t = 0; t < nt; ++t) {
-      const VF vv = LoadF(df, vb + t * ts + d);
-      for (int r = 0; r < kR; ++r) a[r] = hn::MulAdd(hn::Set(df, p[r][t]), vv, a[r]);
-    }
-    for (int r = 0; r < kR; ++r) hn::StoreU(a[r], df, acc[r] + d);
-  }
-  for (; d < dim; ++d) {
-    for (std::uint32_t t = 0; t < nt; ++t) {
-      const float v = ToF(vb[t * ts + d]);
-      for (int r = 0; r < kR; ++r) acc[r][d] += p[r][t] * v;
-    }
+      for (int i = 0; i < 2 * kCh; ++i) hn::Store(a[r][i], df, acc[r] + d + i * kN);
   }
 }
 
+// f32 accumulator registers a PV register block may use (32 vector registers
+// on AVX-512, 16 elsewhere).
+constexpr int kAccRegs = kN >= 16 ? 16 : 8;
+
+template <int kR, class T>
+HWY_INLINE void PvRows(DF df, const float* const* p, float* const* acc, const T* const* vr,
+                       std::uint32_t nt, std::size_t dim) {
+  constexpr int kCh = kAccRegs / (2 * kR) > 0 ? kAccRegs / (2 * kR) : 1;
+  const std::size_t full = dim / kC * kC;
+  const std::size_t blocked = full / (kCh * kC) * (kCh * kC);
+  PvChunks<kR, kCh, false>(df, p, acc, vr, nt, 0, blocked, dim);
+  PvChunks<kR, 1, false>(df, p, acc, vr, nt, blocked, full, dim);
+  if (full < dim) PvChunks<kR, 1, true>(df, p, acc, vr, nt, full, full + kC, dim);
+}
+
+// Per-worker buffers. Query and accumulator rows are dimp long (dim rounded
+// up to kC, padding zero) in the layout of the cache's element type.
 struct Scratch {
-  std::vector<float> qs, mx, l, acc, scores;
+  std::size_t dimp = 0, rows = 0;
+  hwy::AlignedFreeUniquePtr<float[]> qs, acc, probs;
+  std::vector<float> mx, l;
   void ensure(std::size_t total, std::size_t dim) {
-    if (qs.size() < total * dim) {
-      qs.resize(total * dim);
-      acc.resize(total * dim);
-    }
-    if (mx.size() < total) {
+    dimp = (dim + kC - 1) / kC * kC;
+    if (rows < total) {
+      rows = total;
+      qs = Zeroed(total * dimp);
+      acc = Zeroed(total * dimp);
+      probs = Zeroed(total * kTile);
       mx.resize(total);
       l.resize(total);
     }
-    if (scores.size() < total * kTile) scores.resize(total * kTile);
+  }
+  static hwy::AlignedFreeUniquePtr<float[]> Zeroed(std::size_t n) {
+    auto p = hwy::AllocateAligned<float>(n);
+    std::fill(p.get(), p.get() + n, 0.0f);
+    return p;
   }
 };
 
-// Online-softmax update of one query vector's state from its tile scores
-// (nvalid visible tokens); turns the scores into probabilities in place.
-HWY_INLINE void SoftmaxUpdate(DF df, float* s, std::uint32_t nvalid, std::uint32_t nt, float& mx,
-                              float& l, float* acc, std::uint32_t dim) {
-  const std::size_t n = hn::Lanes(df);
+// Online-softmax update of one query vector from its tile scores p[0, nt)
+// (nvalid visible) on whole score vectors; turns p into probabilities.
+HWY_INLINE void SoftmaxUpdate(DF df, float* p, std::uint32_t nt, std::uint32_t nvalid, float& mx,
+                              float& l, float* acc, std::size_t dimp) {
+  const std::size_t groups = (nt + kN - 1) / kN;
   if (nvalid == 0) {
-    std::fill(s, s + nt, 0.0f);
+    std::fill(p, p + groups * kN, 0.0f);
     return;
   }
-  const std::uint32_t padded = static_cast<std::uint32_t>((nt + n - 1) / n * n);
-  std::fill(s + nvalid, s + padded, -std::numeric_limits<float>::infinity());
-  VF vmax = hn::Set(df, -std::numeric_limits<float>::infinity());
-  for (std::uint32_t t = 0; t < padded; t += n) vmax = hn::Max(vmax, hn::LoadU(df, s + t));
-  const float tile_max = hn::GetLane(hn::MaxOfLanes(df, vmax));
-  const float m_new = std::max(mx, tile_max);
+  const VF neg = hn::Set(df, -std::numeric_limits<float>::infinity());
+  VF s[kTile / kN];
+  VF vmax = neg;
+  for (std::size_t g = 0; g < groups; ++g) {
+    const std::size_t first = g * kN;
+    const std::size_t visible = nvalid <= first ? 0 : std::min<std::size_t>(kN, nvalid - first);
+    s[g] = hn::IfThenElse(hn::FirstN(df, visible), hn::Load(df, p + first), neg);
+    vmax = hn::Max(vmax, s[g]);
+  }
+  const float m_new = std::max(mx, hn::GetLane(hn::MaxOfLanes(df, vmax)));
   const VF vm = hn::Set(df, m_new);
   VF vsum = hn::Zero(df);
-  for (std::uint32_t t = 0; t < padded; t += n) {
-    const VF p = hn::Exp(df, hn::Sub(hn::LoadU(df, s + t), vm));
-    hn::StoreU(p, df, s + t);
-    vsum = hn::Add(vsum, p);
+  for (std::size_t g = 0; g < groups; ++g) {
+    const VF e = hn::Exp(df, hn::Sub(s[g], vm));
+    hn::Store(e, df, p + g * kN);
+    vsum = hn::Add(vsum, e);
   }
   const float sum = ReduceSum(df, vsum);
   if (m_new > mx && l != 0.0f) {
     const float alpha = std::exp(mx - m_new);
     l = l * alpha + sum;
     const VF va = hn::Set(df, alpha);
-    std::size_t d = 0;
-    for (; d + n <= dim; d += n) hn::StoreU(hn::Mul(va, hn::LoadU(df, acc + d)), df, acc + d);
-    for (; d < dim; ++d) acc[d] *= alpha;
+    for (std::size_t d = 0; d < dimp; d += kN)
+      hn::Store(hn::Mul(va, hn::Load(df, acc + d)), df, acc + d);
   } else {
     l += sum;
   }
@@ -210,7 +323,7 @@ class ItemRunner {
     load_queries(it, s);
     std::fill(s.mx.begin(), s.mx.begin() + total, -std::numeric_limits<float>::infinity());
     std::fill(s.l.begin(), s.l.begin() + total, 0.0f);
-    std::fill(s.acc.begin(), s.acc.begin() + total * dim, 0.0f);
+    std::fill(s.acc.get(), s.acc.get() + total * s.dimp, 0.0f);
     // Row i (local) of the item sees tokens < first_limit + i.
     const std::uint32_t first_limit =
         c_.cache_lengths[it.b] + (it.r0 - c_.row_offsets[it.b]) + 1;
@@ -230,15 +343,31 @@ class ItemRunner {
     } else {
       std::copy_n(s.mx.begin(), total, partial);
       std::copy_n(s.l.begin(), total, partial + total);
-      std::copy_n(s.acc.begin(), total * dim, partial + 2 * total);
+      for (std::size_t i = 0; i < total; ++i)
+        unlayout(s.acc.get() + i * s.dimp, 1.0f, partial + 2 * total + i * dim);
     }
   }
 
  private:
-  std::uint32_t tile_end(std::uint32_t ta, std::uint32_t t1) const {
-    const std::uint64_t page_end = (std::uint64_t{ta} / c_.page + 1) * c_.page;
-    return static_cast<std::uint32_t>(
-        std::min<std::uint64_t>({std::uint64_t{t1}, page_end, std::uint64_t{ta} + kTile}));
+  // Tiles may span pages (rows are addressed one by one).
+  static std::uint32_t tile_end(std::uint32_t ta, std::uint32_t t1) {
+    return static_cast<std::uint32_t>(std::min<std::uint64_t>(t1, std::uint64_t{ta} + kTile));
+  }
+
+  // fn(i, k_row, v_row) for tokens ta + i in [ta, tb) of KV head h, one
+  // page-table lookup per page.
+  template <class F>
+  void for_rows(std::uint32_t b, std::uint32_t ta, std::uint32_t tb, std::uint32_t h,
+                const F& fn) const {
+    std::uint32_t tok = ta;
+    while (tok < tb) {
+      const std::uint32_t run_end = static_cast<std::uint32_t>(
+          std::min<std::uint64_t>(tb, (std::uint64_t{tok} / c_.page + 1) * c_.page));
+      const T* kr = row(c_.k, b, tok, h);
+      const T* vr = row(c_.v, b, tok, h);
+      for (; tok < run_end; ++tok, kr += c_.token_stride, vr += c_.token_stride)
+        fn(tok - ta, kr, vr);
+    }
   }
 
   const T* row(const LayerRef& ref, std::uint32_t b, std::uint32_t tok, std::uint32_t h) const {
@@ -248,13 +377,11 @@ class ItemRunner {
   }
 
   void prefetch_tile(std::uint32_t b, std::uint32_t ta, std::uint32_t tb, std::uint32_t h) const {
-    const T* kb = row(c_.k, b, ta, h);
-    const T* vb = row(c_.v, b, ta, h);
     const std::size_t bytes = std::size_t{c_.dim} * sizeof(T);
-    for (std::uint32_t t = 0; t < tb - ta; ++t) {
-      PrefetchRow(kb + t * c_.token_stride, bytes);
-      PrefetchRow(vb + t * c_.token_stride, bytes);
-    }
+    for_rows(b, ta, tb, h, [&](std::uint32_t, const T* kr, const T* vr) {
+      PrefetchRow(kr, bytes);
+      PrefetchRow(vr, bytes);
+    });
   }
 
   void load_queries(const WorkItem& it, Scratch& s) const {
@@ -265,11 +392,17 @@ class ItemRunner {
       for (std::uint32_t r = it.r0; r < it.r1; ++r) {
         for (std::uint32_t g = 0; g < c_.group; ++g, ++idx) {
           const float* src = c_.q + r * q_row + std::size_t{h * c_.group + g} * dim;
-          float* dst = s.qs.data() + idx * dim;
-          for (std::uint32_t d = 0; d < dim; ++d) dst[d] = src[d] * c_.scale;
+          float* dst = s.qs.get() + idx * s.dimp;
+          std::fill(dst, dst + s.dimp, 0.0f);
+          for (std::uint32_t d = 0; d < dim; ++d) dst[LayoutPos<T>(d)] = src[d] * c_.scale;
         }
       }
     }
+  }
+
+  // dst[d] = acc[LayoutPos(d)] * scale for d < dim.
+  void unlayout(const float* acc, float scale, float* dst) const {
+    for (std::uint32_t d = 0; d < c_.dim; ++d) dst[d] = acc[LayoutPos<T>(d)] * scale;
   }
 
   void write_output(const WorkItem& it, const Scratch& s) const {
@@ -280,60 +413,77 @@ class ItemRunner {
       for (std::uint32_t r = it.r0; r < it.r1; ++r) {
         for (std::uint32_t g = 0; g < c_.group; ++g, ++idx) {
           float* dst = c_.out + r * q_row + std::size_t{h * c_.group + g} * dim;
-          const float inv = 1.0f / s.l[idx];
-          const float* a = s.acc.data() + idx * dim;
-          for (std::uint32_t d = 0; d < dim; ++d) dst[d] = a[d] * inv;
+          unlayout(s.acc.get() + idx * s.dimp, 1.0f / s.l[idx], dst);
         }
       }
     }
   }
 
+  // Scores of query vectors [i, i + kQ) against the tile's rows, written to
+  // their probability rows (kTile floats each).
+  template <int kQ>
+  void score_rows(DF df, const float* q, std::size_t dimp, const T* const* kp, std::uint32_t nt,
+                  float* pr) const {
+    constexpr int kT = static_cast<int>(kN) / kQ;
+    HWY_ALIGN float out[kN];
+    for (std::uint32_t t = 0; t < nt; t += kT) {
+      const T* kr[kT];
+      for (int u = 0; u < kT; ++u) kr[u] = kp[std::min<std::uint32_t>(t + u, nt - 1)];
+      hn::Store(ScoreBlock<kQ, kT>(df, q, dimp, kr, c_.dim), df, out);
+      for (int j = 0; j < kQ; ++j) std::memcpy(pr + j * kTile + t, out + j * kT, kT * sizeof(float));
+    }
+  }
+
+  template <int kR>
+  void pv_rows(DF df, float* pr, float* acc, std::size_t dimp, const T* const* vp,
+               std::uint32_t nt) const {
+    const float* p[kR];
+    float* a[kR];
+    for (int r = 0; r < kR; ++r) {
+      p[r] = pr + r * kTile;
+      a[r] = acc + r * dimp;
+    }
+    PvRows<kR>(df, p, a, vp, nt, c_.dim);
+  }
+
   // One tile [ta, tb) of one KV head h for the item's m query vectors
-  // starting at state index base.
+  // starting at state index base. K and V are read straight from the cache
+  // rows (no conversion pass); every row load serves a block of query vectors.
   void tile(std::uint32_t b, std::uint32_t ta, std::uint32_t tb, std::uint32_t h,
             std::size_t base, std::uint32_t m, std::uint32_t first_limit, Scratch& s) const {
     const DF df;
-    const std::uint32_t dim = c_.dim;
     const std::uint32_t nt = tb - ta;
-    const std::size_t ts = c_.token_stride;
-    const T* kb = row(c_.k, b, ta, h);
-    const T* vb = row(c_.v, b, ta, h);
-    const float* q = s.qs.data() + base * dim;
-    float* sc = s.scores.data();
-    std::uint32_t j = 0;
-    for (; j + 4 <= m; j += 4) DotTile<4>(df, q + j * dim, dim, kb, ts, nt, sc + j * kTile);
-    switch (m - j) {
-      case 3: DotTile<3>(df, q + j * dim, dim, kb, ts, nt, sc + j * kTile); break;
-      case 2: DotTile<2>(df, q + j * dim, dim, kb, ts, nt, sc + j * kTile); break;
-      case 1: DotTile<1>(df, q + j * dim, dim, kb, ts, nt, sc + j * kTile); break;
-      default: break;
-    }
-    for (std::uint32_t i = 0; i < m; ++i) {
-      const std::uint32_t limit = first_limit + i / c_.group;
-      const std::uint32_t nvalid = limit <= ta ? 0 : std::min(nt, limit - ta);
-      SoftmaxUpdate(df, sc + i * kTile, nvalid, nt, s.mx[base + i], s.l[base + i],
-                    s.acc.data() + (base + i) * dim, dim);
-    }
+    const std::size_t dimp = s.dimp;
+    const T* kp[kTile];
+    const T* vp[kTile];
+    for_rows(b, ta, tb, h, [&](std::uint32_t i, const T* kr, const T* vr) {
+      kp[i] = kr;
+      vp[i] = vr;
+    });
+    const float* q = s.qs.get() + base * dimp;
+    float* acc = s.acc.get() + base * dimp;
+    float* pr = s.probs.get();
     std::uint32_t i = 0;
-    for (; i + 4 <= m; i += 4) {
-      const float* p[4];
-      float* a[4];
-      for (int r = 0; r < 4; ++r) {
-        p[r] = sc + (i + r) * kTile;
-        a[r] = s.acc.data() + (base + i + r) * dim;
-      }
-      PvRows<4, 2>(df, p, a, vb, ts, nt, dim);
+    if constexpr (kN >= 4) {
+      for (; i + 4 <= m; i += 4) score_rows<4>(df, q + i * dimp, dimp, kp, nt, pr + i * kTile);
     }
-    for (; i + 2 <= m; i += 2) {
-      const float* p[2] = {sc + i * kTile, sc + (i + 1) * kTile};
-      float* a[2] = {s.acc.data() + (base + i) * dim, s.acc.data() + (base + i + 1) * dim};
-      PvRows<2, 4>(df, p, a, vb, ts, nt, dim);
+    if constexpr (kN >= 2) {
+      for (; i + 2 <= m; i += 2) score_rows<2>(df, q + i * dimp, dimp, kp, nt, pr + i * kTile);
     }
-    if (i < m) {
-      const float* p[1] = {sc + i * kTile};
-      float* a[1] = {s.acc.data() + (base + i) * dim};
-      PvRows<1, 4>(df, p, a, vb, ts, nt, dim);
+    for (; i < m; ++i) score_rows<1>(df, q + i * dimp, dimp, kp, nt, pr + i * kTile);
+    for (std::uint32_t j = 0; j < m; ++j) {
+      const std::uint32_t limit = first_limit + j / c_.group;
+      const std::uint32_t nvalid = limit <= ta ? 0 : std::min(nt, limit - ta);
+      SoftmaxUpdate(df, pr + j * kTile, nt, nvalid, s.mx[base + j], s.l[base + j],
+                    acc + j * dimp, dimp);
     }
+    i = 0;
+    if constexpr (kAccRegs >= 16) {
+      for (; i + 8 <= m; i += 8) pv_rows<8>(df, pr + i * kTile, acc + i * dimp, dimp, vp, nt);
+    }
+    for (; i + 4 <= m; i += 4) pv_rows<4>(df, pr + i * kTile, acc + i * dimp, dimp, vp, nt);
+    for (; i + 2 <= m; i += 2) pv_rows<2>(df, pr + i * kTile, acc + i * dimp, dimp, vp, nt);
+    for (; i < m; ++i) pv_rows<1>(df, pr + i * kTile, acc + i * dimp, dimp, vp, nt);
   }
 
   const AttentionCtx& c_;
