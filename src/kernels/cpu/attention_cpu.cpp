@@ -311,7 +311,12 @@ HWY_INLINE void SoftmaxUpdate(DF df, float* p, std::uint32_t nt, std::uint32_t n
 template <class T>
 class ItemRunner {
  public:
-  ItemRunner(const AttentionCtx& c) : c_(c) {}
+  explicit ItemRunner(const AttentionCtx& c) : c_(c) {
+    if constexpr (kSplitLayout<T>) {
+      pos_.resize(c.dim);
+      for (std::uint32_t d = 0; d < c.dim; ++d) pos_[d] = static_cast<std::uint32_t>(LayoutPos<T>(d));
+    }
+  }
 
   void run(const WorkItem& it, Scratch& s, float* partial) {
     const std::uint32_t dim = c_.dim;
@@ -394,7 +399,11 @@ class ItemRunner {
           const float* src = c_.q + r * q_row + std::size_t{h * c_.group + g} * dim;
           float* dst = s.qs.get() + idx * s.dimp;
           std::fill(dst, dst + s.dimp, 0.0f);
-          for (std::uint32_t d = 0; d < dim; ++d) dst[LayoutPos<T>(d)] = src[d] * c_.scale;
+          if constexpr (kSplitLayout<T>) {
+            for (std::uint32_t d = 0; d < dim; ++d) dst[pos_[d]] = src[d] * c_.scale;
+          } else {
+            for (std::uint32_t d = 0; d < dim; ++d) dst[d] = src[d] * c_.scale;
+          }
         }
       }
     }
@@ -402,7 +411,11 @@ class ItemRunner {
 
   // dst[d] = acc[LayoutPos(d)] * scale for d < dim.
   void unlayout(const float* acc, float scale, float* dst) const {
-    for (std::uint32_t d = 0; d < c_.dim; ++d) dst[d] = acc[LayoutPos<T>(d)] * scale;
+    if constexpr (kSplitLayout<T>) {
+      for (std::uint32_t d = 0; d < c_.dim; ++d) dst[d] = acc[pos_[d]] * scale;
+    } else {
+      for (std::uint32_t d = 0; d < c_.dim; ++d) dst[d] = acc[d] * scale;
+    }
   }
 
   void write_output(const WorkItem& it, const Scratch& s) const {
@@ -487,6 +500,7 @@ class ItemRunner {
   }
 
   const AttentionCtx& c_;
+  std::vector<std::uint32_t> pos_;  // LayoutPos of each element (split layouts only)
 };
 
 // Combines a group's partials (max, sum, acc per query vector) into out.
