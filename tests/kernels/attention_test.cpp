@@ -10,15 +10,18 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "kernel_test_util.h"
 #include "kvcache/error.h"
 #include "kvcache/kernels/attention.h"
 #include "kvcache/kernels/reference.h"
 #include "kvcache/thread_pool.h"
+#include "hwy/targets.h"
 
 namespace kvcache {
 namespace {
@@ -37,6 +40,7 @@ struct Case {
   std::uint32_t group = 1;
   std::uint32_t dim = 64;
   std::size_t threads = 1;
+  std::int64_t attention_target = 0;  // Highway target forced for attention (0: best)
   std::string name() const {
     return std::string(paged ? "paged" : "continuous") + " page " + std::to_string(page) +
            " kv " + std::to_string(n_kv) + " group " + std::to_string(group) + " dim " +
@@ -71,8 +75,10 @@ void check_case(const Case& c, std::mt19937& rng) {
   test::with_collection(fast, [&](const auto& col) {
     store_kv(col.get_key_cache(L), col.get_value_cache(L), std::span(k_new), std::span(v_new),
              std::span<const std::uint32_t>(fast.row_offsets), {}, &pool);
+    if (c.attention_target != 0) hwy::SetSupportedTargetsForTest(c.attention_target);
     attention(col.get_key_cache(L), col.get_value_cache(L), std::span(q), n_q,
               std::span<const std::uint32_t>(fast.row_offsets), std::span(out_fast), {}, &pool);
+    if (c.attention_target != 0) hwy::SetSupportedTargetsForTest(0);
   });
   ASSERT_EQ(0, std::memcmp(ref.blocks.data(), fast.blocks.data(), ref.blocks.size() * sizeof(T)))
       << "store_kv differs from store_kv_reference";
@@ -136,6 +142,27 @@ TEST(AttentionFast, OddHeadDimsAndPagesWithGqa) {
       }
     }
   });
+}
+
+// Every Highway target compiled in and supported here (AVX-512, AVX2, SSE4,
+// emulated 128-bit, scalar) runs the same attention code with its own vector
+// width; check each against the reference, not just the best one. (store_kv
+// runs on the best target: the cache contents are the same for all.)
+TEST(AttentionFast, EveryCompiledSimdTarget) {
+  std::mt19937 rng(31);
+  hwy::SetSupportedTargetsForTest(0);
+  const std::vector<std::int64_t> targets = hwy::SupportedAndGeneratedTargets();
+  for (const std::int64_t target : targets) {
+    SCOPED_TRACE(hwy::TargetName(target));
+    for_dtypes([&](auto tag) {
+      using T = decltype(tag);
+      for (std::uint32_t dim : {36u, 128u}) {
+        Case c{{{300, 1}, {33, 3}, {0, 6}}, true, 7, 2, 4, dim, 2};
+        c.attention_target = target;
+        check_case<T>(c, rng);
+      }
+    });
+  }
 }
 
 TEST(AttentionFast, LongSingleDecodeSplitsAcrossThreads) {
