@@ -247,7 +247,9 @@ void Scheduler::finish(std::size_t index) {
 
 void Scheduler::record_utilisation() {
   const std::uint32_t block_tokens = paged_ ? manager_.params().page_size : manager_.max_seq_len();
-  const double reserved = double(manager_.used_blocks()) * block_tokens;
+  // Evictable cached pages belong to no running sequence.
+  const double reserved =
+      double(manager_.used_blocks() - prefix::cached_pages(manager_)) * block_tokens;
   double stored = 0;
   for (const auto& s : running_) stored += s->computed;
   stats_.kv_utilisation_sum += reserved > 0 ? stored / reserved : 0.0;
