@@ -57,12 +57,15 @@ tsan: deps
 	  -R '$(TSAN_TESTS)'
 
 FUZZ_SECONDS ?= 60
+FUZZERS := manager parsers
 fuzz: deps
-	CXX=clang++ $(MAKE) build BUILD_DIR=build-fuzz BUILD_TYPE=RelWithDebInfo BUILD_TARGET=manager_fuzzer \
-	  CMAKE_FLAGS="-DKVCACHE_SANITIZE=address -DKVCACHE_FUZZ=ON"
-	mkdir -p build-fuzz/corpus/manager
-	build-fuzz/bin/manager_fuzzer -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
-	  build-fuzz/corpus/manager fuzz/corpus/manager
+	CXX=clang++ $(MAKE) build BUILD_DIR=build-fuzz BUILD_TYPE=RelWithDebInfo \
+	  BUILD_TARGET="$(FUZZERS:%=%_fuzzer)" CMAKE_FLAGS="-DKVCACHE_SANITIZE=address -DKVCACHE_FUZZ=ON"
+	for f in $(FUZZERS); do \
+	  mkdir -p build-fuzz/corpus/$$f && \
+	  build-fuzz/bin/$${f}_fuzzer -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+	    build-fuzz/corpus/$$f fuzz/corpus/$$f || exit 1; \
+	done
 
 format:
 	clang-format -i $$(git ls-files '*.h' '*.cpp')

@@ -279,6 +279,10 @@ std::uint32_t to_u32(py::handle obj, const char* what) {
   return static_cast<std::uint32_t>(u64_of(obj, what, kU32Max));
 }
 
+std::uint64_t to_u64(py::handle obj, const char* what) {
+  return u64_of(obj, what, std::numeric_limits<std::uint64_t>::max());
+}
+
 std::vector<std::uint32_t> to_u32_vector(py::handle obj, const char* what, std::size_t n,
                                          std::uint32_t fallback) {
   std::vector<std::uint32_t> out;

@@ -7,7 +7,14 @@
 // the C++ KVCacheBatch (read-only; increment_cache_lengths changes them in
 // place). Every view keeps its KVCacheInputs alive, which keeps the manager
 // alive (keep_alive on fetch), so an array can never dangle.
+//
+// GIL: every call into a manager releases the GIL while it runs (`unlocked`),
+// so a thread waiting for the manager's mutex never holds the GIL. That is
+// what makes the prefix cache's on_event callback safe: it runs under the
+// manager's mutex and takes the GIL itself (see event_trampoline).
+#include <memory>
 #include <string>
+#include <type_traits>
 #include <variant>
 
 #include "py_common.h"
@@ -15,6 +22,13 @@
 namespace kvcache::python {
 
 namespace {
+
+// Runs a manager call with the GIL released (see the header comment).
+template <class F>
+decltype(auto) unlocked(F&& f) {
+  py::gil_scoped_release release;
+  return std::forward<F>(f)();
+}
 
 // ---- manager construction arguments ----------------------------------------------
 
@@ -229,6 +243,8 @@ py::dict snapshot_dict(const ManagerSnapshot& s) {
   out["free_blocks"] = s.free_blocks;
   out["ref_counts"] = s.ref_counts;
   out["next_seq_id"] = s.next_seq_id;
+  out["cached_blocks"] = s.cached_blocks;
+  out["cached_priorities"] = s.cached_priorities;
   return out;
 }
 
@@ -237,14 +253,21 @@ std::unique_ptr<PyBatch> fetch(KVCacheManager& m, const py::handle& seq_ids,
   const std::vector<SeqId> seqs = to_seq_ids(seq_ids);
   const auto news = to_u32_vector(num_new_tokens, "num_new_tokens", seqs.size(), 1);
   auto out = std::make_unique<PyBatch>();
-  m.fetch_into(out->batch, seqs, news, to_u32(num_steps, "num_steps"));
+  const std::uint32_t steps = to_u32(num_steps, "num_steps");
+  unlocked([&] { m.fetch_into(out->batch, seqs, news, steps); });
   out->sync();
   return out;
 }
 
-void step(KVCacheManager& m, const py::handle& seq_ids, const py::handle& valid_lengths) {
+struct StepArgs {
   std::vector<SeqId> seqs;
   std::vector<std::uint32_t> valid;
+};
+
+StepArgs step_args(const py::handle& seq_ids, const py::handle& valid_lengths) {
+  StepArgs a;
+  std::vector<SeqId>& seqs = a.seqs;
+  std::vector<std::uint32_t>& valid = a.valid;
   if (py::isinstance<py::dict>(seq_ids) && valid_lengths.is_none()) {  // step({seq: n, ...})
     for (auto [k, v] : seq_ids.cast<py::dict>()) {
       seqs.push_back(to_seq_ids(k)[0]);
@@ -259,13 +282,65 @@ void step(KVCacheManager& m, const py::handle& seq_ids, const py::handle& valid_
     seqs = to_seq_ids(seq_ids);
     valid = to_u32_vector(valid_lengths, "valid_lengths", seqs.size());
   }
-  m.step(seqs, valid);
+  return a;
+}
+
+void step(KVCacheManager& m, const py::handle& seq_ids, const py::handle& valid_lengths) {
+  const StepArgs a = step_args(seq_ids, valid_lengths);
+  unlocked([&] { m.step(a.seqs, a.valid); });
+}
+
+// True for a list / tuple / array whose first entry is itself a sequence.
+bool is_nested(const py::handle& obj) {
+  if (!py::isinstance<py::list>(obj) && !py::isinstance<py::tuple>(obj)) return false;
+  if (py::len(obj) == 0) return false;
+  const py::handle first = obj.cast<py::sequence>()[0];
+  return PySequence_Check(first.ptr()) != 0 && !py::isinstance<py::str>(first);
+}
+
+// A step's token ids: flat (sum(valid) ids in batch order) or one sequence
+// of valid[b] ids per batch entry, flattened.
+std::vector<std::uint32_t> step_tokens(const py::handle& obj,
+                                       std::span<const std::uint32_t> valid) {
+  if (!is_nested(obj)) return to_u32_vector(obj, "token_ids");
+  const auto rows = obj.cast<py::sequence>();
+  if (rows.size() != valid.size()) {
+    throw InvalidArgument("token_ids has " + std::to_string(rows.size()) +
+                          " per-sequence lists but the batch has " + std::to_string(valid.size()) +
+                          " seq ids");
+  }
+  std::vector<std::uint32_t> flat;
+  for (std::size_t b = 0; b < valid.size(); ++b) {
+    const auto row = to_u32_vector(rows[b], "token_ids");
+    if (row.size() != valid[b]) {
+      throw InvalidArgument("token_ids[" + std::to_string(b) + "] has " +
+                            std::to_string(row.size()) + " ids but valid_lengths[" +
+                            std::to_string(b) + "] is " + std::to_string(valid[b]));
+    }
+    flat.insert(flat.end(), row.begin(), row.end());
+  }
+  return flat;
+}
+
+void step_paged(PagedKVCacheManager& m, const py::handle& seq_ids, const py::handle& valid_lengths,
+                const py::handle& token_ids) {
+  const StepArgs a = step_args(seq_ids, valid_lengths);
+  if (token_ids.is_none()) {
+    unlocked([&] { m.step(a.seqs, a.valid); });
+    return;
+  }
+  const auto tokens = step_tokens(token_ids, a.valid);
+  unlocked([&] { m.step(a.seqs, a.valid, tokens); });
 }
 
 template <class Manager>
 void bind_lifecycle(py::class_<Manager>& cls) {
   cls.def(
-         "claim", [](Manager& m, const py::handle& n) { return m.claim(to_u32(n, "n")); },
+         "claim",
+         [](Manager& m, const py::handle& n) {
+           const std::uint32_t count = to_u32(n, "n");
+           return unlocked([&] { return m.claim(count); });
+         },
          py::arg("n") = 1, "n new sequence ids with cache length 0 (all or nothing).")
       .def(
           "fetch",
@@ -277,20 +352,25 @@ void bind_lifecycle(py::class_<Manager>& cls) {
           "Room for cache_length + num_new_tokens + num_steps - 1 tokens per sequence; "
           "returns KVCacheInputs. num_new_tokens: an int for all, one per seq, or None (1).")
       .def(
-          "step",
-          [](Manager& m, const py::handle& seqs, const py::handle& valid) { step(m, seqs, valid); },
-          py::arg("seq_ids"), py::arg("valid_lengths") = py::none(),
-          "Commits valid_lengths[b] tokens for seq_ids[b] (or step({seq_id: n})).")
-      .def(
-          "release", [](Manager& m, const py::handle& seq) { m.release(to_seq_ids(seq).at(0)); },
+          "release",
+          [](Manager& m, const py::handle& seq) {
+            const SeqId id = to_seq_ids(seq).at(0);
+            unlocked([&] { m.release(id); });
+          },
           py::arg("seq_id"))
       .def(
           "cache_length",
-          [](const Manager& m, const py::handle& s) { return m.cache_length(to_seq_ids(s).at(0)); },
+          [](const Manager& m, const py::handle& s) {
+            const SeqId id = to_seq_ids(s).at(0);
+            return unlocked([&] { return m.cache_length(id); });
+          },
           py::arg("seq_id"))
       .def(
-          "contains", [](const Manager& m, SeqId s) { return m.contains(s); }, py::arg("seq_id"))
-      .def("__contains__", [](const Manager& m, SeqId s) { return m.contains(s); })
+          "contains",
+          [](const Manager& m, SeqId s) { return unlocked([&] { return m.contains(s); }); },
+          py::arg("seq_id"))
+      .def("__contains__",
+           [](const Manager& m, SeqId s) { return unlocked([&] { return m.contains(s); }); })
       .def(
           "block_shape",
           [](const Manager& m, const py::handle& n) {
@@ -308,16 +388,41 @@ void bind_lifecycle(py::class_<Manager>& cls) {
           "tokens of the previous step given as row offsets; returns the same KVCacheInputs, "
           "updated in place, with is_cache_empty False.")
       .def("input_symbols", [](const Manager& m) { return input_symbols(m); })
-      .def("snapshot", [](const Manager& m) { return snapshot_dict(m.snapshot()); })
-      .def("check_invariants", &Manager::check_invariants)
+      .def("snapshot",
+           [](const Manager& m) { return snapshot_dict(unlocked([&] { return m.snapshot(); })); })
+      .def("check_invariants", [](const Manager& m) { unlocked([&] { m.check_invariants(); }); })
       .def_property_readonly("params", [](const Manager& m) { return m.params(); })
       .def_property_readonly("num_layers", [](const Manager& m) { return m.params().num_layers; })
       .def_property_readonly("max_cache_batch_size", &Manager::max_batch_size)
       .def_property_readonly("max_seq_len", &Manager::max_seq_len)
-      .def_property_readonly("num_active_sequences", &Manager::num_active_sequences)
+      .def_property_readonly(
+          "num_active_sequences",
+          [](const Manager& m) { return unlocked([&] { return m.num_active_sequences(); }); })
       .def_property_readonly("total_blocks", &Manager::total_blocks)
-      .def_property_readonly("free_blocks", &Manager::free_blocks)
-      .def_property_readonly("used_blocks", &Manager::used_blocks);
+      .def_property_readonly(
+          "free_blocks", [](const Manager& m) { return unlocked([&] { return m.free_blocks(); }); })
+      .def_property_readonly("used_blocks", [](const Manager& m) {
+        return unlocked([&] { return m.used_blocks(); });
+      });
+  if constexpr (std::is_same_v<Manager, PagedKVCacheManager>) {
+    cls.def(
+        "step",
+        [](Manager& m, const py::handle& seqs, const py::handle& valid, const py::handle& tokens) {
+          step_paged(m, seqs, valid, tokens);
+        },
+        py::arg("seq_ids"), py::arg("valid_lengths") = py::none(), py::kw_only(),
+        py::arg("token_ids") = py::none(),
+        "Commits valid_lengths[b] tokens for seq_ids[b] (or step({seq_id: n})). token_ids: "
+        "the committed tokens' ids, flat in batch order or one list per sequence; with "
+        "prefix caching, pages that became full are published. Without token_ids the "
+        "sequence's later pages are never published.");
+  } else {
+    cls.def(
+        "step",
+        [](Manager& m, const py::handle& seqs, const py::handle& valid) { step(m, seqs, valid); },
+        py::arg("seq_ids"), py::arg("valid_lengths") = py::none(),
+        "Commits valid_lengths[b] tokens for seq_ids[b] (or step({seq_id: n})).");
+  }
 }
 
 void bind_continuous(py::module_& m) {
@@ -348,6 +453,181 @@ void bind_continuous(py::module_& m) {
   bind_lifecycle(cls);
 }
 
+// ---- prefix caching -----------------------------------------------------------------
+
+// One PageEvent as a Python object (the C++ event's token span is copied).
+struct PyPageEvent {
+  std::string kind;  // "stored" | "removed"
+  std::uint32_t page = 0;
+  std::uint64_t hash = 0;
+  std::uint64_t parent_hash = 0;
+  std::uint64_t extra_key = 0;
+  std::vector<std::uint32_t> tokens;
+};
+
+// The C++ on_event callback for a Python callable. It runs under the
+// manager's mutex, in whatever thread made the call (which released the GIL,
+// see `unlocked`), so it takes the GIL. A Python exception never reaches C++:
+// it is reported through sys.unraisablehook (printed by default) and the
+// manager carries on. The callable is held by a shared_ptr whose deleter takes
+// the GIL, so copies of the std::function need no GIL.
+std::function<void(const PageEvent&)> event_trampoline(py::object callback) {
+  if (!PyCallable_Check(callback.ptr())) {
+    throw InvalidArgument("on_event must be callable, got " +
+                          py::str(py::type::of(callback)).cast<std::string>());
+  }
+  std::shared_ptr<py::object> fn(new py::object(std::move(callback)), [](py::object* o) {
+    py::gil_scoped_acquire gil;
+    delete o;
+  });
+  return [fn](const PageEvent& e) noexcept {
+    py::gil_scoped_acquire gil;
+    try {
+      PyPageEvent ev{e.kind == PageEvent::Kind::stored ? "stored" : "removed",
+                     e.page,
+                     e.hash,
+                     e.parent_hash,
+                     e.extra_key,
+                     {e.tokens.begin(), e.tokens.end()}};
+      (*fn)(std::move(ev));
+    } catch (py::error_already_set& err) {
+      err.discard_as_unraisable("kvcache.PagedKVCacheManager on_event callback");
+    } catch (const std::exception& err) {
+      PyErr_SetString(PyExc_RuntimeError, err.what());
+      PyErr_WriteUnraisable(fn->ptr());
+    }
+  };
+}
+
+// The prefix-cache configuration from the constructor's keywords; any of them
+// without params.enable_prefix_caching is an error (the C++ would ignore it).
+PrefixCacheConfig prefix_config(const KVCacheParams& p, const py::object& policy,
+                                const py::object& on_event, const py::object& small_fraction,
+                                const py::object& ghost_factor) {
+  PrefixCacheConfig c;
+  const bool any = !policy.is_none() || !on_event.is_none() || !small_fraction.is_none() ||
+                   !ghost_factor.is_none();
+  if (any && !p.enable_prefix_caching) {
+    throw InvalidArgument(
+        "eviction_policy / on_event / s3fifo_small_fraction / ghost_factor need "
+        "params.enable_prefix_caching=True");
+  }
+  if (!policy.is_none()) {
+    if (!py::isinstance<py::str>(policy)) {
+      throw InvalidArgument("eviction_policy must be a str (lru, s3fifo, tiered)");
+    }
+    c.policy = parse_policy(policy.cast<std::string>());
+  }
+  if (!small_fraction.is_none()) c.s3fifo_small_fraction = small_fraction.cast<double>();
+  if (!ghost_factor.is_none()) c.ghost_factor = ghost_factor.cast<double>();
+  if (!on_event.is_none()) c.on_event = event_trampoline(on_event);
+  return c;
+}
+
+void bind_prefix_types(py::module_& m) {
+  py::class_<PyPageEvent>(m, "PageEvent",
+                          "A page entering ('stored') or leaving ('removed') the prefix cache's "
+                          "hash index, as passed to on_event.")
+      .def_readonly("kind", &PyPageEvent::kind)
+      .def_readonly("page", &PyPageEvent::page)
+      .def_readonly("hash", &PyPageEvent::hash)
+      .def_readonly("parent_hash", &PyPageEvent::parent_hash)
+      .def_readonly("extra_key", &PyPageEvent::extra_key)
+      .def_readonly("tokens", &PyPageEvent::tokens)
+      .def("__repr__", [](const PyPageEvent& e) {
+        return "PageEvent(" + e.kind + ", page=" + std::to_string(e.page) +
+               ", hash=" + std::to_string(e.hash) + ")";
+      });
+  using PM = PrefixCacheMetrics;
+  py::class_<PM>(m, "PrefixCacheMetrics",
+                 "Prefix-cache counters since construction or reset_metrics(); page gauges "
+                 "are current. Read-only.")
+      .def_readonly("pages_total", &PM::pages_total)
+      .def_readonly("pages_free", &PM::pages_free)
+      .def_readonly("pages_used", &PM::pages_used)
+      .def_readonly("pages_cached", &PM::pages_cached)
+      .def_readonly("pages_pinned", &PM::pages_pinned)
+      .def_readonly("match_calls", &PM::match_calls)
+      .def_readonly("prompt_tokens", &PM::prompt_tokens)
+      .def_readonly("reused_tokens", &PM::reused_tokens)
+      .def_readonly("pages_published", &PM::pages_published)
+      .def_readonly("evictions", &PM::evictions)
+      .def_readonly("cow_copies", &PM::cow_copies)
+      .def_property_readonly("hit_rate", &PM::hit_rate)
+      .def("as_dict",
+           [](const PM& x) {
+             py::dict d;
+             d["pages_total"] = x.pages_total;
+             d["pages_free"] = x.pages_free;
+             d["pages_used"] = x.pages_used;
+             d["pages_cached"] = x.pages_cached;
+             d["pages_pinned"] = x.pages_pinned;
+             d["match_calls"] = x.match_calls;
+             d["prompt_tokens"] = x.prompt_tokens;
+             d["reused_tokens"] = x.reused_tokens;
+             d["pages_published"] = x.pages_published;
+             d["evictions"] = x.evictions;
+             d["cow_copies"] = x.cow_copies;
+             d["hit_rate"] = x.hit_rate();
+             return d;
+           })
+      .def("__repr__", [](const PM& x) {
+        return "PrefixCacheMetrics(hit_rate=" + std::to_string(x.hit_rate()) +
+               ", reused_tokens=" + std::to_string(x.reused_tokens) +
+               ", prompt_tokens=" + std::to_string(x.prompt_tokens) +
+               ", pages_cached=" + std::to_string(x.pages_cached) +
+               ", evictions=" + std::to_string(x.evictions) + ")";
+      });
+}
+
+void bind_prefix_methods(py::class_<PagedKVCacheManager>& cls) {
+  using M = PagedKVCacheManager;
+  cls.def(
+         "match_prefix",
+         [](M& m, const py::handle& seq, const py::handle& tokens, const py::handle& extra) {
+           const SeqId id = to_seq_ids(seq).at(0);
+           const auto t = to_u32_vector(tokens, "prompt_tokens");
+           const std::uint64_t key = to_u64(extra, "extra_key");
+           return unlocked([&] { return m.match_prefix(id, t, key); });
+         },
+         py::arg("seq_id"), py::arg("prompt_tokens"), py::arg("extra_key") = 0,
+         "Attaches the cached pages of the longest cached full-page prefix of prompt_tokens "
+         "(under extra_key) to a freshly claimed sequence and returns the tokens reused "
+         "(always leaves at least one prompt token to compute). Then fetch/step the rest.")
+      .def(
+          "fork",
+          [](M& m, const py::handle& seq) {
+            const SeqId id = to_seq_ids(seq).at(0);
+            return unlocked([&] { return m.fork(id); });
+          },
+          py::arg("seq_id"),
+          "A new sequence sharing seq's pages (copy-on-write on the first write into a shared "
+          "page); returns its id.")
+      .def(
+          "truncate",
+          [](M& m, const py::handle& seq, const py::handle& length) {
+            const SeqId id = to_seq_ids(seq).at(0);
+            const std::uint32_t n = to_u32(length, "new_length");
+            unlocked([&] { m.truncate(id, n); });
+          },
+          py::arg("seq_id"), py::arg("new_length"),
+          "Rolls seq back to new_length (<= cache_length) tokens.")
+      .def(
+          "pin_prefix",
+          [](M& m, const py::handle& tokens, const py::handle& priority, const py::handle& extra) {
+            const auto t = to_u32_vector(tokens, "tokens");
+            const std::uint32_t prio = to_u32(priority, "priority");
+            const std::uint64_t key = to_u64(extra, "extra_key");
+            return unlocked([&] { return m.pin_prefix(t, prio, key); });
+          },
+          py::arg("tokens"), py::arg("priority") = 1, py::arg("extra_key") = 0,
+          "Pins the cached full pages of this prefix (evicted last, lowest priority first); "
+          "priority 0 unpins. Returns the tokens covered.")
+      .def("reset_prefix_cache", [](M& m) { unlocked([&] { m.reset_prefix_cache(); }); })
+      .def("metrics", [](const M& m) { return unlocked([&] { return m.metrics(); }); })
+      .def("reset_metrics", [](M& m) { unlocked([&] { m.reset_metrics(); }); });
+}
+
 void bind_paged(py::module_& m) {
   using M = PagedKVCacheManager;
   py::class_<M> cls(m, "PagedKVCacheManager",
@@ -357,16 +637,22 @@ void bind_paged(py::module_& m) {
   cls.def(py::init([](const KVCacheParams& params, const py::handle& max_batch,
                       const py::handle& max_seq_len, const py::object& num_layers,
                       const py::object& devices, const py::object& total_num_pages,
-                      const py::object& cache_memory) {
+                      const py::object& cache_memory, const py::object& policy,
+                      const py::object& on_event, const py::object& small_fraction,
+                      const py::object& ghost_factor) {
             const KVCacheParams p = resolve_params(params, num_layers, devices);
             const std::uint32_t batch = to_u32(max_batch, "max_cache_batch_size");
             const std::uint32_t seq = to_u32(max_seq_len, "max_seq_len");
-            return std::make_unique<M>(
-                p, resolve_pages(p, batch, seq, total_num_pages, cache_memory), batch, seq);
+            const std::uint32_t pages = resolve_pages(p, batch, seq, total_num_pages, cache_memory);
+            PrefixCacheConfig config =
+                prefix_config(p, policy, on_event, small_fraction, ghost_factor);
+            return std::make_unique<M>(p, pages, batch, seq, std::move(config));
           }),
           py::arg("params"), py::arg("max_cache_batch_size"), py::arg("max_seq_len"),
           py::arg("num_layers") = py::none(), py::arg("devices") = py::none(), py::kw_only(),
-          py::arg("total_num_pages") = py::none(), py::arg("cache_memory") = py::none())
+          py::arg("total_num_pages") = py::none(), py::arg("cache_memory") = py::none(),
+          py::arg("eviction_policy") = py::none(), py::arg("on_event") = py::none(),
+          py::arg("s3fifo_small_fraction") = py::none(), py::arg("ghost_factor") = py::none())
       .def_static(
           "estimated_memory_size",
           [](const KVCacheParams& params, const py::handle& max_batch,
@@ -391,6 +677,7 @@ void bind_paged(py::module_& m) {
       .def_property_readonly("page_size", &M::page_size)
       .def_property_readonly("total_num_pages", &M::total_blocks);
   bind_lifecycle(cls);
+  bind_prefix_methods(cls);
 }
 
 }  // namespace
@@ -399,6 +686,7 @@ void bind_managers(py::module_& m) {
   bind_inputs(m);
   bind_tensor_type(m);
   bind_continuous(m);
+  bind_prefix_types(m);
   bind_paged(m);
 }
 

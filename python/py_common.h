@@ -49,6 +49,9 @@ inline constexpr std::size_t any_length = static_cast<std::size_t>(-1);
 std::vector<std::uint32_t> to_u32_vector(py::handle obj, const char* what,
                                          std::size_t n = any_length, std::uint32_t fallback = 0);
 
+// A non-negative Python int below 2^64; InvalidArgument naming `what` otherwise.
+std::uint64_t to_u64(py::handle obj, const char* what);
+
 // A sequence / array of non-negative integer sequence ids.
 std::vector<SeqId> to_seq_ids(py::handle obj);
 

@@ -8,6 +8,7 @@
 #include "kvcache/error.h"
 #include "kvcache/kernels/reference.h"
 #include "kvcache/kv_cache.h"
+#include "kvcache/layer_kv_cache.h"
 #include "kvcache/manager.h"
 #include "kvcache/paged_manager.h"
 #include "kvcache/prefix_cache.h"

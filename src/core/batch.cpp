@@ -57,10 +57,14 @@ void KVCacheBatch::increment_cache_lengths(std::span<const std::uint32_t> prev_r
     throw InvalidArgument("row_offsets[0] is " + std::to_string(prev_row_offsets[0]) +
                           ", must be 0");
   }
-  for (std::size_t b = 0; b < n; ++b) {
+  for (std::size_t b = 0; b < n; ++b) {  // malformed input first, then capacity
     if (prev_row_offsets[b + 1] < prev_row_offsets[b]) {
-      throw InvalidArgument("row_offsets decreases at entry " + std::to_string(b + 1));
+      throw InvalidArgument("row_offsets decreases at entry " + std::to_string(b + 1) + " (" +
+                            std::to_string(prev_row_offsets[b + 1]) + " < " +
+                            std::to_string(prev_row_offsets[b]) + ")");
     }
+  }
+  for (std::size_t b = 0; b < n; ++b) {
     const std::uint64_t next = std::uint64_t{cache_lengths_[b]} +
                                (prev_row_offsets[b + 1] - prev_row_offsets[b]) + 1;  // + decode token
     if (next > reserved_lengths_[b]) {

@@ -30,6 +30,10 @@ std::uint32_t match(KVCacheManager& m, SeqId seq, std::span<const TokenId> token
   return pm != nullptr ? pm->match_prefix(seq, as_unsigned(tokens)) : 0;
 }
 
+std::uint32_t cached_pages(const KVCacheManager& m) {
+  return available(m) ? static_cast<const PagedKVCacheManager&>(m).metrics().pages_cached : 0;
+}
+
 void step(KVCacheManager& m, std::span<const SeqId> seqs, std::span<const std::uint32_t> valid,
           std::span<const TokenId> new_tokens) {
   if (PagedKVCacheManager* pm = prefix_manager(m)) {

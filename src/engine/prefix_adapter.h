@@ -1,7 +1,7 @@
 // src/engine/prefix_adapter.h — the scheduler's ONE door to prefix caching.
 //
 // Prefix caching lives in PagedKVCacheManager (match_prefix and the
-// token-aware step). These three functions are everything the scheduler
+// token-aware step). These functions are everything the scheduler
 // needs from it: for a manager without prefix caching enabled, `available()`
 // is false, `match` returns 0 and `step` forwards to KVCacheManager::step.
 #pragma once
@@ -20,6 +20,11 @@ bool available(const KVCacheManager& m);
 // Attaches the longest cached prefix of `tokens` to the (fresh) sequence;
 // returns how many tokens it covers (0 when unavailable).
 std::uint32_t match(KVCacheManager& m, SeqId seq, std::span<const TokenId> tokens);
+
+// Evictable cached pages (ref count 0, in the hash index); 0 when unavailable.
+// fetch() takes them after the free list, so free_blocks() + cached_pages()
+// is what a fetch can allocate.
+std::uint32_t cached_pages(const KVCacheManager& m);
 
 // Commits a step; new_tokens holds the ids of every sequence's valid tokens,
 // concatenated in batch order (used to hash pages that became full).

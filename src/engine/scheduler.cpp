@@ -29,6 +29,7 @@ struct Scheduler::Seq {
   std::vector<TokenId> tokens;  // prompt + generated so far
   std::uint32_t computed = 0;   // tokens in the cache (== manager cache_length)
   std::uint32_t reserved = 0;   // room the last fetch guaranteed
+  std::uint32_t matched = 0;    // tokens the last admission took from the prefix cache
   std::optional<SeqId> id;      // claimed manager sequence while running
   std::uint64_t order = 0;      // arrival order: FCFS tie-break
   std::mt19937_64 rng;
@@ -163,12 +164,16 @@ bool Scheduler::try_admit(Seq& s, std::uint32_t budget) {
   const std::uint32_t total = manager_.total_blocks();
   const auto keep = static_cast<std::uint32_t>(config_.watermark * total);
   const std::uint64_t need = std::uint64_t{pages_needed(s)} + pending_prompt_pages() + keep;
-  if (need > manager_.free_blocks()) {
+  // Evictable cached pages are as good as free: fetch evicts them on demand.
+  const std::uint64_t available =
+      std::uint64_t{manager_.free_blocks()} + prefix::cached_pages(manager_);
+  if (need > available) {
     manager_.release(id);
     s.computed = s.reserved = 0;
     return false;
   }
   s.id = id;
+  s.matched = matched;
   stats_.prefix_hit_tokens += matched;
   s.out.prefix_hit_tokens += matched;
   return true;
@@ -198,8 +203,11 @@ void Scheduler::preempt(std::size_t index, bool admitted_this_step) {
     ++stats_.preemptions;
   } else {
     stats_.admitted_prompt_tokens -= s->tokens.size();
-    stats_.prefix_hit_tokens -= s->out.prefix_hit_tokens;
-    s->out.prefix_hit_tokens = 0;
+    // Undo only this admission's figures; earlier admissions of a resumed
+    // request did reuse their tokens.
+    stats_.prefix_hit_tokens -= s->matched;
+    s->out.prefix_hit_tokens -= s->matched;
+    s->matched = 0;
   }
   requeue(std::move(s));
 }
@@ -239,9 +247,18 @@ void Scheduler::finish(std::size_t index) {
 
 void Scheduler::record_utilisation() {
   const std::uint32_t block_tokens = paged_ ? manager_.params().page_size : manager_.max_seq_len();
-  const double reserved = double(manager_.used_blocks()) * block_tokens;
-  double stored = 0;
-  for (const auto& s : running_) stored += s->computed;
+  // Evictable cached pages belong to no running sequence.
+  const double reserved =
+      double(manager_.used_blocks() - prefix::cached_pages(manager_)) * block_tokens;
+  // Tokens physically stored: the held capacity minus each sequence's unused
+  // tail of its last block. Counting per sequence instead would count a page
+  // shared through the prefix cache once per sharer (utilisation > 100 %).
+  double tail_waste = 0;
+  for (const auto& s : running_) {
+    const std::uint64_t blocks = (std::uint64_t{s->computed} + block_tokens - 1) / block_tokens;
+    tail_waste += double(blocks * block_tokens - s->computed);
+  }
+  const double stored = std::max(0.0, reserved - tail_waste);
   stats_.kv_utilisation_sum += reserved > 0 ? stored / reserved : 0.0;
 }
 

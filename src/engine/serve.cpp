@@ -152,6 +152,7 @@ ServeReport serve(const Model& model, const std::vector<WorkloadRequest>& worklo
     r.prefix_hit_rate = s.admitted_prompt_tokens
                             ? double(s.prefix_hit_tokens) / double(s.admitted_prompt_tokens)
                             : 0.0;
+    r.prefill_tokens = s.prefill_tokens;
     r.preemptions = s.preemptions;
     r.steps = s.steps;
     r.model_s = s.model_seconds;
@@ -160,7 +161,8 @@ ServeReport serve(const Model& model, const std::vector<WorkloadRequest>& worklo
   }
   summarise(done, clock.now(), r);
   r.active_sequences_left = manager->num_active_sequences();
-  r.blocks_not_free = manager->used_blocks();
+  r.blocks_cached = prefix::cached_pages(*manager);
+  r.blocks_not_free = manager->used_blocks() - r.blocks_cached;
   manager->check_invariants();
   return r;
 }

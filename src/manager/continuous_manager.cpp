@@ -35,6 +35,12 @@ struct ContinuousBatchingKVCacheManager::Impl {
     it->second.mark = epoch;
     return it->second;
   }
+  // Validates ids first (unknown, duplicate) so malformed input is reported as
+  // such before any capacity check; returns nothing, marks every id.
+  void mark_all(std::span<const SeqId> ids) {
+    for (SeqId id : ids) mark(id);
+  }
+
 
   const Sequence& find(SeqId id) const {
     auto it = seqs.find(id);
@@ -105,8 +111,9 @@ void ContinuousBatchingKVCacheManager::fetch_into(KVCacheBatch& out, std::span<c
   manager::check_batch_spans(seqs, num_new_tokens.size(), "num_new_tokens");
   manager::check_num_steps(num_steps);
   ++impl_->epoch;
+  impl_->mark_all(seqs);
   for (std::size_t b = 0; b < seqs.size(); ++b) {
-    const Impl::Sequence& s = impl_->mark(seqs[b]);
+    const Impl::Sequence& s = impl_->seqs.find(seqs[b])->second;
     manager::reserved_target(seqs[b], s.length, num_new_tokens[b], num_steps, impl_->max_seq_len);
   }
   // Validated. Reserve (may throw, changes nothing observable), then fill.
@@ -137,8 +144,9 @@ void ContinuousBatchingKVCacheManager::step(std::span<const SeqId> seqs,
   std::lock_guard lock(impl_->mu);
   manager::check_batch_spans(seqs, valid_lengths.size(), "valid_lengths");
   ++impl_->epoch;
+  impl_->mark_all(seqs);
   for (std::size_t b = 0; b < seqs.size(); ++b) {
-    const Impl::Sequence& s = impl_->mark(seqs[b]);
+    const Impl::Sequence& s = impl_->seqs.find(seqs[b])->second;
     manager::check_step_room(seqs[b], s.length, valid_lengths[b], s.reserved);
   }
   for (std::size_t b = 0; b < seqs.size(); ++b) {

@@ -83,6 +83,12 @@ struct PagedKVCacheManager::Impl {
     it->second.mark = epoch;
     return it->second;
   }
+  // Validates ids first (unknown, duplicate) so malformed input is reported as
+  // such before any capacity check; returns nothing, marks every id.
+  void mark_all(std::span<const SeqId> ids) {
+    for (SeqId id : ids) mark(id);
+  }
+
 
   Sequence& find(SeqId id) {
     auto it = seqs.find(id);
@@ -326,8 +332,9 @@ void PagedKVCacheManager::fetch_into(KVCacheBatch& out, std::span<const SeqId> s
   ++im.epoch;
   std::uint64_t pages_needed = 0, copies_needed = 0;
   std::uint32_t stride = 1;
+  im.mark_all(seqs);
   for (std::size_t b = 0; b < seqs.size(); ++b) {
-    Impl::Sequence& s = im.mark(seqs[b]);
+    Impl::Sequence& s = im.seqs.find(seqs[b])->second;
     const std::uint32_t target =
         manager::reserved_target(seqs[b], s.length, num_new_tokens[b], num_steps, im.max_seq_len);
     const std::uint32_t want = pages_for(target, ps);
@@ -396,8 +403,9 @@ void PagedKVCacheManager::step(std::span<const SeqId> seqs,
   std::lock_guard lock(im.mu);
   manager::check_batch_spans(seqs, valid_lengths.size(), "valid_lengths");
   ++im.epoch;
+  im.mark_all(seqs);
   for (std::size_t b = 0; b < seqs.size(); ++b) {
-    const Impl::Sequence& s = im.mark(seqs[b]);
+    const Impl::Sequence& s = im.seqs.find(seqs[b])->second;
     manager::check_step_room(seqs[b], s.length, valid_lengths[b], s.reserved);
   }
   for (std::size_t b = 0; b < seqs.size(); ++b) {
@@ -423,8 +431,9 @@ void PagedKVCacheManager::step(std::span<const SeqId> seqs,
                           " entries but valid_lengths sum to " + str(total));
   }
   ++im.epoch;
+  im.mark_all(seqs);
   for (std::size_t b = 0; b < seqs.size(); ++b) {
-    const Impl::Sequence& s = im.mark(seqs[b]);
+    const Impl::Sequence& s = im.seqs.find(seqs[b])->second;
     manager::check_step_room(seqs[b], s.length, valid_lengths[b], s.reserved);
   }
   if (im.caching) {  // grow vectors first (strong guarantee)

@@ -19,3 +19,15 @@ def test_worked_example_runs():
     assert lines[0] == "262144"
     assert lines[1] == "[4, 2, 2, 128, 2, 16]"
     assert lines[-1] == "[7, 5]"
+
+
+def test_prefix_caching_example_runs():
+    with open(DOC) as f:
+        text = f.read()
+    section = text.split("## Prefix caching", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(code, "docs/python.md", "exec"), {})
+    assert printed.getvalue().splitlines() == [
+        "0 8", "True", "['stored', 'stored']", "0.381", "8 [0, 1]"]

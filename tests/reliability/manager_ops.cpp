@@ -15,9 +15,14 @@ constexpr std::uint32_t kLayers = 2, kHeads = 1, kDim = 2, kMaxSeq = 48, kMaxBat
 
 [[noreturn]] void fail(const std::string& what) { throw std::logic_error("manager_ops: " + what); }
 
-// Value stored for (seq, pos, layer, kv, d): never zero, distinct per token.
-float pattern(SeqId seq, std::uint32_t pos, std::uint32_t layer, std::uint32_t kv, std::uint32_t d) {
-  return 1.0f + static_cast<float>(seq * 4096 + pos * 16 + layer * 4 + kv * 2 + d);
+// Value stored for token `pos` of a sequence whose token ids are `tokens`: a
+// function of the whole prefix tokens[0..pos] (so a page shared through the
+// prefix cache or a fork holds the same values), never zero, exact in float.
+float pattern(const std::vector<std::uint32_t>& tokens, std::uint32_t pos, std::uint32_t layer,
+              std::uint32_t kv, std::uint32_t d) {
+  std::uint32_t h = 2166136261u;
+  for (std::uint32_t i = 0; i <= pos; ++i) h = (h ^ tokens[i]) * 16777619u;
+  return 1.0f + static_cast<float>(((h >> 8) & 0xfffffu) * 16 + layer * 4 + kv * 2 + d);
 }
 
 class ByteReader {
@@ -32,16 +37,19 @@ class ByteReader {
 };
 
 struct ModelSeq {
-  std::uint32_t length = 0;
+  std::vector<std::uint32_t> tokens;  // committed token ids; size() is the cache length
+  std::vector<std::uint32_t> script;  // the prompt it was matched with: written first
 };
 
 class Driver {
  public:
-  explicit Driver(std::unique_ptr<KVCacheManager> m) : m_(std::move(m)) {}
+  explicit Driver(std::unique_ptr<KVCacheManager> m) : m_(std::move(m)) {
+    if (m_->params().enable_prefix_caching) prefix_ = static_cast<PagedKVCacheManager*>(m_.get());
+  }
 
   void run(ByteReader& in) {
     while (!in.done()) {
-      const std::uint8_t op = in.next() % 8;
+      const std::uint8_t op = in.next() % (prefix_ != nullptr ? 11 : 8);
       const ManagerSnapshot before = m_->snapshot();
       bool threw = false;
       try {
@@ -55,6 +63,7 @@ class Driver {
     }
     for (const auto& [id, s] : model_) m_->release(id);
     m_->check_invariants();
+    if (prefix_ != nullptr) prefix_->reset_prefix_cache();  // cached pages go back to the free list
     if (m_->free_blocks() != m_->total_blocks()) fail("blocks leaked after releasing everything");
   }
 
@@ -85,6 +94,9 @@ class Driver {
         m_->fetch(ids, std::vector<std::uint32_t>{0xffff0000u});
         fail("an absurd fetch was accepted");
       }
+      case 8: match(in); break;
+      case 9: fork(pick(in)); break;
+      case 10: truncate(pick(in), in.next() % 24); break;
       default: {  // zero steps / empty batch
         const std::vector<SeqId> ids{pick(in)};
         if (in.next() % 2) m_->fetch(ids, std::vector<std::uint32_t>{1}, 0);
@@ -97,6 +109,31 @@ class Driver {
   void claim(std::uint32_t n) {
     const auto ids = m_->claim(n);
     for (SeqId id : ids) model_[id] = {};
+  }
+
+  // A fresh sequence attaches the cached prefix of one of four shared prompts.
+  void match(ByteReader& in) {
+    const SeqId id = m_->claim(1)[0];
+    model_[id] = {};
+    std::vector<std::uint32_t> prompt;
+    const std::uint32_t shared = in.next() % 4, len = 1 + in.next() % 30;
+    for (std::uint32_t i = 0; i < len; ++i) prompt.push_back(i < 20 ? shared * 100 + i : in.next());
+    const std::uint32_t reused = prefix_->match_prefix(id, prompt);
+    if (reused >= prompt.size()) fail("match_prefix left no prompt token to compute");
+    model_[id].tokens.assign(prompt.begin(), prompt.begin() + reused);
+    model_[id].script = prompt;
+  }
+
+  void fork(SeqId parent) {
+    const SeqId child = prefix_->fork(parent);
+    model_[child] = model_.at(parent);
+  }
+
+  void truncate(SeqId id, std::uint32_t new_length) {
+    prefix_->truncate(id, new_length);
+    auto& tokens = model_.at(id).tokens;
+    if (new_length > tokens.size()) fail("truncate past the length was accepted");
+    tokens.resize(new_length);
   }
 
   void release(SeqId id) {
@@ -115,27 +152,43 @@ class Driver {
     }
     const std::uint32_t steps = multistep ? 1 + in.next() % 3 : 1;
     KVCacheBatch batch = m_->fetch(ids, news, steps);
-    // Passed validation: every id is known and distinct.
+    // Passed validation: every id is known and distinct. Choose the tokens to write.
+    std::vector<std::vector<std::uint32_t>> pending(ids.size());
     for (std::size_t b = 0; b < ids.size(); ++b) {
-      if (batch.cache_lengths()[b] != model_.at(ids[b]).length) fail("fetch cache_length differs from model");
+      if (batch.cache_lengths()[b] != model_.at(ids[b]).tokens.size()) fail("fetch cache_length differs from model");
+      const ModelSeq& seq = model_.at(ids[b]);
+      pending[b] = seq.tokens;
+      for (std::uint32_t i = 0; i < news[b] + steps - 1; ++i) {
+        const std::size_t pos = pending[b].size();
+        pending[b].push_back(pos < seq.script.size() ? seq.script[pos] : in.next() % 8);
+      }
     }
-    write(batch, news);
+    write(batch, news, pending);
     std::vector<std::uint32_t> valid = news;
     for (std::uint32_t s = 1; s < steps; ++s) {  // multistep decode, one token per step
       std::vector<std::uint32_t> offsets{0};
       for (std::uint32_t v : (s == 1 ? news : std::vector<std::uint32_t>(ids.size(), 1))) offsets.push_back(offsets.back() + v);
       batch.increment_cache_lengths(offsets);
-      const std::vector<std::uint32_t> ones(ids.size(), 1);
-      write(batch, ones);
+      write(batch, std::vector<std::uint32_t>(ids.size(), 1), pending);
       for (auto& v : valid) ++v;
     }
     const std::uint8_t cut = in.next() % 4;  // sometimes commit less than written
     for (auto& v : valid) v = cut == 0 && v > 0 ? v - 1 : v;
-    m_->step(ids, valid);
-    for (std::size_t b = 0; b < ids.size(); ++b) model_.at(ids[b]).length += valid[b];
+    std::vector<std::uint32_t> committed;
+    for (std::size_t b = 0; b < ids.size(); ++b) {
+      const std::size_t from = model_.at(ids[b]).tokens.size();
+      committed.insert(committed.end(), pending[b].begin() + from, pending[b].begin() + from + valid[b]);
+    }
+    if (prefix_ != nullptr) prefix_->step(ids, valid, committed);
+    else m_->step(ids, valid);
+    for (std::size_t b = 0; b < ids.size(); ++b) {
+      auto& tokens = model_.at(ids[b]).tokens;
+      tokens.assign(pending[b].begin(), pending[b].begin() + tokens.size() + valid[b]);
+    }
   }
 
-  void write(const KVCacheBatch& batch, const std::vector<std::uint32_t>& news) {
+  void write(const KVCacheBatch& batch, const std::vector<std::uint32_t>& news,
+             const std::vector<std::vector<std::uint32_t>>& tokens) {
     auto put = [&](auto coll) {
       for (std::uint32_t l = 0; l < kLayers; ++l) {
         auto k = coll.get_key_cache(l), v = coll.get_value_cache(l);
@@ -143,8 +196,8 @@ class Driver {
           for (std::uint32_t i = 0; i < news[b]; ++i)
             for (std::uint32_t d = 0; d < kDim; ++d) {
               const std::uint32_t pos = coll.cache_length(b) + i;
-              *k.ptr(b, 0, pos, d) = pattern(batch.seq_ids()[b], pos, l, 0, d);
-              *v.ptr(b, 0, pos, d) = pattern(batch.seq_ids()[b], pos, l, 1, d);
+              *k.ptr(b, 0, pos, d) = pattern(tokens[b], pos, l, 0, d);
+              *v.ptr(b, 0, pos, d) = pattern(tokens[b], pos, l, 1, d);
             }
       }
     };
@@ -156,7 +209,7 @@ class Driver {
     if (model_.empty()) return;
     std::vector<SeqId> ids;
     for (const auto& [id, s] : model_) {
-      if (m_->cache_length(id) != s.length) fail("cache_length differs from model");
+      if (m_->cache_length(id) != s.tokens.size()) fail("cache_length differs from model");
       ids.push_back(id);
     }
     // A zero-token fetch reserves nothing new: read committed tokens through it.
@@ -167,8 +220,8 @@ class Driver {
         for (std::uint32_t b = 0; b < batch.batch_size(); ++b)
           for (std::uint32_t pos = 0; pos < coll.cache_length(b); ++pos)
             for (std::uint32_t d = 0; d < kDim; ++d)
-              if (*k.ptr(b, 0, pos, d) != pattern(ids[b], pos, l, 0, d) ||
-                  *v.ptr(b, 0, pos, d) != pattern(ids[b], pos, l, 1, d))
+              if (*k.ptr(b, 0, pos, d) != pattern(model_.at(ids[b]).tokens, pos, l, 0, d) ||
+                  *v.ptr(b, 0, pos, d) != pattern(model_.at(ids[b]).tokens, pos, l, 1, d))
                 fail("K/V of seq " + std::to_string(ids[b]) + " token " + std::to_string(pos) + " was corrupted");
       }
     };
@@ -177,6 +230,7 @@ class Driver {
   }
 
   std::unique_ptr<KVCacheManager> m_;
+  PagedKVCacheManager* prefix_ = nullptr;  // set when prefix caching is on
   std::map<SeqId, ModelSeq> model_;
   std::vector<SeqId> released_;
 };
@@ -201,6 +255,12 @@ void run_manager_ops(std::span<const std::uint8_t> bytes) {
   {
     ByteReader in(bytes);
     Driver(std::make_unique<PagedKVCacheManager>(params(CacheStrategy::paged), 40, kMaxBatch, kMaxSeq)).run(in);
+  }
+  {
+    ByteReader in(bytes);
+    KVCacheParams p = params(CacheStrategy::paged);
+    p.enable_prefix_caching = true;
+    Driver(std::make_unique<PagedKVCacheManager>(p, 24, kMaxBatch, kMaxSeq)).run(in);
   }
 }
 

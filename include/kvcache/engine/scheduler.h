@@ -8,7 +8,8 @@
 //   3. waiting requests are admitted (FCFS, or by priority then arrival)
 //      while budget, batch slots and memory allow: a paged manager needs the
 //      pages of the whole prompt free above a watermark (prefix-cached pages
-//      count as already held); a continuous manager needs a free slot.
+//      count as already held, evictable cached pages as free); a continuous
+//      manager needs a free slot.
 //      With prefix caching, admission first attaches the longest cached
 //      prefix so only the rest is computed;
 //   4. one fetch for the mixed batch; if the pool runs out, the newest,

@@ -5,7 +5,7 @@
 // workload's arrivals on a clock that skips idle gaps (real compute time,
 // no sleeping), and reports throughput, latency, concurrency, memory
 // utilisation, prefix hits and preemptions, plus end-of-run audits
-// (sequences left claimed, blocks not back on the free list).
+// (sequences left claimed, blocks neither free nor cached).
 // The continuous configuration gets floor(budget / (max_seq_len * bytes per
 // token)) slots; the paged ones floor(budget / (page_size * bytes per token))
 // pages. Throws InvalidArgument when the budget holds no slot / page, or
@@ -49,11 +49,14 @@ struct ServeReport {
   double elapsed_s = 0, requests_per_s = 0, output_tokens_per_s = 0;
   double ttft_mean_s = 0, ttft_p50_s = 0, ttft_p99_s = 0, tpot_mean_s = 0;
   std::uint32_t peak_running = 0;
-  double kv_utilisation = 0;   // mean over steps: tokens stored / tokens reserved
-  double prefix_hit_rate = 0;  // prompt tokens served from cache / admitted prompt tokens
+  double kv_utilisation = 0;         // mean over steps: tokens stored / tokens reserved
+  double prefix_hit_rate = 0;        // prompt tokens served from cache / admitted prompt tokens
+  std::uint64_t prefill_tokens = 0;  // prompt (and recompute) tokens the model computed
   std::uint64_t preemptions = 0, steps = 0;
   double model_s = 0, sampling_s = 0, overhead_s = 0;  // overhead: scheduler + manager
-  std::uint32_t active_sequences_left = 0, blocks_not_free = 0;
+  // End-of-run audit: sequences still claimed; blocks neither free nor held
+  // as evictable prefix-cache entries (a leak); evictable cached pages.
+  std::uint32_t active_sequences_left = 0, blocks_not_free = 0, blocks_cached = 0;
 };
 
 ServeReport serve(const Model& model, const std::vector<WorkloadRequest>& workload,
