@@ -234,14 +234,26 @@ HWY_INLINE void PvChunks(DF df, const float* const* p, float* const* acc, const 
 // on AVX-512, 16 elsewhere).
 constexpr int kAccRegs = kN >= 16 ? 16 : 8;
 
+// PV over the whole chunks [d0, d1 rounded down to kCh chunks); returns the end.
+template <int kR, int kCh, class T>
+HWY_INLINE std::size_t PvBlocks(DF df, const float* const* p, float* const* acc, const T* const* vr,
+                                std::uint32_t nt, std::size_t d0, std::size_t d1, std::size_t dim) {
+  const std::size_t end = d0 + (d1 - d0) / (kCh * kC) * (kCh * kC);
+  PvChunks<kR, kCh, false>(df, p, acc, vr, nt, d0, end, dim);
+  return end;
+}
+
+// Register blocks as wide as the accumulator budget allows, then narrower
+// ones for what is left (enough independent FMA chains even for one query).
 template <int kR, class T>
 HWY_INLINE void PvRows(DF df, const float* const* p, float* const* acc, const T* const* vr,
                        std::uint32_t nt, std::size_t dim) {
-  constexpr int kCh = kAccRegs / (2 * kR) > 0 ? kAccRegs / (2 * kR) : 1;
+  constexpr int kChMax = kAccRegs / (2 * kR) > 0 ? kAccRegs / (2 * kR) : 1;
   const std::size_t full = dim / kC * kC;
-  const std::size_t blocked = full / (kCh * kC) * (kCh * kC);
-  PvChunks<kR, kCh, false>(df, p, acc, vr, nt, 0, blocked, dim);
-  PvChunks<kR, 1, false>(df, p, acc, vr, nt, blocked, full, dim);
+  std::size_t d = PvBlocks<kR, kChMax>(df, p, acc, vr, nt, 0, full, dim);
+  if constexpr (kChMax > 4) d = PvBlocks<kR, 4>(df, p, acc, vr, nt, d, full, dim);
+  if constexpr (kChMax > 2) d = PvBlocks<kR, 2>(df, p, acc, vr, nt, d, full, dim);
+  if constexpr (kChMax > 1) d = PvBlocks<kR, 1>(df, p, acc, vr, nt, d, full, dim);
   if (full < dim) PvChunks<kR, 1, true>(df, p, acc, vr, nt, full, full + kC, dim);
 }
 
