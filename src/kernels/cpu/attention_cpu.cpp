@@ -2,15 +2,18 @@
 // for the contract and kernels/cpu/attention_plan.h for the work split.
 //
 // Per work item: query vectors are pre-scaled into scratch; KV tokens are
-// walked in tiles of at most kTile tokens (gathered across pages through the
-// page table); for each KV head of the item, the tile's K and V rows are
-// converted to f32 scratch once and serve every query vector of that head
-// (all G query heads x the item's rows). Scores are computed kN tokens at a
-// time (kN per-token partial-product vectors reduced by a transpose-add tree
-// into one vector of kN scores), the online softmax runs on whole score
-// vectors, and the tile's V rows are accumulated (4 query vectors x 2 vectors
-// of head_dim per V load). The next tile's rows of that head are prefetched
-// meanwhile. Split items write (max, sum, acc) partials merged afterwards.
+// walked in tiles of at most kTile tokens (rows addressed through the page
+// table one by one, so tiles span pages). For each KV head of the item, all
+// its query vectors (G query heads x the item's rows) are scored against the
+// tile in blocks of kQ queries x kT tokens (kQ * kT = kN lanes): each K load
+// feeds 2 * kQ FMAs and one transpose-add tree turns the kN partial-product
+// vectors into one vector of kN scores. The online softmax runs on whole
+// score vectors, then the tile's V rows are accumulated (up to 8 query
+// vectors per V load). bf16 rows are read as u32 and split into even/odd f32
+// vectors (shift / mask, no shuffles); query and accumulator rows use that
+// element order and are put back in order on output. The next tile's rows of
+// that head are prefetched meanwhile. Split items write (max, sum, acc)
+// partials merged afterwards.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -29,8 +32,8 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 // Must come after foreach_target.h.
 #include "hwy/aligned_allocator.h"
-#include "hwy/highway.h"
 #include "hwy/contrib/math/math-inl.h"
+#include "hwy/highway.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace kvcache::kernels::HWY_NAMESPACE {
@@ -219,7 +222,8 @@ HWY_INLINE void PvChunks(DF df, const float* const* p, float* const* acc, const 
       for (int i = 0; i < 2 * kCh; ++i) a[r][i] = hn::Load(df, acc[r] + d + i * kN);
     for (std::uint32_t t = 0; t < nt; ++t) {
       VF v[2 * kCh];
-      for (int c = 0; c < kCh; ++c) LoadChunkAt<kTail>(df, vr[t], d + c * kC, dim, v[2 * c], v[2 * c + 1]);
+      for (int c = 0; c < kCh; ++c)
+        LoadChunkAt<kTail>(df, vr[t], d + c * kC, dim, v[2 * c], v[2 * c + 1]);
       for (int r = 0; r < kR; ++r) {
         const VF pr = hn::Set(df, p[r][t]);
         for (int i = 0; i < 2 * kCh; ++i) a[r][i] = hn::MulAdd(pr, v[i], a[r][i]);
@@ -326,7 +330,8 @@ class ItemRunner {
   explicit ItemRunner(const AttentionCtx& c) : c_(c) {
     if constexpr (kSplitLayout<T>) {
       pos_.resize(c.dim);
-      for (std::uint32_t d = 0; d < c.dim; ++d) pos_[d] = static_cast<std::uint32_t>(LayoutPos<T>(d));
+      for (std::uint32_t d = 0; d < c.dim; ++d)
+        pos_[d] = static_cast<std::uint32_t>(LayoutPos<T>(d));
     }
   }
 
@@ -342,8 +347,7 @@ class ItemRunner {
     std::fill(s.l.begin(), s.l.begin() + total, 0.0f);
     std::fill(s.acc.get(), s.acc.get() + total * s.dimp, 0.0f);
     // Row i (local) of the item sees tokens < first_limit + i.
-    const std::uint32_t first_limit =
-        c_.cache_lengths[it.b] + (it.r0 - c_.row_offsets[it.b]) + 1;
+    const std::uint32_t first_limit = c_.cache_lengths[it.b] + (it.r0 - c_.row_offsets[it.b]) + 1;
     std::uint32_t ta = it.t0;
     while (ta < it.t1) {
       const std::uint32_t tb = tile_end(ta, it.t1);
@@ -455,7 +459,8 @@ class ItemRunner {
       const T* kr[kT];
       for (int u = 0; u < kT; ++u) kr[u] = kp[std::min<std::uint32_t>(t + u, nt - 1)];
       hn::Store(ScoreBlock<kQ, kT>(df, q, dimp, kr, c_.dim), df, out);
-      for (int j = 0; j < kQ; ++j) std::memcpy(pr + j * kTile + t, out + j * kT, kT * sizeof(float));
+      for (int j = 0; j < kQ; ++j)
+        std::memcpy(pr + j * kTile + t, out + j * kT, kT * sizeof(float));
     }
   }
 
@@ -474,8 +479,8 @@ class ItemRunner {
   // One tile [ta, tb) of one KV head h for the item's m query vectors
   // starting at state index base. K and V are read straight from the cache
   // rows (no conversion pass); every row load serves a block of query vectors.
-  void tile(std::uint32_t b, std::uint32_t ta, std::uint32_t tb, std::uint32_t h,
-            std::size_t base, std::uint32_t m, std::uint32_t first_limit, Scratch& s) const {
+  void tile(std::uint32_t b, std::uint32_t ta, std::uint32_t tb, std::uint32_t h, std::size_t base,
+            std::uint32_t m, std::uint32_t first_limit, Scratch& s) const {
     const DF df;
     const std::uint32_t nt = tb - ta;
     const std::size_t dimp = s.dimp;
@@ -499,8 +504,8 @@ class ItemRunner {
     for (std::uint32_t j = 0; j < m; ++j) {
       const std::uint32_t limit = first_limit + j / c_.group;
       const std::uint32_t nvalid = limit <= ta ? 0 : std::min(nt, limit - ta);
-      SoftmaxUpdate(df, pr + j * kTile, nt, nvalid, s.mx[base + j], s.l[base + j],
-                    acc + j * dimp, dimp);
+      SoftmaxUpdate(df, pr + j * kTile, nt, nvalid, s.mx[base + j], s.l[base + j], acc + j * dimp,
+                    dimp);
     }
     i = 0;
     if constexpr (kAccRegs >= 16) {
@@ -565,8 +570,8 @@ void RunAttention(const AttentionCtx& c) {
   std::size_t max_total = 0;
   for (std::size_t i = 0; i < plan.split_items; ++i) {
     const WorkItem& it = plan.items[i];
-    max_total = std::max<std::size_t>(max_total,
-                                      std::size_t{it.h1 - it.h0} * (it.r1 - it.r0) * c.group);
+    max_total =
+        std::max<std::size_t>(max_total, std::size_t{it.h1 - it.h0} * (it.r1 - it.r0) * c.group);
   }
   const std::size_t stride = max_total * (c.dim + 2);
   std::vector<float> partials(plan.split_items * stride);
@@ -604,9 +609,9 @@ HWY_EXPORT(AttentionBF16);
 
 namespace {
 void check_same_shape(const LayerCacheDesc<float>& k, const LayerCacheDesc<float>& v) {
-  if (k.batch_size != v.batch_size || k.n_kv_heads != v.n_kv_heads ||
-      k.head_dim != v.head_dim || k.block_tokens != v.block_tokens ||
-      k.cache_lengths != v.cache_lengths || k.lookup_table != v.lookup_table) {
+  if (k.batch_size != v.batch_size || k.n_kv_heads != v.n_kv_heads || k.head_dim != v.head_dim ||
+      k.block_tokens != v.block_tokens || k.cache_lengths != v.cache_lengths ||
+      k.lookup_table != v.lookup_table) {
     throw InvalidArgument("key and value caches differ in shape or batch (batch " +
                           std::to_string(k.batch_size) + " vs " + std::to_string(v.batch_size) +
                           ", heads " + std::to_string(k.n_kv_heads) + " vs " +
@@ -629,12 +634,12 @@ void check_rows_fit(const LayerCacheDesc<float>& k, std::span<const std::uint32_
     const std::uint64_t end =
         std::uint64_t{k.cache_lengths[b]} + (row_offsets[b + 1] - row_offsets[b]);
     if (end > k.max_cache_length || end > table_tokens) {
-      throw InvalidArgument("row_offsets give entry " + std::to_string(b) + " " +
-                            std::to_string(row_offsets[b + 1] - row_offsets[b]) +
-                            " new tokens after " + std::to_string(k.cache_lengths[b]) +
-                            " cached: " + std::to_string(end) + " exceeds the view's limit " +
-                            std::to_string(std::min<std::uint64_t>(k.max_cache_length,
-                                                                   table_tokens)));
+      throw InvalidArgument(
+          "row_offsets give entry " + std::to_string(b) + " " +
+          std::to_string(row_offsets[b + 1] - row_offsets[b]) + " new tokens after " +
+          std::to_string(k.cache_lengths[b]) + " cached: " + std::to_string(end) +
+          " exceeds the view's limit " +
+          std::to_string(std::min<std::uint64_t>(k.max_cache_length, table_tokens)));
     }
   }
 }
@@ -686,9 +691,15 @@ void attention_cpu(DType dtype, const LayerCacheDesc<float>& k, const LayerCache
   c.plan = &plan;
   c.pool = pool;
   switch (dtype) {
-    case DType::f32: HWY_DYNAMIC_DISPATCH(kernels::AttentionF32)(c); break;
-    case DType::f16: HWY_DYNAMIC_DISPATCH(kernels::AttentionF16)(c); break;
-    case DType::bf16: HWY_DYNAMIC_DISPATCH(kernels::AttentionBF16)(c); break;
+    case DType::f32:
+      HWY_DYNAMIC_DISPATCH(kernels::AttentionF32)(c);
+      break;
+    case DType::f16:
+      HWY_DYNAMIC_DISPATCH(kernels::AttentionF16)(c);
+      break;
+    case DType::bf16:
+      HWY_DYNAMIC_DISPATCH(kernels::AttentionBF16)(c);
+      break;
   }
 }
 
