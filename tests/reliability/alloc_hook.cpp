@@ -29,8 +29,24 @@ bool disarm_allocation_failure() {
 }
 }  // namespace kvcache::testing
 
+// Every non-aligned form is replaced, so whatever allocates here is freed by
+// the matching replacement below (a partial set mixes allocators: ASan
+// reports alloc-dealloc mismatches). The aligned forms stay the runtime's,
+// allocation and release alike.
 void* operator new(std::size_t n) { return allocate(n); }
 void* operator new[](std::size_t n) { return allocate(n); }
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
+  try {
+    return allocate(n);
+  } catch (const std::bad_alloc&) {
+    return nullptr;
+  }
+}
+void* operator new[](std::size_t n, const std::nothrow_t& tag) noexcept {
+  return operator new(n, tag);
+}
+void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
 void operator delete(void* p) noexcept { std::free(p); }
 void operator delete[](void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
