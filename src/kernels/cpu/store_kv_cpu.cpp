@@ -36,7 +36,15 @@ HWY_INLINE void ConvertRow(const float* src, hwy::float16_t* dst, std::size_t n)
   const hn::Rebind<hwy::float16_t, DF> dh;
   const std::size_t lanes = hn::Lanes(df);
   std::size_t i = 0;
+#if HWY_TARGET <= HWY_AVX2
+  // F16C hardware conversion: round-to-nearest-even, bit-identical to f32_to_f16_bits.
+  // Highway's software DemoteTo on older / non-x86 targets rounds differently, so
+  // those take the exact scalar path below.
   for (; i + lanes <= n; i += lanes) hn::StoreU(hn::DemoteTo(dh, hn::LoadU(df, src + i)), dh, dst + i);
+#else
+  (void)dh;
+  (void)lanes;
+#endif
   for (; i < n; ++i) {
     const std::uint16_t bits = f32_to_f16_bits(src[i]);
     std::memcpy(dst + i, &bits, sizeof(bits));
