@@ -21,6 +21,27 @@ inline std::string seq_name(SeqId id) { return "seq " + std::to_string(id); }
 }
 
 // seqs and per-entry counts must have equal, non-zero length.
+// The claimed sequence `id` in `seqs` (a map SeqId -> sequence state);
+// throws UnknownSequence.
+template <class SequenceMap>
+auto& find_sequence(SequenceMap& seqs, SeqId id) {
+  auto it = seqs.find(id);
+  if (it == seqs.end()) throw_unknown(id);
+  return it->second;
+}
+
+// Validates a batch's ids before any capacity check, so malformed input is
+// reported as such: every id must be claimed and appear once. Marks each
+// sequence with `epoch` (a counter bumped per batch) to find duplicates in O(n).
+template <class SequenceMap>
+void mark_batch(SequenceMap& seqs, std::span<const SeqId> ids, std::uint64_t epoch) {
+  for (SeqId id : ids) {
+    auto& s = find_sequence(seqs, id);
+    if (s.mark == epoch) throw_duplicate(id);
+    s.mark = epoch;
+  }
+}
+
 inline void check_batch_spans(std::span<const SeqId> seqs, std::size_t counts,
                               const char* counts_name) {
   if (seqs.empty()) throw InvalidArgument("the batch is empty: pass at least one seq id");

@@ -27,26 +27,8 @@ struct ContinuousBatchingKVCacheManager::Impl {
     for (std::uint32_t d = 0; d < p.n_devices; ++d) arenas.emplace_back(per_device);
   }
 
-  // Finds a claimed sequence and marks it for this batch; throws on unknown / duplicate.
-  Sequence& mark(SeqId id) {
-    auto it = seqs.find(id);
-    if (it == seqs.end()) manager::throw_unknown(id);
-    if (it->second.mark == epoch) manager::throw_duplicate(id);
-    it->second.mark = epoch;
-    return it->second;
-  }
-  // Validates ids first (unknown, duplicate) so malformed input is reported as
-  // such before any capacity check; returns nothing, marks every id.
-  void mark_all(std::span<const SeqId> ids) {
-    for (SeqId id : ids) mark(id);
-  }
-
-
-  const Sequence& find(SeqId id) const {
-    auto it = seqs.find(id);
-    if (it == seqs.end()) manager::throw_unknown(id);
-    return it->second;
-  }
+  void mark_all(std::span<const SeqId> ids) { manager::mark_batch(seqs, ids, epoch); }
+  const Sequence& find(SeqId id) const { return manager::find_sequence(seqs, id); }
 
   KVCacheParams params;
   std::uint32_t max_batch_size;

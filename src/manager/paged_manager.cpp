@@ -76,26 +76,9 @@ struct PagedKVCacheManager::Impl {
   }
 
   // ---- lookups ---------------------------------------------------------------
-  Sequence& mark(SeqId id) {
-    auto it = seqs.find(id);
-    if (it == seqs.end()) manager::throw_unknown(id);
-    if (it->second.mark == epoch) manager::throw_duplicate(id);
-    it->second.mark = epoch;
-    return it->second;
-  }
-  // Validates ids first (unknown, duplicate) so malformed input is reported as
-  // such before any capacity check; returns nothing, marks every id.
-  void mark_all(std::span<const SeqId> ids) {
-    for (SeqId id : ids) mark(id);
-  }
-
-
-  Sequence& find(SeqId id) {
-    auto it = seqs.find(id);
-    if (it == seqs.end()) manager::throw_unknown(id);
-    return it->second;
-  }
-  const Sequence& find(SeqId id) const { return const_cast<Impl*>(this)->find(id); }
+  void mark_all(std::span<const SeqId> ids) { manager::mark_batch(seqs, ids, epoch); }
+  Sequence& find(SeqId id) { return manager::find_sequence(seqs, id); }
+  const Sequence& find(SeqId id) const { return manager::find_sequence(seqs, id); }
 
   std::uint32_t num_pages() const { return pool.num_blocks(); }
   std::uint32_t num_evictable() const {
