@@ -3,6 +3,10 @@
 #include "kvcache/engine/safetensors.h"
 
 #include <algorithm>
+#include <vector>
+#include <string>
+#include <limits>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -15,6 +19,45 @@ namespace kvcache::engine {
 namespace {
 
 using nlohmann::json;
+
+// JSON numbers converted with range checks: nlohmann's get<> on an
+// out-of-range or fractional value is an undefined float->int conversion.
+template <class U>
+U json_uint(const json& v, const std::string& field) {
+  if (v.is_number_unsigned() && v.get<std::uint64_t>() <= std::numeric_limits<U>::max()) {
+    return static_cast<U>(v.get<std::uint64_t>());
+  }
+  if (v.is_number_integer() && v.get<std::int64_t>() >= 0 &&
+      static_cast<std::uint64_t>(v.get<std::int64_t>()) <= std::numeric_limits<U>::max()) {
+    return static_cast<U>(v.get<std::int64_t>());
+  }
+  throw InvalidArgument(field + " is " + v.dump() + ": expected an integer in [0, " +
+                        std::to_string(std::numeric_limits<U>::max()) + "]");
+}
+
+template <class U>
+U json_uint_or(const json& j, const char* field, U fallback) {
+  return j.contains(field) ? json_uint<U>(j.at(field), field) : fallback;
+}
+
+float json_float_or(const json& j, const char* field, float fallback) {
+  if (!j.contains(field)) return fallback;
+  const json& v = j.at(field);
+  if (!v.is_number() || !std::isfinite(v.get<double>()) ||
+      std::fabs(v.get<double>()) > std::numeric_limits<float>::max()) {
+    throw InvalidArgument(std::string(field) + " is " + v.dump() + ": expected a finite float");
+  }
+  return static_cast<float>(v.get<double>());
+}
+
+std::vector<std::uint64_t> json_uint_list(const json& v, const std::string& field) {
+  if (!v.is_array()) throw InvalidArgument(field + " is " + v.dump() + ": expected an array");
+  std::vector<std::uint64_t> out;
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    out.push_back(json_uint<std::uint64_t>(v[i], field + "[" + std::to_string(i) + "]"));
+  }
+  return out;
+}
 
 [[noreturn]] void fail(const std::string& path, const std::string& what) {
   throw InvalidArgument("safetensors " + path + ": " + what);
@@ -58,8 +101,8 @@ Tensor read_tensor(const std::string& path, const std::string& name, const json&
   std::uint64_t begin = 0, end = 0;
   try {
     dtype = info.at("dtype").get<std::string>();
-    t.shape = info.at("shape").get<std::vector<std::uint64_t>>();
-    const auto offs = info.at("data_offsets").get<std::vector<std::uint64_t>>();
+    t.shape = json_uint_list(info.at("shape"), name + " shape");
+    const auto offs = json_uint_list(info.at("data_offsets"), name + " data_offsets");
     if (offs.size() != 2) fail(path, "tensor '" + name + "' data_offsets needs 2 values");
     begin = offs[0], end = offs[1];
   } catch (const json::exception& e) {
@@ -169,16 +212,16 @@ ModelConfig read_hf_config(const std::string& path) {
     j = json::parse(read_all(path));
     ModelConfig c;
     c.name = j.value("model_type", std::string("llama"));
-    c.vocab_size = j.at("vocab_size").get<std::uint32_t>();
-    c.hidden_size = j.at("hidden_size").get<std::uint32_t>();
-    c.intermediate_size = j.at("intermediate_size").get<std::uint32_t>();
-    c.num_layers = j.at("num_hidden_layers").get<std::uint32_t>();
-    c.num_heads = j.at("num_attention_heads").get<std::uint32_t>();
-    c.num_kv_heads = j.value("num_key_value_heads", c.num_heads);
-    c.head_dim = j.value("head_dim", c.num_heads ? c.hidden_size / c.num_heads : 0u);
-    c.rope_theta = j.value("rope_theta", 10000.0f);
-    c.rms_norm_eps = j.value("rms_norm_eps", 1e-6f);
-    c.max_position = j.value("max_position_embeddings", 4096u);
+    c.vocab_size = json_uint<std::uint32_t>(j.at("vocab_size"), "vocab_size");
+    c.hidden_size = json_uint<std::uint32_t>(j.at("hidden_size"), "hidden_size");
+    c.intermediate_size = json_uint<std::uint32_t>(j.at("intermediate_size"), "intermediate_size");
+    c.num_layers = json_uint<std::uint32_t>(j.at("num_hidden_layers"), "num_hidden_layers");
+    c.num_heads = json_uint<std::uint32_t>(j.at("num_attention_heads"), "num_attention_heads");
+    c.num_kv_heads = json_uint_or<std::uint32_t>(j, "num_key_value_heads", c.num_heads);
+    c.head_dim = json_uint_or<std::uint32_t>(j, "head_dim", c.num_heads ? c.hidden_size / c.num_heads : 0u);
+    c.rope_theta = json_float_or(j, "rope_theta", 10000.0f);
+    c.rms_norm_eps = json_float_or(j, "rms_norm_eps", 1e-6f);
+    c.max_position = json_uint_or<std::uint32_t>(j, "max_position_embeddings", 4096u);
     c.tie_word_embeddings = j.value("tie_word_embeddings", false);
     c.validate();
     return c;
