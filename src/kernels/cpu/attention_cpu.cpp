@@ -64,7 +64,6 @@ HWY_INLINE float ToF(hwy::float16_t x) {
 
 HWY_INLINE float ReduceSum(DF df, VF v) { return hn::GetLane(hn::SumOfLanes(df, v)); }
 
-
 // Lanes per f32 vector, known at compile time for every x86 target.
 constexpr std::size_t kN = HWY_LANES(float);
 // Elements per chunk: a K or V row is consumed 2 * kN elements at a time as
@@ -183,9 +182,11 @@ HWY_INLINE void ScoreChunks(DF df, const float* HWY_RESTRICT q, std::size_t dimp
                             const T* const* kr, std::size_t d0, std::size_t d1, std::size_t dim,
                             VF* a) {
   for (std::size_t d = d0; d < d1; d += kC) {
+#pragma GCC unroll 16
     for (int u = 0; u < kT; ++u) {
       VF lo, hi;
       LoadChunkAt<kTail>(df, kr[u], d, dim, lo, hi);
+#pragma GCC unroll 16
       for (int j = 0; j < kQ; ++j) {
         a[j * kT + u] = hn::MulAdd(hn::Load(df, q + j * dimp + d), lo, a[j * kT + u]);
         a[j * kT + u] = hn::MulAdd(hn::Load(df, q + j * dimp + d + kN), hi, a[j * kT + u]);
@@ -199,6 +200,7 @@ HWY_INLINE VF ScoreBlock(DF df, const float* q, std::size_t dimp, const T* const
                          std::size_t dim) {
   static_assert(kQ * kT == static_cast<int>(kN), "one score vector per block");
   VF a[kN];
+#pragma GCC unroll 16
   for (std::size_t u = 0; u < kN; ++u) a[u] = hn::Zero(df);
   const std::size_t full = dim / kC * kC;
   ScoreChunks<kQ, kT, false>(df, q, dimp, kr, 0, full, dim, a);
@@ -213,18 +215,25 @@ HWY_INLINE void PvChunks(DF df, const float* const* p, float* const* acc, const 
                          std::uint32_t nt, std::size_t d0, std::size_t d1, std::size_t dim) {
   for (std::size_t d = d0; d + kCh * kC <= d1; d += kCh * kC) {
     VF a[kR][2 * kCh];
+#pragma GCC unroll 16
     for (int r = 0; r < kR; ++r)
+#pragma GCC unroll 16
       for (int i = 0; i < 2 * kCh; ++i) a[r][i] = hn::Load(df, acc[r] + d + i * kN);
     for (std::uint32_t t = 0; t < nt; ++t) {
       VF v[2 * kCh];
+#pragma GCC unroll 16
       for (int c = 0; c < kCh; ++c)
         LoadChunkAt<kTail>(df, vr[t], d + c * kC, dim, v[2 * c], v[2 * c + 1]);
+#pragma GCC unroll 16
       for (int r = 0; r < kR; ++r) {
         const VF pr = hn::Set(df, p[r][t]);
+#pragma GCC unroll 16
         for (int i = 0; i < 2 * kCh; ++i) a[r][i] = hn::MulAdd(pr, v[i], a[r][i]);
       }
     }
+#pragma GCC unroll 16
     for (int r = 0; r < kR; ++r)
+#pragma GCC unroll 16
       for (int i = 0; i < 2 * kCh; ++i) hn::Store(a[r][i], df, acc[r] + d + i * kN);
   }
 }
