@@ -13,7 +13,9 @@
 // vectors (shift / mask, no shuffles); query and accumulator rows use that
 // element order and are put back in order on output. While one (tile, head)
 // step runs, the rows of the next step are prefetched into L1. Split items
-// write (max, sum, acc) partials merged afterwards.
+// write (max, sum, acc) partials merged afterwards. Prefill items (one KV
+// head, a block of query rows) take the query-lanes path of
+// attention_prefill-inl.h instead where the target has the lanes for it.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -34,6 +36,8 @@
 #include "hwy/aligned_allocator.h"
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
+// Must come after highway.h (per-target code of its own).
+#include "kernels/cpu/attention_prefill-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace kvcache::kernels::HWY_NAMESPACE {
@@ -589,9 +593,15 @@ void RunAttention(const AttentionCtx& c) {
   std::atomic<std::size_t> next{0};
   OnWorkers(c.pool, n_items, [&](std::size_t) {
     Scratch s;
+    prefill::Buffers pb;
     ItemRunner<T> runner(c);
     for (std::size_t i = next.fetch_add(1); i < n_items; i = next.fetch_add(1)) {
-      runner.run(plan.items[i], s, i < plan.split_items ? partials.data() + i * stride : nullptr);
+      const WorkItem& it = plan.items[i];
+      if (it.prefill && (it.r1 - it.r0) * c.group <= prefill::max_query_vectors()) {
+        prefill::RunItem<T>(c, it, pb);
+      } else {
+        runner.run(it, s, i < plan.split_items ? partials.data() + i * stride : nullptr);
+      }
     }
   });
   if (plan.groups.empty()) return;
@@ -602,6 +612,13 @@ void RunAttention(const AttentionCtx& c) {
       MergeGroupOutput(c, plan.groups[g], partials.data(), stride);
     }
   });
+}
+
+// Query vectors per prefill item for this target: what the query-lanes path
+// takes (4 vectors of lanes), or 32 for the row path where it has no lanes.
+std::uint32_t PrefillQueryVectors() {
+  const std::uint32_t v = prefill::max_query_vectors();
+  return v == 0 ? 32 : v;
 }
 
 void AttentionF32(const AttentionCtx& c) { RunAttention<float>(c); }
@@ -615,6 +632,7 @@ HWY_AFTER_NAMESPACE();
 namespace kvcache {
 namespace kernels {
 HWY_EXPORT(AttentionF32);
+HWY_EXPORT(PrefillQueryVectors);
 HWY_EXPORT(AttentionF16);
 HWY_EXPORT(AttentionBF16);
 
@@ -679,8 +697,9 @@ void attention_cpu(DType dtype, const LayerCacheDesc<float>& k, const LayerCache
   check_size("out", out.size(), row_offsets[k.batch_size] * q_row);
   if (row_offsets[k.batch_size] == 0) return;
 
-  kernels::AttentionShape shape{k.batch_size, k.n_kv_heads, n_q_heads / k.n_kv_heads, k.head_dim,
-                                k.block_tokens};
+  kernels::AttentionShape shape{
+      k.batch_size, k.n_kv_heads,   n_q_heads / k.n_kv_heads,
+      k.head_dim,   k.block_tokens, HWY_DYNAMIC_DISPATCH(kernels::PrefillQueryVectors)()};
   const kernels::AttentionPlan plan = kernels::make_attention_plan(
       shape, k.cache_lengths, row_offsets, pool == nullptr ? 1 : pool->num_threads());
   kernels::AttentionCtx c;

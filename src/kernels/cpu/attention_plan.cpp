@@ -20,8 +20,7 @@ std::uint32_t split_tokens(std::uint64_t decode_tokens, std::size_t threads, std
 }  // namespace
 
 AttentionPlan make_attention_plan(const AttentionShape& s, const std::uint32_t* cache_lengths,
-                                  std::span<const std::uint32_t> row_offsets,
-                                  std::size_t threads) {
+                                  std::span<const std::uint32_t> row_offsets, std::size_t threads) {
   AttentionPlan plan;
   std::uint64_t decode_tokens = 0;
   for (std::uint32_t b = 0; b < s.batch; ++b) {
@@ -46,20 +45,19 @@ AttentionPlan make_attention_plan(const AttentionShape& s, const std::uint32_t* 
       MergeGroup mg{static_cast<std::uint32_t>(plan.items.size()), 0};
       for (std::uint32_t t = 0; t < ctx; t += chunk) {
         const std::uint32_t t1 = std::min(ctx, t + chunk);
-        plan.items.push_back({b, r0, r0 + n, 0, s.n_kv, t, t1, g,
-                              std::uint64_t{t1 - t} * s.n_kv});
+        plan.items.push_back({b, r0, r0 + n, 0, s.n_kv, t, t1, g, std::uint64_t{t1 - t} * s.n_kv});
         ++mg.count;
       }
       plan.groups.push_back(mg);
       continue;
     }
-    const std::uint32_t rows = prefill_rows(s.group);
+    const std::uint32_t rows = prefill_rows(s.group, s.prefill_vectors);
     for (std::uint32_t i = 0; i < n; i += rows) {
       const std::uint32_t i1 = std::min(n, i + rows);
       const std::uint32_t t1 = cl + i1;  // last row sees tokens < cl + i1
       for (std::uint32_t h = 0; h < s.n_kv; ++h) {
-        direct.push_back({b, r0 + i, r0 + i1, h, h + 1, 0, t1, kNoMerge,
-                          std::uint64_t{t1} * (i1 - i)});
+        direct.push_back(
+            {b, r0 + i, r0 + i1, h, h + 1, 0, t1, kNoMerge, std::uint64_t{t1} * (i1 - i), true});
       }
     }
   }

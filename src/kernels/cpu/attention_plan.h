@@ -23,6 +23,7 @@ struct WorkItem {
   std::uint32_t t0 = 0, t1 = 0;  // KV tokens
   std::uint32_t group = 0;       // merge group index, or kNoMerge
   std::uint64_t cost = 0;
+  bool prefill = false;  // a block of prefill rows of one KV head
 };
 
 // Items that cover the same (b, rows, heads) and must be merged.
@@ -34,9 +35,9 @@ struct MergeGroup {
 inline constexpr std::uint32_t kNoMerge = 0xffffffffu;
 
 struct AttentionPlan {
-  std::vector<WorkItem> items;      // split items first (grouped), then direct items
+  std::vector<WorkItem> items;  // split items first (grouped), then direct items
   std::vector<MergeGroup> groups;
-  std::size_t split_items = 0;      // items [0, split_items) write partials
+  std::size_t split_items = 0;  // items [0, split_items) write partials
 };
 
 struct AttentionShape {
@@ -45,18 +46,19 @@ struct AttentionShape {
   std::uint32_t group = 0;  // query heads per KV head
   std::uint32_t dim = 0;
   std::uint32_t page = 0;
+  std::uint32_t prefill_vectors = 32;  // query vectors per prefill item (target's best)
 };
 
 // Entries with at most this many new rows use the decode decomposition.
 inline constexpr std::uint32_t kDecodeRows = 4;
 
 AttentionPlan make_attention_plan(const AttentionShape& s, const std::uint32_t* cache_lengths,
-                                  std::span<const std::uint32_t> row_offsets,
-                                  std::size_t threads);
+                                  std::span<const std::uint32_t> row_offsets, std::size_t threads);
 
-// Query rows per prefill item for a GQA group size (about 32 query vectors).
-inline std::uint32_t prefill_rows(std::uint32_t group) {
-  const std::uint32_t r = 32 / group;
+// Query rows per prefill item: about `vectors` query vectors (rows x group),
+// at least one row.
+inline std::uint32_t prefill_rows(std::uint32_t group, std::uint32_t vectors) {
+  const std::uint32_t r = vectors / group;
   return r == 0 ? 1 : r;
 }
 

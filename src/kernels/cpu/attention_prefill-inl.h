@@ -1,0 +1,337 @@
+// Prefill work items of the CPU attention kernel, per Highway target
+// (included by attention_cpu.cpp once per target).
+//
+// A prefill item is one KV head and a block of query rows: m query vectors
+// (rows x GQA group, m <= 4 vectors' worth of lanes) against the item's
+// context. Everything runs in "query lanes" form, so no horizontal sums are
+// needed anywhere:
+//   Q^T [dim][W]      scaled queries, lane j = query vector j (W = lanes of
+//                     nv vectors; unused lanes zero)
+//   S^T [token][W]    scores of a tile: for each dim d, one broadcast K
+//                     element times a Q^T row (kT tokens x nv vectors of
+//                     accumulators in registers)
+//   online softmax    per lane, vectorised over query vectors (causal limits
+//                     per lane)
+//   O^T [dim][W]      output accumulators: for each token, one broadcast V
+//                     element times a P^T row (kD dims x nv vectors in
+//                     registers), rescaled by the softmax correction once per
+//                     tile.
+// K and V tiles are converted to f32 once per tile (kTileTokens tokens) and
+// then reused by every query vector of the item: the register blocks do one
+// FMA per broadcast load and per row load, close to the FMA peak.
+#if defined(KVCACHE_KERNELS_CPU_ATTENTION_PREFILL_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef KVCACHE_KERNELS_CPU_ATTENTION_PREFILL_INL_H_
+#undef KVCACHE_KERNELS_CPU_ATTENTION_PREFILL_INL_H_
+#else
+#define KVCACHE_KERNELS_CPU_ATTENTION_PREFILL_INL_H_
+#endif
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "hwy/aligned_allocator.h"
+#include "hwy/contrib/math/math-inl.h"
+#include "hwy/highway.h"
+#include "kernels/cpu/kernel_common.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace kvcache::kernels::HWY_NAMESPACE {
+namespace prefill {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+using DI = hn::RebindToSigned<DF>;
+using VF = hn::Vec<DF>;
+
+constexpr std::size_t kLanes = HWY_LANES(float);
+constexpr std::uint32_t kTileTokens = 32;
+// Accumulator registers of one register block (32 vector registers on
+// AVX-512, 16 elsewhere; the rest hold the row vectors and the broadcast).
+constexpr int kAccRegs = kLanes >= 16 ? 24 : 12;
+// Most query-lane vectors an item may use.
+constexpr int kMaxVectors = 4;
+
+// Query vectors of an item that this path handles.
+constexpr std::uint32_t max_query_vectors() {
+  return kLanes >= 4 ? static_cast<std::uint32_t>(kMaxVectors * kLanes) : 0;
+}
+
+HWY_INLINE VF ToF32(DF df, const float* p) { return hn::LoadU(df, p); }
+HWY_INLINE VF ToF32(DF df, const hwy::bfloat16_t* p) {
+  return hn::PromoteTo(df, hn::LoadU(hn::Rebind<hwy::bfloat16_t, DF>(), p));
+}
+HWY_INLINE VF ToF32(DF df, const hwy::float16_t* p) {
+  return hn::PromoteTo(df, hn::LoadU(hn::Rebind<hwy::float16_t, DF>(), p));
+}
+
+// dst[0, dim) = row converted to f32 (dim elements; the tail one by one).
+template <class T>
+HWY_INLINE void RowToF32(const T* row, std::uint32_t dim, float* dst) {
+  const DF df;
+  std::uint32_t d = 0;
+  for (; d + kLanes <= dim; d += kLanes) hn::StoreU(ToF32(df, row + d), df, dst + d);
+  for (; d < dim; ++d) {
+    HWY_ALIGN T one[kLanes] = {};
+    one[0] = row[d];
+    HWY_ALIGN float f[kLanes];
+    hn::Store(ToF32(df, one), df, f);
+    dst[d] = f[0];
+  }
+}
+
+struct Buffers {
+  std::uint32_t dim = 0, dim_o = 0, width = 0, rows_k = 0;
+  hwy::AlignedFreeUniquePtr<float[]> qt, kf, vf, st, ot, mx, l, alpha;
+  hwy::AlignedFreeUniquePtr<std::int32_t[]> limit;
+
+  static hwy::AlignedFreeUniquePtr<float[]> Zeroed(std::size_t n) {
+    auto p = hwy::AllocateAligned<float>(n);
+    std::fill(p.get(), p.get() + n, 0.0f);
+    return p;
+  }
+  // (Re)allocates for a head dim, padded dim of O^T, lane width and K rows.
+  void ensure(std::uint32_t d, std::uint32_t d_o, std::uint32_t w, std::uint32_t rk) {
+    if (d == dim && d_o == dim_o && w == width && rk == rows_k) return;
+    dim = d, dim_o = d_o, width = w, rows_k = rk;
+    qt = Zeroed(std::size_t{d} * w);
+    kf = Zeroed(std::size_t{rk} * d);
+    vf = Zeroed(std::size_t{kTileTokens} * d_o);
+    st = Zeroed(std::size_t{rk} * w);
+    ot = Zeroed(std::size_t{d_o} * w);
+    mx = Zeroed(w);
+    l = Zeroed(w);
+    alpha = Zeroed(w);
+    limit = hwy::AllocateAligned<std::int32_t>(w);
+  }
+};
+
+template <class T, int kV>
+class Runner {
+ public:
+  static constexpr int kT = kAccRegs / kV;  // tokens per score block
+  static constexpr int kD = kAccRegs / kV;  // dims per output block
+  static constexpr std::uint32_t kW = static_cast<std::uint32_t>(kV * kLanes);
+
+  Runner(const AttentionCtx& c, Buffers& b) : c_(c), b_(b) {}
+
+  void run(const WorkItem& it) {
+    const std::uint32_t dim = c_.dim;
+    const std::uint32_t dim_o = (dim + kD - 1) / kD * kD;
+    b_.ensure(dim, dim_o, kW, kTileTokens + kT);
+    m_ = (it.r1 - it.r0) * c_.group;
+    load_queries(it);
+    const std::uint32_t first_limit = c_.cache_lengths[it.b] + (it.r0 - c_.row_offsets[it.b]) + 1;
+    for (std::uint32_t j = 0; j < kW; ++j) {
+      b_.limit[j] = j < m_ ? static_cast<std::int32_t>(first_limit + j / c_.group) : 0;
+      b_.mx[j] = -std::numeric_limits<float>::infinity();
+      b_.l[j] = 0.0f;
+    }
+    std::fill(b_.ot.get(), b_.ot.get() + std::size_t{dim_o} * kW, 0.0f);
+    for (std::uint32_t ta = it.t0; ta < it.t1; ta += kTileTokens) {
+      const std::uint32_t nt = std::min(kTileTokens, it.t1 - ta);
+      load_tile(it.b, ta, nt, it.h0);
+      if (ta + nt < it.t1)
+        prefetch_tile(it.b, ta + nt, std::min(kTileTokens, it.t1 - ta - nt), it.h0);
+      scores(nt);
+      softmax(ta, nt);
+      accumulate(nt);
+    }
+    write_output(it);
+  }
+
+ private:
+  void load_queries(const WorkItem& it) {
+    const std::uint32_t dim = c_.dim;
+    const std::size_t q_row = std::size_t{c_.n_q} * dim;
+    float* qt = b_.qt.get();
+    std::fill(qt, qt + std::size_t{dim} * kW, 0.0f);
+    for (std::uint32_t j = 0; j < m_; ++j) {
+      const std::uint32_t r = it.r0 + j / c_.group, g = j % c_.group;
+      const float* src = c_.q + r * q_row + std::size_t{it.h0 * c_.group + g} * dim;
+      for (std::uint32_t d = 0; d < dim; ++d) qt[std::size_t{d} * kW + j] = src[d] * c_.scale;
+    }
+  }
+
+  const T* row(const LayerRef& ref, std::uint32_t b, std::uint32_t tok, std::uint32_t h) const {
+    const std::uint32_t block = c_.lookup[std::size_t{b} * c_.lookup_stride + tok / c_.page];
+    return static_cast<const T*>(ref.blocks) + std::size_t{block} * ref.block_stride +
+           std::size_t{tok % c_.page} * c_.token_stride + std::size_t{h} * c_.dim;
+  }
+
+  // K rows of the tile into kf [token][dim], V rows into vf [token][dim_o].
+  void load_tile(std::uint32_t b, std::uint32_t ta, std::uint32_t nt, std::uint32_t h) {
+    for (std::uint32_t t = 0; t < nt; ++t) {
+      RowToF32(row(c_.k, b, ta + t, h), c_.dim, b_.kf.get() + std::size_t{t} * c_.dim);
+      RowToF32(row(c_.v, b, ta + t, h), c_.dim, b_.vf.get() + std::size_t{t} * b_.dim_o);
+    }
+  }
+
+  // The next tile's K and V rows into L2 (L1 holds this tile's buffers)
+  // while this tile is computed.
+  void prefetch_tile(std::uint32_t b, std::uint32_t ta, std::uint32_t nt, std::uint32_t h) const {
+    const std::size_t bytes = std::size_t{c_.dim} * sizeof(T);
+    for (std::uint32_t t = 0; t < nt; ++t) {
+      const char* k = reinterpret_cast<const char*>(row(c_.k, b, ta + t, h));
+      const char* v = reinterpret_cast<const char*>(row(c_.v, b, ta + t, h));
+      for (std::size_t o = 0; o < bytes; o += 64) {
+        prefetch_l2(k + o);
+        prefetch_l2(v + o);
+      }
+    }
+  }
+
+  // S^T [t][lanes] for t < nt rounded up to kT (rows past nt are masked later).
+  void scores(std::uint32_t nt) {
+    const DF df;
+    const std::uint32_t dim = c_.dim;
+    const float* qt = b_.qt.get();
+    for (std::uint32_t t0 = 0; t0 < nt; t0 += kT) {
+      VF acc[kT][kV];
+#pragma GCC unroll 32
+      for (int u = 0; u < kT; ++u)
+#pragma GCC unroll 4
+        for (int v = 0; v < kV; ++v) acc[u][v] = hn::Zero(df);
+      const float* kf = b_.kf.get() + std::size_t{t0} * dim;
+      for (std::uint32_t d = 0; d < dim; ++d) {
+        VF q[kV];
+#pragma GCC unroll 4
+        for (int v = 0; v < kV; ++v) q[v] = hn::Load(df, qt + std::size_t{d} * kW + v * kLanes);
+#pragma GCC unroll 32
+        for (int u = 0; u < kT; ++u) {
+          const VF k = hn::Set(df, kf[std::size_t{u} * dim + d]);
+#pragma GCC unroll 4
+          for (int v = 0; v < kV; ++v) acc[u][v] = hn::MulAdd(k, q[v], acc[u][v]);
+        }
+      }
+      float* st = b_.st.get() + std::size_t{t0} * kW;
+#pragma GCC unroll 32
+      for (int u = 0; u < kT; ++u)
+#pragma GCC unroll 4
+        for (int v = 0; v < kV; ++v) hn::Store(acc[u][v], df, st + u * kW + v * kLanes);
+    }
+  }
+
+  // Online softmax per lane over the tile's visible tokens: S^T becomes P^T,
+  // mx / l advance, alpha holds each lane's correction of O^T.
+  void softmax(std::uint32_t ta, std::uint32_t nt) {
+    const DF df;
+    const DI di;
+    const VF neg_inf = hn::Set(df, -std::numeric_limits<float>::infinity());
+    const VF floor = hn::Set(df, -88.0f);  // exp(-88) ~ 6e-39: clamps -inf / NaN-free
+    float* st = b_.st.get();
+    for (int v = 0; v < kV; ++v) {
+      const auto lim = hn::Load(di, b_.limit.get() + v * kLanes);
+      const VF m_old = hn::Load(df, b_.mx.get() + v * kLanes);
+      VF m_new = m_old;
+      for (std::uint32_t t = 0; t < nt; ++t) {
+        const auto visible =
+            hn::RebindMask(df, hn::Lt(hn::Set(di, static_cast<std::int32_t>(ta + t)), lim));
+        const VF s = hn::Load(df, st + std::size_t{t} * kW + v * kLanes);
+        m_new = hn::Max(m_new, hn::IfThenElse(visible, s, neg_inf));
+      }
+      // Lanes with nothing visible yet keep -inf; subtract 0 there instead.
+      const VF m_safe = hn::IfThenZeroElse(hn::Eq(m_new, neg_inf), m_new);
+      VF sum = hn::Zero(df);
+      for (std::uint32_t t = 0; t < nt; ++t) {
+        const auto visible =
+            hn::RebindMask(df, hn::Lt(hn::Set(di, static_cast<std::int32_t>(ta + t)), lim));
+        float* p = st + std::size_t{t} * kW + v * kLanes;
+        const VF e = hn::Exp(df, hn::Max(hn::Sub(hn::Load(df, p), m_safe), floor));
+        const VF pv = hn::IfThenElseZero(visible, e);
+        hn::Store(pv, df, p);
+        sum = hn::Add(sum, pv);
+      }
+      const VF alpha = hn::Exp(df, hn::Max(hn::Sub(m_old, m_safe), floor));
+      const VF l = hn::Load(df, b_.l.get() + v * kLanes);
+      hn::Store(hn::MulAdd(l, alpha, sum), df, b_.l.get() + v * kLanes);
+      hn::Store(m_new, df, b_.mx.get() + v * kLanes);
+      hn::Store(alpha, df, b_.alpha.get() + v * kLanes);
+    }
+  }
+
+  // O^T = O^T * alpha + V^T P^T over the tile's tokens, kD dims at a time.
+  void accumulate(std::uint32_t nt) {
+    const DF df;
+    const std::uint32_t dim_o = b_.dim_o;
+    VF alpha[kV];
+#pragma GCC unroll 4
+    for (int v = 0; v < kV; ++v) alpha[v] = hn::Load(df, b_.alpha.get() + v * kLanes);
+    const float* st = b_.st.get();
+    for (std::uint32_t d0 = 0; d0 < dim_o; d0 += kD) {
+      float* ot = b_.ot.get() + std::size_t{d0} * kW;
+      VF acc[kD][kV];
+#pragma GCC unroll 32
+      for (int dd = 0; dd < kD; ++dd)
+#pragma GCC unroll 4
+        for (int v = 0; v < kV; ++v)
+          acc[dd][v] = hn::Mul(hn::Load(df, ot + dd * kW + v * kLanes), alpha[v]);
+      const float* vf = b_.vf.get() + d0;
+      for (std::uint32_t t = 0; t < nt; ++t) {
+        VF p[kV];
+#pragma GCC unroll 4
+        for (int v = 0; v < kV; ++v) p[v] = hn::Load(df, st + std::size_t{t} * kW + v * kLanes);
+        const float* vrow = vf + std::size_t{t} * dim_o;
+#pragma GCC unroll 32
+        for (int dd = 0; dd < kD; ++dd) {
+          const VF x = hn::Set(df, vrow[dd]);
+#pragma GCC unroll 4
+          for (int v = 0; v < kV; ++v) acc[dd][v] = hn::MulAdd(x, p[v], acc[dd][v]);
+        }
+      }
+#pragma GCC unroll 32
+      for (int dd = 0; dd < kD; ++dd)
+#pragma GCC unroll 4
+        for (int v = 0; v < kV; ++v) hn::Store(acc[dd][v], df, ot + dd * kW + v * kLanes);
+    }
+  }
+
+  void write_output(const WorkItem& it) const {
+    const std::uint32_t dim = c_.dim;
+    const std::size_t q_row = std::size_t{c_.n_q} * dim;
+    const float* ot = b_.ot.get();
+    for (std::uint32_t j = 0; j < m_; ++j) {
+      const std::uint32_t r = it.r0 + j / c_.group, g = j % c_.group;
+      float* dst = c_.out + r * q_row + std::size_t{it.h0 * c_.group + g} * dim;
+      const float inv = 1.0f / b_.l[j];
+      for (std::uint32_t d = 0; d < dim; ++d) dst[d] = ot[std::size_t{d} * kW + j] * inv;
+    }
+  }
+
+  const AttentionCtx& c_;
+  Buffers& b_;
+  std::uint32_t m_ = 0;
+};
+
+// Runs a prefill item (one KV head, m <= max_query_vectors() query vectors).
+template <class T>
+void RunItem(const AttentionCtx& c, const WorkItem& it, Buffers& b) {
+  const std::uint32_t m = (it.r1 - it.r0) * c.group;
+  const std::uint32_t vectors = static_cast<std::uint32_t>((m + kLanes - 1) / kLanes);
+  if constexpr (kLanes >= 4) {
+    switch (vectors) {
+      case 1:
+        Runner<T, 1>(c, b).run(it);
+        return;
+      case 2:
+        Runner<T, 2>(c, b).run(it);
+        return;
+      case 3:
+        Runner<T, 3>(c, b).run(it);
+        return;
+      default:
+        Runner<T, 4>(c, b).run(it);
+        return;
+    }
+  } else {
+    (void)vectors;
+    (void)b;
+  }
+}
+
+}  // namespace prefill
+}  // namespace kvcache::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // include guard
