@@ -109,7 +109,8 @@ void run_replay(const ReplayArgs& a) {
   ReplayOptions o;
   o.page_size = a.page_size;
   o.capacity_tokens = parse_tokens(a.capacity);
-  o.policy = parse_policy(a.policy);
+  o.offline_belady = a.policy == "belady";
+  if (!o.offline_belady) o.policy = parse_policy(a.policy);
   o.s3fifo_small_fraction = a.small_fraction;
   o.ghost_factor = a.ghost_factor;
   o.sequential = a.sequential;
