@@ -4,7 +4,9 @@
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
+#include <new>
 #include <random>
 #include <vector>
 
@@ -18,9 +20,24 @@ struct Entry {
   std::uint32_t new_tokens;
 };
 
+// 64-byte aligned storage, like the managers' arenas (store_kv's streaming
+// path needs vector-aligned rows).
+template <class T>
+struct CacheLineAllocator {
+  using value_type = T;
+  CacheLineAllocator() = default;
+  template <class U>
+  CacheLineAllocator(const CacheLineAllocator<U>&) {}
+  T* allocate(std::size_t n) {
+    return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{64}));
+  }
+  void deallocate(T* p, std::size_t) { ::operator delete(p, std::align_val_t{64}); }
+  bool operator==(const CacheLineAllocator&) const { return true; }
+};
+
 template <CacheElement T>
 struct OwnedCache {
-  std::vector<T> blocks;
+  std::vector<T, CacheLineAllocator<T>> blocks;
   std::vector<std::uint32_t> cache_lengths;
   std::vector<std::uint32_t> lookup;
   std::vector<std::uint32_t> row_offsets;

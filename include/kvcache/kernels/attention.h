@@ -20,10 +20,16 @@
 // summation order and a polynomial exp with <= 1 ulp error).
 // store_kv: writes exactly what store_kv_reference writes (same f16 / bf16
 // round-to-nearest-even), optionally rotating K first (kernels/rope.h).
+// Calls writing at least kStoreStreamingBytes (K + V) into a cache whose
+// rows are 64-byte aligned use non-temporal stores: the rows bypass the
+// caches (no read-for-ownership of the destination), which is what a large
+// prefill wants; smaller calls (decode) leave the new rows in cache for the
+// attention call that follows.
 // Thread-safety: concurrent calls on disjoint outputs are safe; a pool runs
 // one call at a time.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 
@@ -42,6 +48,8 @@ struct RopeOptions {
   float theta = 10000.0f;
   std::uint32_t rotary_dim = 0;  // 0 => head_dim
 };
+
+inline constexpr std::size_t kStoreStreamingBytes = std::size_t{8} << 20;
 
 struct StoreOptions {
   RopeOptions rope_k{};

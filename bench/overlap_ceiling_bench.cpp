@@ -1,0 +1,160 @@
+// How close to the streaming-read bandwidth can a kernel get that reads a
+// paged cache (32 KiB pages in shuffled order, K and V side by side, as
+// decode attention does) and does C fp32 FMAs per 128 bytes read (64 of K,
+// 64 of V)? Decode attention on bf16 K/V does 4 FMAs per 128 bytes per query
+// head of a KV head (K dot product + V accumulation): C = 4 for MHA, 16 for
+// GQA 4, 32 for GQA 8. The FMAs are independent (8 accumulators), so this is
+// the ceiling for an ideal kernel with that much arithmetic: on a machine
+// whose cores need many misses in flight to reach stream bandwidth, the
+// fraction falls as C grows even while the arithmetic alone would run far
+// faster than memory (see docs/PERFORMANCE.md, "Decode: the ceiling").
+//
+//   build/bin/kvcache_bench --benchmark_filter=BM_PagedReadWithFma
+//
+// S > 1 interleaves S far-apart page streams line by line (more independent
+// misses in flight per core). AVX-512 only; skipped elsewhere.
+#include <benchmark/benchmark.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <thread>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace kvcache {
+namespace {
+
+constexpr std::size_t kPageBytes = 32768;
+constexpr std::size_t kBytes = std::size_t{512} << 20;  // per K and per V
+
+struct Pages {
+  char* k = nullptr;
+  char* v = nullptr;
+  std::vector<std::uint32_t> order;
+  Pages() {
+    k = static_cast<char*>(
+        mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    v = static_cast<char*>(
+        mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    madvise(k, kBytes, MADV_HUGEPAGE);
+    madvise(v, kBytes, MADV_HUGEPAGE);
+    for (std::size_t i = 0; i < kBytes / sizeof(float); ++i) {
+      reinterpret_cast<float*>(k)[i] = 1e-3f;
+      reinterpret_cast<float*>(v)[i] = 2e-3f;
+    }
+    order.resize(kBytes / kPageBytes);
+    std::iota(order.begin(), order.end(), 0u);
+    std::shuffle(order.begin(), order.end(), std::mt19937(1));
+  }
+  ~Pages() {
+    munmap(k, kBytes);
+    munmap(v, kBytes);
+  }
+  Pages(const Pages&) = delete;
+  Pages& operator=(const Pages&) = delete;
+};
+
+#if defined(__x86_64__)
+template <int C, int S>
+__attribute__((target("avx512f,fma"))) float read_pages(const Pages& p, std::size_t first,
+                                                        std::size_t count) {
+  __m512 a[8];
+  for (auto& x : a) x = _mm512_setzero_ps();
+  const __m512 m = _mm512_set1_ps(0.999f);
+  const std::size_t per = count / S;
+  for (std::size_t i = 0; i < per; ++i) {
+    const char* k[S];
+    const char* v[S];
+    for (int s = 0; s < S; ++s) {
+      const std::size_t page = p.order[first + i + s * per];
+      k[s] = p.k + page * kPageBytes;
+      v[s] = p.v + page * kPageBytes;
+    }
+    for (std::size_t o = 0; o < kPageBytes; o += 64) {
+#pragma GCC unroll 8
+      for (int s = 0; s < S; ++s) {
+        const __m512 x = _mm512_loadu_ps(k[s] + o);
+        const __m512 y = _mm512_loadu_ps(v[s] + o);
+        a[0] = _mm512_add_ps(a[0], _mm512_add_ps(x, y));
+#pragma GCC unroll 32
+        for (int c = 0; c < C; ++c) a[c % 8] = _mm512_fmadd_ps(c & 1 ? x : y, m, a[c % 8]);
+      }
+    }
+  }
+  __m512 s = a[0];
+  for (int i = 1; i < 8; ++i) s = _mm512_add_ps(s, a[i]);
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, s);
+  return std::accumulate(lanes, lanes + 16, 0.0f);
+}
+#endif
+
+template <int C, int S>
+void BM_PagedReadWithFma(benchmark::State& state) {
+#if defined(__x86_64__)
+  if (!__builtin_cpu_supports("avx512f")) {
+    state.SkipWithError("needs AVX-512");
+    return;
+  }
+  static const Pages pages;
+  const auto threads = static_cast<std::size_t>(state.range(0));
+  const std::size_t share = pages.order.size() / threads;
+  std::vector<float> sink(threads);
+  for (auto _ : state) {
+    std::vector<std::thread> pool;
+    for (std::size_t t = 1; t < threads; ++t)
+      pool.emplace_back([&, t] { sink[t] = read_pages<C, S>(pages, t * share, share); });
+    sink[0] = read_pages<C, S>(pages, 0, share);
+    for (auto& th : pool) th.join();
+    benchmark::DoNotOptimize(sink.data());
+  }
+  state.SetBytesProcessed(state.iterations() * std::int64_t(2 * kBytes));
+#else
+  state.SkipWithError("x86-64 only");
+#endif
+}
+
+BENCHMARK_TEMPLATE(BM_PagedReadWithFma, 0, 1)
+    ->Arg(1)
+    ->Arg(2)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_PagedReadWithFma, 4, 1)
+    ->Arg(1)
+    ->Arg(2)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_PagedReadWithFma, 4, 4)
+    ->Arg(1)
+    ->Arg(2)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_PagedReadWithFma, 16, 1)
+    ->Arg(1)
+    ->Arg(2)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_PagedReadWithFma, 16, 4)
+    ->Arg(1)
+    ->Arg(2)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_PagedReadWithFma, 32, 1)
+    ->Arg(1)
+    ->Arg(2)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_PagedReadWithFma, 32, 4)
+    ->Arg(1)
+    ->Arg(2)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
+}  // namespace
+}  // namespace kvcache
