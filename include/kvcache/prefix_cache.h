@@ -27,11 +27,11 @@ namespace kvcache {
 
 // Eviction policy for cached pages (ref count 0, still in the hash index).
 enum class EvictionPolicyKind : std::uint8_t {
-  lru,     // least recently released first; a sequence's tail before its head (vLLM)
-  s3fifo,  // S3-FIFO: a small probation FIFO for never-reused pages, a main
-           // FIFO with second chances for reused ones, a ghost FIFO of evicted hashes
-  tiered,  // LRU-2 flavoured: pages used by one request only go first (LRU), then
-           // pages used by two or more (reused, or remembered by a ghost of evicted hashes)
+  lru,       // least recently released first; a sequence's tail before its head (vLLM)
+  s3fifo,    // S3-FIFO: a small probation FIFO for never-reused pages, a main
+             // FIFO with second chances for reused ones, a ghost FIFO of evicted hashes
+  tiered,    // LRU-2 flavoured: pages used by one request only go first (LRU), then
+             // pages used by two or more (reused, or remembered by a ghost of evicted hashes)
   interval,  // inter-arrival: predicts each content's reuse interval from its own
              // history (mean gap between the requests that used it, kept across
              // evictions by a ghost of evicted hashes; content used once counts as

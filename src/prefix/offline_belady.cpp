@@ -28,7 +28,8 @@ struct Page {
 
 class Belady {
  public:
-  Belady(std::span<const TraceRequest> trace, const ReplayOptions& o) : trace_(trace), ps_(o.page_size) {
+  Belady(std::span<const TraceRequest> trace, const ReplayOptions& o)
+      : trace_(trace), ps_(o.page_size) {
     std::uint64_t all_pages = 0;
     for (const TraceRequest& r : trace) {
       all_pages += pages_for(std::uint64_t{r.input_length} + r.output_length + 1, ps_);
