@@ -514,7 +514,7 @@ PrefixCacheConfig prefix_config(const KVCacheParams& p, const py::object& policy
   }
   if (!policy.is_none()) {
     if (!py::isinstance<py::str>(policy)) {
-      throw InvalidArgument("eviction_policy must be a str (lru, s3fifo, tiered)");
+      throw InvalidArgument("eviction_policy must be a str (lru, s3fifo, tiered, interval)");
     }
     c.policy = parse_policy(policy.cast<std::string>());
   }

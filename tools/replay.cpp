@@ -109,7 +109,8 @@ void run_replay(const ReplayArgs& a) {
   ReplayOptions o;
   o.page_size = a.page_size;
   o.capacity_tokens = parse_tokens(a.capacity);
-  o.policy = parse_policy(a.policy);
+  o.offline_belady = a.policy == "belady";
+  if (!o.offline_belady) o.policy = parse_policy(a.policy);
   o.s3fifo_small_fraction = a.small_fraction;
   o.ghost_factor = a.ghost_factor;
   o.sequential = a.sequential;
@@ -151,12 +152,15 @@ void add_replay_command(CLI::App& app) {
   cmd->add_option("--page-size", args->page_size, "Tokens per page")->capture_default_str();
   cmd->add_option("--capacity", args->capacity, "Cache capacity in tokens (1M, 3000000, unlimited)")
       ->capture_default_str();
-  cmd->add_option("--policy", args->policy, "Eviction policy: lru | s3fifo | tiered")
+  cmd->add_option("--policy", args->policy,
+                  "Eviction policy: lru | s3fifo | tiered | interval | belady (offline optimum, "
+                  "--sequential only)")
       ->capture_default_str();
   cmd->add_option("--small-fraction", args->small_fraction,
                   "s3fifo: share of the pool for the probation queue, in (0, 1)")
       ->capture_default_str();
-  cmd->add_option("--ghost", args->ghost_factor, "s3fifo/tiered: ghost length (x pool size, 0..64)")
+  cmd->add_option("--ghost", args->ghost_factor,
+                  "s3fifo/tiered/interval: ghost length (x pool size, 0..64)")
       ->capture_default_str();
   cmd->add_flag(
       "--sequential", args->sequential,

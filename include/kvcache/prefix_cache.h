@@ -27,15 +27,20 @@ namespace kvcache {
 
 // Eviction policy for cached pages (ref count 0, still in the hash index).
 enum class EvictionPolicyKind : std::uint8_t {
-  lru,     // least recently released first; a sequence's tail before its head (vLLM)
-  s3fifo,  // S3-FIFO: a small probation FIFO for never-reused pages, a main
-           // FIFO with second chances for reused ones, a ghost FIFO of evicted hashes
-  tiered,  // LRU-2 flavoured: pages used by one request only go first (LRU), then
-           // pages used by two or more (reused, or remembered by a ghost of evicted hashes)
+  lru,       // least recently released first; a sequence's tail before its head (vLLM)
+  s3fifo,    // S3-FIFO: a small probation FIFO for never-reused pages, a main
+             // FIFO with second chances for reused ones, a ghost FIFO of evicted hashes
+  tiered,    // LRU-2 flavoured: pages used by one request only go first (LRU), then
+             // pages used by two or more (reused, or remembered by a ghost of evicted hashes)
+  interval,  // inter-arrival: predicts each content's reuse interval from its own
+             // history (mean gap between the requests that used it, kept across
+             // evictions by a ghost of evicted hashes; content used once counts as
+             // far) and evicts the page with the largest 2 x idle time + interval
 };
 
 std::string_view policy_name(EvictionPolicyKind kind);
-// "lru" | "s3fifo"; throws InvalidArgument naming the known policies otherwise.
+// "lru" | "s3fifo" | "tiered" | "interval"; throws InvalidArgument naming the
+// known policies otherwise.
 EvictionPolicyKind parse_policy(std::string_view name);
 
 // Chained block hash: (parent hash, page tokens, extra key) -> hash.
@@ -61,8 +66,9 @@ struct PrefixCacheConfig {
   EvictionPolicyKind policy = EvictionPolicyKind::lru;
   // S3-FIFO: share of the pool reserved for the probation queue (0, 1).
   double s3fifo_small_fraction = 0.1;
-  // s3fifo / tiered: ghost FIFO length (hashes of evicted pages, 16 bytes
-  // each) in units of the pool size, in [0, 64].
+  // s3fifo / tiered / interval: ghost FIFO length (hashes of evicted pages,
+  // 16 bytes each; 48 for interval, which keeps their use statistics) in units
+  // of the pool size, in [0, 64].
   double ghost_factor = 16.0;
   BlockHashFn hash;  // empty: default_block_hash
   // Called (under the manager's lock) for every page stored in / removed from

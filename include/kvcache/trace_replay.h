@@ -40,6 +40,11 @@ struct ReplayOptions {
   std::uint32_t page_size = 512;
   std::uint64_t capacity_tokens = 0;  // 0: unlimited (room for the whole trace)
   EvictionPolicyKind policy = EvictionPolicyKind::lru;
+  // Offline reference instead of the manager: Belady's optimum with prefix
+  // semantics (evict the cached page whose next use in the trace is farthest),
+  // simulated outside the manager; sequential mode only; `policy` is ignored
+  // and manager_ns stays 0.
+  bool offline_belady = false;
   double s3fifo_small_fraction = 0.1;
   double ghost_factor = 16.0;
   bool sequential = true;
@@ -72,7 +77,8 @@ struct ReplayResult {
   }
 };
 
-// Throws InvalidArgument on bad options or requests.
+// Throws InvalidArgument on bad options or requests (offline_belady without
+// sequential included).
 ReplayResult replay_trace(std::span<const TraceRequest> trace, const ReplayOptions& options);
 
 }  // namespace kvcache

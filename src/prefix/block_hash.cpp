@@ -23,6 +23,8 @@ std::string_view policy_name(EvictionPolicyKind kind) {
       return "s3fifo";
     case EvictionPolicyKind::tiered:
       return "tiered";
+    case EvictionPolicyKind::interval:
+      return "interval";
   }
   return "?";
 }
@@ -31,8 +33,9 @@ EvictionPolicyKind parse_policy(std::string_view name) {
   if (name == "lru") return EvictionPolicyKind::lru;
   if (name == "s3fifo") return EvictionPolicyKind::s3fifo;
   if (name == "tiered") return EvictionPolicyKind::tiered;
+  if (name == "interval") return EvictionPolicyKind::interval;
   throw InvalidArgument("unknown eviction policy '" + std::string(name) +
-                        "' (known: lru, s3fifo, tiered)");
+                        "' (known: lru, s3fifo, tiered, interval)");
 }
 
 }  // namespace kvcache

@@ -1,6 +1,7 @@
 #include "prefix/eviction_policy.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 
 #include "kvcache/error.h"
@@ -215,6 +216,126 @@ class TieredPolicy final : public EvictionPolicy {
   GhostFifo ghost_;
 };
 
+// Inter-arrival ("interval"): predicts how soon a page's content will be used
+// again from that content's own history and evicts the page whose next use
+// looks farthest away.
+//
+// Clock: pages released into the evictable set so far (page traffic, so ages
+// compare with the pool size whatever the request sizes). Per content hash
+// the policy keeps first use, last use and the number of uses (publish or
+// prefix hit: one per request); the stats of published pages live in
+// per-page arrays, those of evicted pages in a ghost FIFO of
+// ghost_factor x pool hashes, so content that comes back resumes its history.
+// Predicted interval g: the mean gap (last - first) / (uses - 1) for content
+// used at least twice; content used once gets kFreshIntervals x pool pages
+// (a first reuse is rare within a pool's worth of traffic, and far away:
+// such pages go before any page with a short measured interval).
+// Eviction score = 2 x age + g, age = clock ticks since the page became
+// evictable: a page overdue relative to its own interval goes first. Pages
+// wait in LRU lists by bucket floor(log2(g + 1)) (g rounded down to a power
+// of two); the oldest page of a list has its largest score, so evict()
+// compares only the list heads: O(kBuckets). Pages are released tail first
+// and an ancestor is used whenever its descendants are, so descendants score
+// at least as high as their ancestors and chains are trimmed from the tail.
+class IntervalPolicy final : public EvictionPolicy {
+ public:
+  static constexpr std::uint8_t kBuckets = 48;
+  static constexpr std::uint32_t kFreshIntervals = 64;
+
+  IntervalPolicy(std::uint32_t n, std::uint32_t ghost)
+      : lists_(n, kBuckets),
+        hash_(n, 0),
+        stats_(n),
+        since_(n, 0),
+        fresh_gap_(std::uint64_t{kFreshIntervals} * std::max<std::uint32_t>(n, 1)),
+        ghost_(std::max<std::uint32_t>(ghost, 1)),
+        ghost_index_(std::max<std::uint32_t>(ghost, 1)) {}
+
+  void on_publish(std::uint32_t page, std::uint64_t hash, bool) override {
+    hash_[page] = hash;
+    const auto slot = ghost_index_.find(hash);
+    stats_[page] = slot ? ghost_[*slot].stats : Stats{clock_, clock_, 0};
+    use(page);
+  }
+  void on_hit(std::uint32_t page) override { use(page); }
+  void insert(std::uint32_t page) override {
+    since_[page] = clock_++;
+    lists_.push_back(bucket(interval(stats_[page])), page);
+    ++size_;
+  }
+  void erase(std::uint32_t page) override {
+    lists_.remove(page);
+    --size_;
+  }
+  std::uint32_t evict() override {
+    std::uint8_t best = 0;
+    std::uint64_t best_score = 0;
+    for (std::uint8_t b = kBuckets; b-- > 0;) {
+      if (lists_.size(b) == 0) continue;
+      const std::uint64_t score = 2 * (clock_ - since_[lists_.front(b)]) + (std::uint64_t{1} << b);
+      if (score > best_score) best = b, best_score = score;
+    }
+    const std::uint32_t page = lists_.pop_front(best);
+    --size_;
+    remember(hash_[page], stats_[page]);
+    return page;
+  }
+  std::uint32_t size() const override { return size_; }
+  bool contains(std::uint32_t page) const override {
+    return lists_.list_of(page) != PageLists::kNone;
+  }
+
+ private:
+  struct Stats {
+    std::uint64_t first, last;
+    std::uint32_t uses;
+  };
+  struct GhostEntry {
+    std::uint64_t hash = 0;
+    Stats stats{0, 0, 0};
+  };
+
+  void use(std::uint32_t page) {
+    Stats& s = stats_[page];
+    s.last = clock_;
+    if (s.uses < UINT32_MAX) ++s.uses;
+  }
+  std::uint64_t interval(const Stats& s) const {
+    return s.uses < 2 ? fresh_gap_ : (s.last - s.first) / (s.uses - 1);
+  }
+  static std::uint8_t bucket(std::uint64_t gap) {
+    const int b = std::bit_width(gap + 1) - 1;  // floor(log2(gap + 1)); gap < 2^64 - 1
+    return static_cast<std::uint8_t>(std::min<int>(b, kBuckets - 1));
+  }
+  // Ghost FIFO of evicted contents' stats; a hash already there is updated in place.
+  void remember(std::uint64_t hash, const Stats& stats) {
+    if (const auto slot = ghost_index_.find(hash)) {
+      ghost_[*slot].stats = stats;
+      return;
+    }
+    if (ghost_size_ == ghost_.size()) {
+      ghost_index_.erase(ghost_[ghost_head_].hash);
+      ghost_head_ = (ghost_head_ + 1) % ghost_.size();
+      --ghost_size_;
+    }
+    const std::size_t slot = (ghost_head_ + ghost_size_) % ghost_.size();
+    ghost_[slot] = GhostEntry{hash, stats};
+    ghost_index_.insert(hash, static_cast<std::uint32_t>(slot));
+    ++ghost_size_;
+  }
+
+  PageLists lists_;
+  std::vector<std::uint64_t> hash_;
+  std::vector<Stats> stats_;
+  std::vector<std::uint64_t> since_;
+  std::uint64_t clock_ = 0;
+  std::uint32_t size_ = 0;
+  std::uint64_t fresh_gap_;
+  std::vector<GhostEntry> ghost_;
+  std::size_t ghost_head_ = 0, ghost_size_ = 0;
+  PageIndex ghost_index_;
+};
+
 }  // namespace
 
 namespace {
@@ -234,6 +355,8 @@ std::unique_ptr<EvictionPolicy> make_policy(const PrefixCacheConfig& config,
       return std::make_unique<LruPolicy>(num_pages);
     case EvictionPolicyKind::tiered:
       return std::make_unique<TieredPolicy>(num_pages, ghost_length(config, num_pages));
+    case EvictionPolicyKind::interval:
+      return std::make_unique<IntervalPolicy>(num_pages, ghost_length(config, num_pages));
     case EvictionPolicyKind::s3fifo:
       if (!(config.s3fifo_small_fraction > 0.0 && config.s3fifo_small_fraction < 1.0)) {
         throw InvalidArgument("s3fifo_small_fraction " +

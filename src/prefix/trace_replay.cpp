@@ -7,6 +7,7 @@
 
 #include "kvcache/error.h"
 #include "kvcache/paged_manager.h"
+#include "prefix/offline_belady.h"
 
 namespace kvcache {
 
@@ -241,6 +242,7 @@ std::vector<std::uint32_t> request_tokens(const TraceRequest& r) {
 }
 
 ReplayResult replay_trace(std::span<const TraceRequest> trace, const ReplayOptions& options) {
+  if (options.offline_belady) return prefix::replay_offline_belady(trace, options);
   return Replayer(trace, options).run();
 }
 

@@ -263,8 +263,8 @@ TEST(PrefixCache, ResetDropsEveryEntryAndMetricsAddUp) {
 }
 
 TEST(PrefixCache, EveryPolicyKeepsInvariantsUnderPressure) {
-  for (EvictionPolicyKind kind :
-       {EvictionPolicyKind::lru, EvictionPolicyKind::s3fifo, EvictionPolicyKind::tiered}) {
+  for (EvictionPolicyKind kind : {EvictionPolicyKind::lru, EvictionPolicyKind::s3fifo,
+                                  EvictionPolicyKind::tiered, EvictionPolicyKind::interval}) {
     PrefixCacheConfig cfg;
     cfg.policy = kind;
     PagedKVCacheManager m(tiny_params(4), 10, 4, 64, cfg);
@@ -285,7 +285,8 @@ TEST(PrefixCache, EveryPolicyKeepsInvariantsUnderPressure) {
 }
 
 TEST(PrefixCache, PolicyNamesRoundTrip) {
-  for (auto k : {EvictionPolicyKind::lru, EvictionPolicyKind::s3fifo, EvictionPolicyKind::tiered})
+  for (auto k : {EvictionPolicyKind::lru, EvictionPolicyKind::s3fifo, EvictionPolicyKind::tiered,
+                 EvictionPolicyKind::interval})
     EXPECT_EQ(parse_policy(policy_name(k)), k);
   EXPECT_THROW(parse_policy("belady"), InvalidArgument);
 }

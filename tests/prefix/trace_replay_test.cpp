@@ -55,7 +55,8 @@ TEST(TraceReplay, TimedModeKeepsRequestsAliveWhileDecoding) {
   // Two overlapping requests sharing a prefix, then one after both finished.
   const std::vector<TraceRequest> trace = {
       req(0, 1100, {0, 1, 2}, 20), req(10, 1100, {0, 1, 3}, 20), req(5000, 1100, {0, 1, 2}, 1)};
-  for (EvictionPolicyKind p : {EvictionPolicyKind::lru, EvictionPolicyKind::tiered}) {
+  for (EvictionPolicyKind p :
+       {EvictionPolicyKind::lru, EvictionPolicyKind::tiered, EvictionPolicyKind::interval}) {
     ReplayOptions o;
     o.sequential = false;
     o.decode_tokens_per_s = 100;
@@ -66,6 +67,60 @@ TEST(TraceReplay, TimedModeKeepsRequestsAliveWhileDecoding) {
     EXPECT_EQ(r.peak_pages_used, 4u);  // both alive at once, sharing 2 pages
     EXPECT_GT(r.decode_steps, 0u);
   }
+}
+
+// 600-token requests: one full page (reusable) + one partial page each.
+TraceRequest one_page(std::uint64_t id) { return req(0, 600, {id, 1000 + id}); }
+
+TEST(TraceReplay, IntervalKeepsAFrequentPrefixThatLruThrashes) {
+  // P P X1 X2 P X3 X4 P with room for 3 pages. LRU: X1 + X2 push P out
+  // (released before them), and so on: 1 hit. interval: P's measured reuse
+  // interval is short, the X pages are fresh, so the X pages go: 3 hits.
+  const std::vector<TraceRequest> trace = {one_page(0), one_page(0), one_page(1), one_page(2),
+                                           one_page(0), one_page(3), one_page(4), one_page(0)};
+  ReplayOptions o;
+  o.capacity_tokens = 3 * 512;
+  EXPECT_EQ(replay_trace(trace, o).blocks_hit, 1u);
+  o.policy = EvictionPolicyKind::interval;
+  const ReplayResult r = replay_trace(trace, o);
+  EXPECT_EQ(r.blocks_total, 16u);
+  EXPECT_EQ(r.blocks_hit, 3u);
+  o.offline_belady = true;
+  EXPECT_EQ(replay_trace(trace, o).blocks_hit, 3u);
+}
+
+TEST(TraceReplay, OfflineBeladyBeatsLruOnACycle) {
+  // A B C A B C with room for 3 pages (each request needs 2 while it runs).
+  // LRU always evicts the page needed next: 0 hits. Belady keeps A for t3
+  // (evicting B at t2), then keeps C for t5 (evicting A, never used again).
+  const std::vector<TraceRequest> trace = {one_page(0), one_page(1), one_page(2),
+                                           one_page(0), one_page(1), one_page(2)};
+  ReplayOptions o;
+  o.capacity_tokens = 3 * 512;
+  EXPECT_EQ(replay_trace(trace, o).blocks_hit, 0u);
+  o.offline_belady = true;
+  const ReplayResult r = replay_trace(trace, o);
+  EXPECT_EQ(r.requests, 6u);
+  EXPECT_EQ(r.blocks_hit, 2u);
+  EXPECT_EQ(r.evictions, 2u);  // B at t2, A at t4
+  EXPECT_EQ(r.capacity_pages, 3u);
+  // Unlimited: every repeat hits, as with the manager.
+  o.capacity_tokens = 0;
+  EXPECT_EQ(replay_trace(trace, o).blocks_hit, 3u);
+}
+
+TEST(TraceReplay, OfflineBeladyMatchesTheManagerWithoutPressure) {
+  const std::vector<TraceRequest> trace = {req(0, 1500, {0, 1, 2}), req(1, 1500, {0, 1, 2}),
+                                           req(2, 2048, {0, 1, 3, 4}), req(3, 1100, {0, 1, 3})};
+  ReplayOptions o;
+  const ReplayResult lru = replay_trace(trace, o);
+  o.offline_belady = true;
+  const ReplayResult opt = replay_trace(trace, o);
+  EXPECT_EQ(opt.blocks_hit, lru.blocks_hit);
+  EXPECT_EQ(opt.tokens_hit, lru.tokens_hit);
+  EXPECT_EQ(opt.blocks_total, lru.blocks_total);
+  o.sequential = false;
+  EXPECT_THROW(replay_trace(trace, o), InvalidArgument);  // offline reference: sequential only
 }
 
 TEST(TraceReplay, RejectsBadOptions) {

@@ -153,7 +153,7 @@ def test_metrics_hit_rate_and_reset():
     assert m.metrics().match_calls == 0 and m.metrics().hit_rate == 0.0
 
 
-@pytest.mark.parametrize("policy", ["lru", "s3fifo", "tiered"])
+@pytest.mark.parametrize("policy", ["lru", "s3fifo", "tiered", "interval"])
 def test_policies_evict_cached_pages_when_the_pool_is_full(policy):
     events = []
     m = make(pages=4, eviction_policy=policy, on_event=events.append)
@@ -268,7 +268,7 @@ def test_errors():
         off.pin_prefix([1, 2, 3, 4])
     with pytest.raises(kvcache.InvalidArgument, match="enable_prefix_caching"):
         make(enable=False, eviction_policy="lru")
-    with pytest.raises(kvcache.InvalidArgument, match="lru, s3fifo, tiered"):
+    with pytest.raises(kvcache.InvalidArgument, match="lru, s3fifo, tiered, interval"):
         make(eviction_policy="fifo")
     with pytest.raises(kvcache.InvalidArgument, match="callable"):
         make(on_event=42)
