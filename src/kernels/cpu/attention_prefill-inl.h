@@ -200,7 +200,7 @@ class Runner {
         for (int v = 0; v < kV; ++v) q[v] = hn::Load(df, qt + std::size_t{d} * kW + v * kLanes);
 #pragma GCC unroll 32
         for (int u = 0; u < kT; ++u) {
-          const VF k = hn::Set(df, kf[std::size_t{u} * dim + d]);
+          const VF k = hn::Set(df, kf[static_cast<std::size_t>(u) * dim + d]);
 #pragma GCC unroll 4
           for (int v = 0; v < kV; ++v) acc[u][v] = hn::MulAdd(k, q[v], acc[u][v]);
         }
