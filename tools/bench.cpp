@@ -58,7 +58,30 @@ struct AttentionArgs : Common {
   std::uint32_t context = 4096;
   std::string mode = "decode";
   std::string resident = "dram";
+  std::string prefetch = "auto";
 };
+
+AttentionPrefetch parse_prefetch(const std::string& name) {
+  if (name == "auto") return AttentionPrefetch::automatic;
+  if (name == "step-l1") return AttentionPrefetch::next_step_l1;
+  if (name == "tile-l2") return AttentionPrefetch::next_tile_l2;
+  if (name == "none") return AttentionPrefetch::none;
+  throw InvalidArgument("--prefetch must be auto, step-l1, tile-l2 or none, got '" + name + "'");
+}
+
+std::string prefetch_name(AttentionPrefetch p) {
+  switch (p) {
+    case AttentionPrefetch::automatic:
+      return "auto";
+    case AttentionPrefetch::next_step_l1:
+      return "step-l1";
+    case AttentionPrefetch::next_tile_l2:
+      return "tile-l2";
+    case AttentionPrefetch::none:
+      return "none";
+  }
+  return "?";
+}
 
 struct StoreArgs : Common {
   std::uint32_t tokens = 4096;
@@ -66,8 +89,7 @@ struct StoreArgs : Common {
 };
 
 double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 double median(std::vector<double> v) {
@@ -125,7 +147,8 @@ struct Buffer {
 double stream_read_gbps(std::size_t bytes, bool huge, ThreadPool& pool) {
   Buffer buf(bytes, huge);
   float sink = kernels::stream_read(buf.p, bytes, &pool);  // warm-up
-  const auto t = time_calls(7, [&](std::size_t) { sink += kernels::stream_read(buf.p, bytes, &pool); });
+  const auto t =
+      time_calls(7, [&](std::size_t) { sink += kernels::stream_read(buf.p, bytes, &pool); });
   if (sink == 12345.0f) std::cerr << "";  // keep the sums alive
   return bytes / median(t) / 1e9;
 }
@@ -133,7 +156,8 @@ double stream_read_gbps(std::size_t bytes, bool huge, ThreadPool& pool) {
 double memcpy_gbps(std::size_t bytes, bool huge, ThreadPool& pool) {
   Buffer src(bytes, huge), dst(bytes, huge);
   kernels::stream_copy(dst.p, src.p, bytes, &pool);
-  const auto t = time_calls(5, [&](std::size_t) { kernels::stream_copy(dst.p, src.p, bytes, &pool); });
+  const auto t =
+      time_calls(5, [&](std::size_t) { kernels::stream_copy(dst.p, src.p, bytes, &pool); });
   return 2.0 * bytes / median(t) / 1e9;  // read + write traffic
 }
 
@@ -141,7 +165,8 @@ double fma_peak_gflops(ThreadPool& pool) {
   float sink = 0.0f;
   kernels::fma_peak(1000000, &pool, &sink);
   std::uint64_t flops = 0;
-  const auto t = time_calls(5, [&](std::size_t) { flops = kernels::fma_peak(20000000, &pool, &sink); });
+  const auto t =
+      time_calls(5, [&](std::size_t) { flops = kernels::fma_peak(20000000, &pool, &sink); });
   return flops / median(t) / 1e9;
 }
 
@@ -162,7 +187,8 @@ KVCacheParams make_params(const Common& a) {
   p.page_size = p.cache_strategy == CacheStrategy::paged ? a.page_size : 0;
   p.validate();
   if (a.page_order != "shuffled" && a.page_order != "sequential") {
-    throw InvalidArgument("--page-order must be shuffled or sequential, got '" + a.page_order + "'");
+    throw InvalidArgument("--page-order must be shuffled or sequential, got '" + a.page_order +
+                          "'");
   }
   if (a.threads == 0) throw InvalidArgument("--threads must be at least 1");
   if (a.batch == 0) throw InvalidArgument("--batch must be at least 1");
@@ -186,8 +212,8 @@ BenchCache make_cache(const Common& a, const KVCacheParams& p, std::uint32_t set
     const std::uint32_t per_seq = (tokens + a.page_size - 1) / a.page_size;
     const std::uint32_t pages = per_seq * seqs + 1;
     const bool shuffled = a.page_order == "shuffled";
-    c.manager = std::make_unique<PagedKVCacheManager>(p, pages, shuffled ? std::max(pages, seqs) : seqs,
-                                                      per_seq * a.page_size);
+    c.manager = std::make_unique<PagedKVCacheManager>(
+        p, pages, shuffled ? std::max(pages, seqs) : seqs, per_seq * a.page_size);
     c.bytes = PagedKVCacheManager::estimated_memory_size(p, pages);
     if (shuffled) {  // every page once to a one-page sequence, released in random order
       auto ids = c.manager->claim(pages);
@@ -229,7 +255,8 @@ void fill(BenchCache& c, const KVCacheParams& p, std::uint32_t history, std::uin
           bool huge, ThreadPool& pool, std::mt19937& rng) {
   const std::size_t row = std::size_t{p.n_kv_heads} * p.head_dim;
   const std::uint32_t batch = static_cast<std::uint32_t>(c.sets[0].size());
-  const std::uint32_t chunk = std::max<std::uint32_t>(1, std::min<std::uint32_t>(1024, 8192 / batch));
+  const std::uint32_t chunk =
+      std::max<std::uint32_t>(1, std::min<std::uint32_t>(1024, 8192 / batch));
   const std::uint32_t src_rows = batch * std::max(chunk, new_tokens);
   const auto k_src = random_floats(src_rows * row, rng);
   const auto v_src = random_floats(src_rows * row, rng);
@@ -278,10 +305,11 @@ double check_attention(const AttentionArgs& a, const KVCacheParams& p, bool deco
     attention_reference(k, v, std::span(q), a.q_heads, std::span<const std::uint32_t>(ro),
                         std::span(ref));
     attention(k, v, std::span(q), a.q_heads, std::span<const std::uint32_t>(ro), std::span(fast),
-              {}, &pool);
+              {.prefetch = parse_prefetch(a.prefetch)}, &pool);
   });
   double err = 0;
-  for (std::size_t i = 0; i < q.size(); ++i) err = std::max<double>(err, std::fabs(ref[i] - fast[i]));
+  for (std::size_t i = 0; i < q.size(); ++i)
+    err = std::max<double>(err, std::fabs(ref[i] - fast[i]));
   return err;
 }
 
@@ -290,7 +318,8 @@ nlohmann::json bench_attention(const AttentionArgs& a) {
   const KVCacheParams p = make_params(a);
   if (a.q_heads == 0 || a.q_heads % a.kv_heads != 0) {
     throw InvalidArgument("--q-heads " + std::to_string(a.q_heads) +
-                          " must be a positive multiple of --kv-heads " + std::to_string(a.kv_heads));
+                          " must be a positive multiple of --kv-heads " +
+                          std::to_string(a.kv_heads));
   }
   if (a.mode != "decode" && a.mode != "prefill") {
     throw InvalidArgument("--mode must be decode or prefill, got '" + a.mode + "'");
@@ -301,6 +330,7 @@ nlohmann::json bench_attention(const AttentionArgs& a) {
   if (a.context < 2) throw InvalidArgument("--context must be at least 2");
   const bool decode = a.mode == "decode";
   const bool huge = huge_on(a);
+  const AttentionPrefetch prefetch = parse_prefetch(a.prefetch);
   ThreadPool pool(a.threads);
   std::mt19937 rng(2024);
 
@@ -318,7 +348,7 @@ nlohmann::json bench_attention(const AttentionArgs& a) {
   auto call = [&](std::size_t i) {
     with_layer<T>(c.batches[i % sets], [&](const auto& k, const auto& v) {
       attention(k, v, std::span(q), a.q_heads, std::span<const std::uint32_t>(ro), std::span(out),
-                {}, &pool);
+                {.prefetch = prefetch}, &pool);
     });
   };
   const std::size_t repeats =
@@ -328,32 +358,34 @@ nlohmann::json bench_attention(const AttentionArgs& a) {
   const double med = median(times);
   const double stream = stream_read_gbps(std::max(set_bytes * sets, set_bytes), huge, pool);
   const double bytes = static_cast<double>(set_bytes);
-  nlohmann::json j{{"bench", "attention"},
-                   {"dtype", a.dtype},
-                   {"head_dim", a.head_dim},
-                   {"kv_heads", a.kv_heads},
-                   {"q_heads", a.q_heads},
-                   {"context", a.context},
-                   {"batch", a.batch},
-                   {"page_size", p.cache_strategy == CacheStrategy::paged ? a.page_size : a.context},
-                   {"page_order", a.page_order},
-                   {"strategy", a.strategy},
-                   {"threads", a.threads},
-                   {"mode", a.mode},
-                   {"resident", a.resident},
-                   {"huge_pages", a.huge_pages},
-                   {"anon_huge_kb", anon_huge_kb()},
-                   {"sets", sets},
-                   {"working_set_bytes", set_bytes * sets},
-                   {"repeats", repeats},
-                   {"check_max_abs_err", check_err},
-                   {"check_ok", check_err < 1e-4},
-                   {"median_s", med},
-                   {"min_s", *std::min_element(times.begin(), times.end())},
-                   {"bytes_kv", bytes},
-                   {"gbps", bytes / med / 1e9},
-                   {"stream_gbps", stream},
-                   {"fraction_of_stream", bytes / med / 1e9 / stream}};
+  nlohmann::json j{
+      {"bench", "attention"},
+      {"dtype", a.dtype},
+      {"head_dim", a.head_dim},
+      {"kv_heads", a.kv_heads},
+      {"q_heads", a.q_heads},
+      {"context", a.context},
+      {"batch", a.batch},
+      {"page_size", p.cache_strategy == CacheStrategy::paged ? a.page_size : a.context},
+      {"page_order", a.page_order},
+      {"strategy", a.strategy},
+      {"threads", a.threads},
+      {"mode", a.mode},
+      {"resident", a.resident},
+      {"prefetch", prefetch_name(resolve_attention_prefetch(prefetch))},
+      {"huge_pages", a.huge_pages},
+      {"anon_huge_kb", anon_huge_kb()},
+      {"sets", sets},
+      {"working_set_bytes", set_bytes * sets},
+      {"repeats", repeats},
+      {"check_max_abs_err", check_err},
+      {"check_ok", check_err < 1e-4},
+      {"median_s", med},
+      {"min_s", *std::min_element(times.begin(), times.end())},
+      {"bytes_kv", bytes},
+      {"gbps", bytes / med / 1e9},
+      {"stream_gbps", stream},
+      {"fraction_of_stream", bytes / med / 1e9 / stream}};
   if (!decode) {
     const double pairs = double(a.context) * (a.context + 1) / 2.0 * a.batch;
     const double flops = 4.0 * a.head_dim * a.q_heads * pairs;
@@ -395,14 +427,22 @@ nlohmann::json bench_store(const StoreArgs& a) {
   const double med = median(times);
   const double bytes = 2.0 * n * (sizeof(float) + dtype_size(p.dtype));  // read f32 + write cache
   const double copy = memcpy_gbps(static_cast<std::size_t>(bytes / 2), huge, pool);
-  return {{"bench", "store"},       {"dtype", a.dtype},
-          {"head_dim", a.head_dim}, {"kv_heads", a.kv_heads},
-          {"tokens", a.tokens},     {"batch", a.batch},
-          {"page_size", a.page_size}, {"page_order", a.page_order},
-          {"strategy", a.strategy}, {"threads", a.threads},
-          {"rope", a.rope},         {"huge_pages", a.huge_pages},
-          {"median_s", med},        {"bytes_moved", bytes},
-          {"gbps", bytes / med / 1e9}, {"memcpy_gbps", copy},
+  return {{"bench", "store"},
+          {"dtype", a.dtype},
+          {"head_dim", a.head_dim},
+          {"kv_heads", a.kv_heads},
+          {"tokens", a.tokens},
+          {"batch", a.batch},
+          {"page_size", a.page_size},
+          {"page_order", a.page_order},
+          {"strategy", a.strategy},
+          {"threads", a.threads},
+          {"rope", a.rope},
+          {"huge_pages", a.huge_pages},
+          {"median_s", med},
+          {"bytes_moved", bytes},
+          {"gbps", bytes / med / 1e9},
+          {"memcpy_gbps", copy},
           {"fraction_of_memcpy", bytes / med / 1e9 / copy}};
 }
 
@@ -424,7 +464,8 @@ void add_common(CLI::App* cmd, Common& a) {
   cmd->add_option("--threads", a.threads, "Threads (pool size, caller included)")
       ->capture_default_str();
   cmd->add_option("--strategy", a.strategy, "paged | continuous")->capture_default_str();
-  cmd->add_option("--huge-pages", a.huge_pages, "on | off: madvise 2 MiB pages for cache and buffers")
+  cmd->add_option("--huge-pages", a.huge_pages,
+                  "on | off: madvise 2 MiB pages for cache and buffers")
       ->capture_default_str();
   cmd->add_option("--repeats", a.repeats, "Timed calls (0: automatic)")->capture_default_str();
   cmd->add_flag("--json", a.json, "Print one JSON object");
@@ -437,13 +478,17 @@ void add_bench_command(CLI::App& app) {
   bench->require_subcommand(1);
 
   auto attn = std::make_shared<AttentionArgs>();
-  CLI::App* a = bench->add_subcommand("attention", "Decode / prefill attention vs stream bandwidth");
+  CLI::App* a =
+      bench->add_subcommand("attention", "Decode / prefill attention vs stream bandwidth");
   add_common(a, *attn);
   a->add_option("--q-heads", attn->q_heads, "Query heads")->capture_default_str();
   a->add_option("--context", attn->context, "Tokens per sequence (history + new)")
       ->capture_default_str();
   a->add_option("--mode", attn->mode, "decode | prefill")->capture_default_str();
   a->add_option("--resident", attn->resident, "dram (>= 1 GiB rotated) | cache")
+      ->capture_default_str();
+  a->add_option("--prefetch", attn->prefetch,
+                "Decode prefetch: auto | step-l1 | tile-l2 | none (AttentionPrefetch)")
       ->capture_default_str();
   a->callback([attn] {
     print(visit_dtype(parse_dtype(attn->dtype),

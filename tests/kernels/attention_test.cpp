@@ -7,6 +7,8 @@
 // polynomial exp within 1 ulp, so each output differs from the reference by
 // a few tens of fp32 ulps of 1.0 (2^-23 ~ 1.2e-7): 2e-6 is ~17 ulps.
 // store_kv must be bit-identical to store_kv_reference (same rounding).
+#include "kvcache/kernels/attention.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,12 +18,11 @@
 #include <string>
 #include <vector>
 
+#include "hwy/targets.h"
 #include "kernel_test_util.h"
 #include "kvcache/error.h"
-#include "kvcache/kernels/attention.h"
 #include "kvcache/kernels/reference.h"
 #include "kvcache/thread_pool.h"
-#include "hwy/targets.h"
 
 namespace kvcache {
 namespace {
@@ -41,9 +42,10 @@ struct Case {
   std::uint32_t dim = 64;
   std::size_t threads = 1;
   std::int64_t attention_target = 0;  // Highway target forced for attention (0: best)
+  AttentionPrefetch prefetch = AttentionPrefetch::automatic;
   std::string name() const {
-    return std::string(paged ? "paged" : "continuous") + " page " + std::to_string(page) +
-           " kv " + std::to_string(n_kv) + " group " + std::to_string(group) + " dim " +
+    return std::string(paged ? "paged" : "continuous") + " page " + std::to_string(page) + " kv " +
+           std::to_string(n_kv) + " group " + std::to_string(group) + " dim " +
            std::to_string(dim) + " threads " + std::to_string(threads);
   }
 };
@@ -77,7 +79,8 @@ void check_case(const Case& c, std::mt19937& rng) {
     store_kv(col.get_key_cache(L), col.get_value_cache(L), std::span(k_new), std::span(v_new),
              std::span<const std::uint32_t>(fast.row_offsets), {}, &pool);
     attention(col.get_key_cache(L), col.get_value_cache(L), std::span(q), n_q,
-              std::span<const std::uint32_t>(fast.row_offsets), std::span(out_fast), {}, &pool);
+              std::span<const std::uint32_t>(fast.row_offsets), std::span(out_fast),
+              {.prefetch = c.prefetch}, &pool);
     if (c.attention_target != 0) hwy::SetSupportedTargetsForTest(0);
   });
   ASSERT_EQ(0, std::memcmp(ref.blocks.data(), fast.blocks.data(), ref.blocks.size() * sizeof(T)))
@@ -120,8 +123,7 @@ TEST(AttentionFast, PageSizesStrategiesAndThreads) {
       for (std::uint32_t page : {1u, 16u, 128u}) {
         if (!paged && page != 16) continue;  // continuous has one block per entry
         for (std::size_t threads : {1u, 2u}) {
-          Case c{{{700, 1}, {0, 37}, {129, 3}, {15, 1}, {255, 2}}, paged, page, 3, 2, 80,
-                 threads};
+          Case c{{{700, 1}, {0, 37}, {129, 3}, {15, 1}, {255, 2}}, paged, page, 3, 2, 80, threads};
           check_case<T>(c, rng);
         }
       }
@@ -165,6 +167,27 @@ TEST(AttentionFast, EveryCompiledSimdTarget) {
   }
 }
 
+// Every prefetch strategy computes the same attention (prefetches only move
+// data): long contexts so that tiles ahead exist, pages smaller than, equal
+// to and larger than the kernel's tile, split contexts on 2 threads.
+TEST(AttentionFast, EveryPrefetchStrategy) {
+  std::mt19937 rng(808);
+  for (const AttentionPrefetch pf : {AttentionPrefetch::automatic, AttentionPrefetch::next_step_l1,
+                                     AttentionPrefetch::next_tile_l2, AttentionPrefetch::none}) {
+    SCOPED_TRACE("prefetch " + std::to_string(static_cast<int>(pf)));
+    EXPECT_NE(resolve_attention_prefetch(pf), AttentionPrefetch::automatic);
+    if (pf != AttentionPrefetch::automatic) EXPECT_EQ(resolve_attention_prefetch(pf), pf);
+    for_dtypes([&](auto tag) {
+      using T = decltype(tag);
+      for (std::uint32_t page : {5u, 32u, 128u}) {
+        Case c{{{1300, 1}, {97, 1}, {40, 9}, {0, 3}}, true, page, 3, 4, 72, 2};
+        c.prefetch = pf;
+        check_case<T>(c, rng);
+      }
+    });
+  }
+}
+
 TEST(AttentionFast, LongSingleDecodeSplitsAcrossThreads) {
   std::mt19937 rng(7);
   Case c{{{4099, 1}}, true, 16, 2, 4, 128, 2};
@@ -193,7 +216,8 @@ TEST(AttentionFast, ExplicitScale) {
   AttentionOptions opt{0.37f};
   attention_reference(k, v, std::span(q), 2, ro, std::span(a), opt);
   attention(k, v, std::span(q), 2, ro, std::span(b), opt);
-  for (std::size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], kAbsTol + kRelTol * std::fabs(a[i]));
+  for (std::size_t i = 0; i < a.size(); ++i)
+    ASSERT_NEAR(a[i], b[i], kAbsTol + kRelTol * std::fabs(a[i]));
 }
 
 TEST(AttentionFast, BadArgumentsThrowInvalidArgument) {
@@ -225,8 +249,8 @@ TEST(AttentionFast, BadArgumentsThrowInvalidArgument) {
   std::vector<std::uint32_t> decreasing = {0, 3, 2};
   std::vector<std::uint32_t> too_many = {0, 5, 5};  // entry 0: 5 cached + 5 new > 7
   for (const auto* bad : {&short_ro, &bad_start, &decreasing, &too_many}) {
-    EXPECT_THROW(attention(k, v, std::span<const float>(q), 4,
-                           std::span<const std::uint32_t>(*bad), std::span(out)),
+    EXPECT_THROW(attention(k, v, std::span<const float>(q), 4, std::span<const std::uint32_t>(*bad),
+                           std::span(out)),
                  InvalidArgument);
   }
   // K and V from different layers of different shape are fine; mismatched shapes are not.

@@ -55,6 +55,10 @@ struct StoreOptions {
   RopeOptions rope_k{};
 };
 
+// The strategy `requested` stands for on the calling processor (never
+// automatic): what attention() uses for AttentionOptions::prefetch.
+AttentionPrefetch resolve_attention_prefetch(AttentionPrefetch requested);
+
 namespace detail {
 // Type-erased entry points (implemented with Highway in src/kernels/cpu/).
 void attention_cpu(DType dtype, const LayerCacheDesc<float>& k, const LayerCacheDesc<float>& v,

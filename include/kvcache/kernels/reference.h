@@ -28,8 +28,23 @@
 
 namespace kvcache {
 
+// How the fast decode kernel (kernels/attention.h) hides the latency of the
+// K/V rows it reads; results never depend on it, only speed does. The
+// reference kernel ignores it.
+//  automatic:    next_tile_l2 on AMD processors, next_step_l1 elsewhere (what
+//                measured fastest on each; docs/PERFORMANCE.md, "Prefetch").
+//  next_step_l1: the rows of the next (tile, KV head) step into L1, one step
+//                ahead (best on a Sapphire Rapids Xeon).
+//  next_tile_l2: whole rows (all heads) of the tile two tiles ahead into L2,
+//                in address order, spread over the current tile's heads
+//                (best on Zen 4: the head-strided row reads alone do not
+//                trigger its hardware prefetchers).
+//  none:         hardware prefetchers only.
+enum class AttentionPrefetch : std::uint8_t { automatic, next_step_l1, next_tile_l2, none };
+
 struct AttentionOptions {
   float scale = 0.0f;  // 0 => 1 / sqrt(head_dim)
+  AttentionPrefetch prefetch = AttentionPrefetch::automatic;
 };
 
 namespace detail {

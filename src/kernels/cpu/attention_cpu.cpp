@@ -12,7 +12,8 @@
 // vectors per V load). bf16 rows are read as u32 and split into even/odd f32
 // vectors (shift / mask, no shuffles); query and accumulator rows use that
 // element order and are put back in order on output. While one (tile, head)
-// step runs, the rows of the next step are prefetched into L1. Split items
+// step runs, rows ahead are prefetched (AttentionPrefetch: the next step into
+// L1, or whole tiles two ahead into L2, chosen per processor). Split items
 // write (max, sum, acc) partials merged afterwards. Prefill items (one KV
 // head, a block of query rows) take the query-lanes path of
 // attention_prefill-inl.h instead where the target has the lanes for it.
@@ -356,21 +357,36 @@ class ItemRunner {
     std::fill(s.acc.get(), s.acc.get() + total * s.dimp, 0.0f);
     // Row i (local) of the item sees tokens < first_limit + i.
     const std::uint32_t first_limit = c_.cache_lengths[it.b] + (it.r0 - c_.row_offsets[it.b]) + 1;
+    // Row pointers (KV head 0) of this tile and the next, one page-table
+    // walk per tile; head h's row is the pointer + h * dim.
+    TileRows cur, nxt;
     std::uint32_t ta = it.t0;
+    fill_rows(it.b, ta, tile_end(ta, it.t1), cur);
     while (ta < it.t1) {
       const std::uint32_t tb = tile_end(ta, it.t1);
-      const std::uint32_t next_end = tb < it.t1 ? tile_end(tb, it.t1) : tb;
+      nxt.n = 0;
+      if (tb < it.t1) fill_rows(it.b, tb, tile_end(tb, it.t1), nxt);
       for (std::uint32_t hl = 0; hl < nh; ++hl) {
         const std::uint32_t h = it.h0 + hl;
-        // The rows of the next (tile, head) step, one step ahead, into L1
-        // (distance measured best: farther or into L2 was slower).
-        if (hl + 1 < nh) {
-          prefetch_rows(it.b, ta, tb, h + 1);
-        } else if (next_end > tb) {
-          prefetch_rows(it.b, tb, next_end, it.h0);
+        if (c_.prefetch == AttentionPrefetch::next_step_l1) {
+          // The rows of the next (tile, head) step, one step ahead, into L1.
+          if (hl + 1 < nh) {
+            prefetch_rows(cur, h + 1);
+          } else {
+            prefetch_rows(nxt, it.h0);
+          }
+        } else if (c_.prefetch == AttentionPrefetch::next_tile_l2) {
+          // Share hl of the tile kPrefetchTilesAhead ahead, into L2.
+          const std::uint64_t fa = std::uint64_t{ta} + std::uint64_t{kPrefetchTilesAhead} * kTile;
+          if (fa < it.t1) {
+            const auto f0 = static_cast<std::uint32_t>(fa);
+            const std::uint32_t n = tile_end(f0, it.t1) - f0;
+            prefetch_tile_l2(it.b, f0 + n * hl / nh, f0 + n * (hl + 1) / nh);
+          }
         }
-        tile(it.b, ta, tb, h, hl * m_per_head, m_per_head, first_limit, s);
+        tile(cur, ta, h, hl * m_per_head, m_per_head, first_limit, s);
       }
+      std::swap(cur, nxt);
       ta = tb;
     }
     if (partial == nullptr) {
@@ -389,19 +405,27 @@ class ItemRunner {
     return static_cast<std::uint32_t>(std::min<std::uint64_t>(t1, std::uint64_t{ta} + kTile));
   }
 
-  // fn(i, k_row, v_row) for tokens ta + i in [ta, tb) of KV head h, one
-  // page-table lookup per page.
-  template <class F>
-  void for_rows(std::uint32_t b, std::uint32_t ta, std::uint32_t tb, std::uint32_t h,
-                const F& fn) const {
+  // K and V row pointers of KV head 0 for the tokens of one tile.
+  struct TileRows {
+    const T* k[kTile];
+    const T* v[kTile];
+    std::uint32_t n = 0;
+  };
+
+  // rows = the K/V rows of tokens [ta, tb) (head 0), one page-table lookup
+  // per page.
+  void fill_rows(std::uint32_t b, std::uint32_t ta, std::uint32_t tb, TileRows& rows) const {
+    rows.n = tb - ta;
     std::uint32_t tok = ta;
     while (tok < tb) {
       const std::uint32_t run_end = static_cast<std::uint32_t>(
           std::min<std::uint64_t>(tb, (std::uint64_t{tok} / c_.page + 1) * c_.page));
-      const T* kr = row(c_.k, b, tok, h);
-      const T* vr = row(c_.v, b, tok, h);
-      for (; tok < run_end; ++tok, kr += c_.token_stride, vr += c_.token_stride)
-        fn(tok - ta, kr, vr);
+      const T* kr = row(c_.k, b, tok, 0);
+      const T* vr = row(c_.v, b, tok, 0);
+      for (; tok < run_end; ++tok, kr += c_.token_stride, vr += c_.token_stride) {
+        rows.k[tok - ta] = kr;
+        rows.v[tok - ta] = vr;
+      }
     }
   }
 
@@ -411,13 +435,31 @@ class ItemRunner {
            std::size_t{tok % c_.page} * c_.token_stride + std::size_t{h} * c_.dim;
   }
 
-  // Prefetches the K and V rows of tokens [ta, tb) of KV head h into L1.
-  void prefetch_rows(std::uint32_t b, std::uint32_t ta, std::uint32_t tb, std::uint32_t h) const {
+  // Prefetches whole K and V rows (all heads) of tokens [ta, tb) into L2.
+  void prefetch_tile_l2(std::uint32_t b, std::uint32_t ta, std::uint32_t tb) const {
+    std::uint32_t tok = ta;
+    while (tok < tb) {
+      const std::uint32_t run_end = static_cast<std::uint32_t>(
+          std::min<std::uint64_t>(tb, (std::uint64_t{tok} / c_.page + 1) * c_.page));
+      const std::size_t bytes = std::size_t{run_end - tok} * c_.token_stride * sizeof(T);
+      const char* kr = reinterpret_cast<const char*>(row(c_.k, b, tok, 0));
+      const char* vr = reinterpret_cast<const char*>(row(c_.v, b, tok, 0));
+      for (std::size_t o = 0; o < bytes; o += 64) {
+        prefetch_l2(kr + o);
+        prefetch_l2(vr + o);
+      }
+      tok = run_end;
+    }
+  }
+
+  // Prefetches KV head h's K and V rows of a tile into L1.
+  void prefetch_rows(const TileRows& rows, std::uint32_t h) const {
     const std::size_t bytes = std::size_t{c_.dim} * sizeof(T);
-    for_rows(b, ta, tb, h, [&](std::uint32_t, const T* kr, const T* vr) {
-      prefetch_range_l1(kr, bytes);
-      prefetch_range_l1(vr, bytes);
-    });
+    const std::size_t off = std::size_t{h} * c_.dim;
+    for (std::uint32_t i = 0; i < rows.n; ++i) {
+      prefetch_range_l1(rows.k[i] + off, bytes);
+      prefetch_range_l1(rows.v[i] + off, bytes);
+    }
   }
 
   void load_queries(const WorkItem& it, Scratch& s) const {
@@ -491,20 +533,21 @@ class ItemRunner {
     PvRows<kR>(df, p, a, vp, nt, c_.dim);
   }
 
-  // One tile [ta, tb) of one KV head h for the item's m query vectors
+  // One tile (tokens ta .. ta + rows.n) of one KV head h for the item's m query vectors
   // starting at state index base. K and V are read straight from the cache
   // rows (no conversion pass); every row load serves a block of query vectors.
-  void tile(std::uint32_t b, std::uint32_t ta, std::uint32_t tb, std::uint32_t h, std::size_t base,
+  void tile(const TileRows& rows, std::uint32_t ta, std::uint32_t h, std::size_t base,
             std::uint32_t m, std::uint32_t first_limit, Scratch& s) const {
     const DF df;
-    const std::uint32_t nt = tb - ta;
+    const std::uint32_t nt = rows.n;
     const std::size_t dimp = s.dimp;
+    const std::size_t off = std::size_t{h} * c_.dim;
     const T* kp[kTile];
     const T* vp[kTile];
-    for_rows(b, ta, tb, h, [&](std::uint32_t i, const T* kr, const T* vr) {
-      kp[i] = kr;
-      vp[i] = vr;
-    });
+    for (std::uint32_t i = 0; i < nt; ++i) {
+      kp[i] = rows.k[i] + off;
+      vp[i] = rows.v[i] + off;
+    }
     const float* q = s.qs.get() + base * dimp;
     float* acc = s.acc.get() + base * dimp;
     float* pr = s.probs.get();
@@ -680,6 +723,15 @@ void check_shapes(const LayerCacheDesc<float>& k, const LayerCacheDesc<float>& v
 }
 }  // namespace kernels
 
+AttentionPrefetch resolve_attention_prefetch(AttentionPrefetch requested) {
+  if (requested != AttentionPrefetch::automatic) return requested;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  static const bool amd = __builtin_cpu_is("amd");
+  if (amd) return AttentionPrefetch::next_tile_l2;
+#endif
+  return AttentionPrefetch::next_step_l1;
+}
+
 namespace detail {
 
 void attention_cpu(DType dtype, const LayerCacheDesc<float>& k, const LayerCacheDesc<float>& v,
@@ -720,6 +772,7 @@ void attention_cpu(DType dtype, const LayerCacheDesc<float>& k, const LayerCache
   c.row_offsets = row_offsets.data();
   c.plan = &plan;
   c.pool = pool;
+  c.prefetch = resolve_attention_prefetch(options.prefetch);
   switch (dtype) {
     case DType::f32:
       HWY_DYNAMIC_DISPATCH(kernels::AttentionF32)(c);

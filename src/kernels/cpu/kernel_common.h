@@ -8,6 +8,7 @@
 #include <span>
 
 #include "kernels/cpu/attention_plan.h"
+#include "kvcache/kernels/reference.h"
 #include "kvcache/kv_cache.h"
 #include "kvcache/thread_pool.h"
 
@@ -63,7 +64,13 @@ struct AttentionCtx {
   const std::uint32_t* row_offsets = nullptr;
   const AttentionPlan* plan = nullptr;
   ThreadPool* pool = nullptr;
+  // Resolved (never automatic): see AttentionPrefetch in kernels/reference.h.
+  AttentionPrefetch prefetch = AttentionPrefetch::next_step_l1;
 };
+
+// Tiles ahead that AttentionPrefetch::next_tile_l2 prefetches (measured on
+// Zen 4: 2 beat 1 and 3 for MHA, all equal for GQA 4).
+inline constexpr std::uint32_t kPrefetchTilesAhead = 2;
 
 struct StoreCtx {
   void* k_blocks = nullptr;
