@@ -84,6 +84,7 @@ std::string prefetch_name(AttentionPrefetch p) {
 }
 
 struct StoreArgs : Common {
+  std::string prefetch = "auto";
   std::uint32_t tokens = 4096;
   bool rope = false;
 };
@@ -415,6 +416,16 @@ nlohmann::json bench_store(const StoreArgs& a) {
   const auto ro = offsets(a.batch, a.tokens);
   StoreOptions opt;
   opt.rope_k.enabled = a.rope;
+  if (a.prefetch == "auto") {
+    opt.prefetch = StorePrefetch::automatic;
+  } else if (a.prefetch == "row-l1") {
+    opt.prefetch = StorePrefetch::next_row_l1;
+  } else if (a.prefetch == "none") {
+    opt.prefetch = StorePrefetch::none;
+  } else {
+    throw InvalidArgument("--prefetch must be auto, row-l1 or none, got '" + a.prefetch + "'");
+  }
+  const bool row_l1 = resolve_store_prefetch(opt.prefetch) == StorePrefetch::next_row_l1;
   auto call = [&](std::size_t) {
     with_layer<T>(c.batches[0], [&](const auto& k, const auto& v) {
       store_kv(k, v, std::span(static_cast<const float*>(k_in.p), n),
@@ -438,6 +449,7 @@ nlohmann::json bench_store(const StoreArgs& a) {
           {"strategy", a.strategy},
           {"threads", a.threads},
           {"rope", a.rope},
+          {"prefetch", row_l1 ? "row-l1" : "none"},
           {"huge_pages", a.huge_pages},
           {"median_s", med},
           {"bytes_moved", bytes},
@@ -502,6 +514,9 @@ void add_bench_command(CLI::App& app) {
   add_common(s, *store);
   s->add_option("--tokens", store->tokens, "New tokens per sequence")->capture_default_str();
   s->add_flag("--rope", store->rope, "Fused RoPE on K");
+  s->add_option("--prefetch", store->prefetch,
+                "Input prefetch: auto | row-l1 | none (StorePrefetch)")
+      ->capture_default_str();
   s->callback([store] {
     print(visit_dtype(parse_dtype(store->dtype),
                       [&](auto tag) { return bench_store<decltype(tag)>(*store); }),

@@ -52,7 +52,8 @@ std::vector<float> special_floats(std::size_t n, std::mt19937& rng) {
 
 template <CacheElement T>
 void check_store(const std::vector<Entry>& entries, std::uint32_t n_kv, std::uint32_t dim,
-                 std::uint32_t page, std::size_t threads, bool special, std::mt19937& rng) {
+                 std::uint32_t page, std::size_t threads, bool special, std::mt19937& rng,
+                 StorePrefetch prefetch = StorePrefetch::automatic) {
   SCOPED_TRACE(std::string(dtype_name(dtype_of_v<T>)) + " threads " + std::to_string(threads) +
                (special ? " special values" : " random values"));
   OwnedCache<T> ref(entries, true, page, n_kv, dim, rng);
@@ -68,7 +69,7 @@ void check_store(const std::vector<Entry>& entries, std::uint32_t n_kv, std::uin
   });
   test::with_collection(fast, [&](const auto& col) {
     store_kv(col.get_key_cache(L), col.get_value_cache(L), std::span(k_new), std::span(v_new),
-             std::span<const std::uint32_t>(fast.row_offsets), {}, &pool);
+             std::span<const std::uint32_t>(fast.row_offsets), {.prefetch = prefetch}, &pool);
   });
   ASSERT_EQ(0, std::memcmp(ref.blocks.data(), fast.blocks.data(), ref.blocks.size() * sizeof(T)))
       << "store_kv differs from store_kv_reference";
@@ -93,6 +94,23 @@ TEST(StoreKv, LargeCallsStreamAndMatchReference) {
     check_store<T>(entries, 8, 128, 16, 2, false, rng);
     check_store<T>(entries, 8, 128, 16, 1, true, rng);
   });
+}
+
+// Every input-prefetch choice writes the same bytes, in small (cached) and
+// large (streaming) calls.
+TEST(StoreKv, EveryPrefetchChoiceMatchesReference) {
+  std::mt19937 rng(12);
+  for (const StorePrefetch pf :
+       {StorePrefetch::automatic, StorePrefetch::next_row_l1, StorePrefetch::none}) {
+    SCOPED_TRACE("prefetch " + std::to_string(static_cast<int>(pf)));
+    EXPECT_NE(resolve_store_prefetch(pf), StorePrefetch::automatic);
+    if (pf != StorePrefetch::automatic) EXPECT_EQ(resolve_store_prefetch(pf), pf);
+    for_dtypes([&](auto tag) {
+      using T = decltype(tag);
+      check_store<T>({{5, 33}, {0, 1}, {17, 2}}, 3, 72, 7, 2, true, rng, pf);
+      check_store<T>({{0, 1500}, {37, 700}}, 8, 128, 16, 2, false, rng, pf);
+    });
+  }
 }
 
 // Misaligned rows (a head_dim whose rows are not a multiple of 64 bytes)

@@ -51,9 +51,22 @@ struct RopeOptions {
 
 inline constexpr std::size_t kStoreStreamingBytes = std::size_t{8} << 20;
 
+// Whether store_kv prefetches the next input row (K and V rows of the next
+// token) into L1 while it converts the current one; results never depend
+// on it. automatic: none on AMD processors, next_row_l1 elsewhere (Zen 4:
+// the hardware prefetchers alone are faster, bf16 0.79 vs 0.75 of memcpy,
+// f16 0.90 vs 0.79; a Sapphire Rapids Xeon: the prefetch took bf16 from
+// 0.68 to 0.77; docs/PERFORMANCE.md).
+enum class StorePrefetch : std::uint8_t { automatic, next_row_l1, none };
+
 struct StoreOptions {
   RopeOptions rope_k{};
+  StorePrefetch prefetch = StorePrefetch::automatic;
 };
+
+// The strategy `requested` stands for on the calling processor (never
+// automatic): what store_kv() uses for StoreOptions::prefetch.
+StorePrefetch resolve_store_prefetch(StorePrefetch requested);
 
 // The strategy `requested` stands for on the calling processor (never
 // automatic): what attention() uses for AttentionOptions::prefetch.

@@ -90,6 +90,7 @@ struct StoreCtx {
   bool rope = false;
   std::uint32_t rotary_dim = 0;
   const float* inv_freq = nullptr;  // [rotary_dim / 2]
+  bool prefetch_next_row = true;    // StorePrefetch::next_row_l1
   ThreadPool* pool = nullptr;
 };
 

@@ -154,11 +154,11 @@ void StoreRows(const StoreCtx& c, std::uint32_t r0, std::uint32_t r1, std::vecto
     const std::uint32_t block = c.lookup[std::size_t{b} * c.lookup_stride + pos / c.page];
     const std::size_t off = std::size_t{block} * c.block_stride + std::size_t{pos % c.page} * row;
     const float* k_src = c.k_new + std::size_t{r} * row;
-    if (r + 1 < r1) {
+    if (c.prefetch_next_row && r + 1 < r1) {
       // The next row's inputs, one row ahead: the input is read as two
-      // interleaved streams (K and V rows), which the hardware prefetcher
-      // alone does not keep far enough ahead (measured: 0.68 -> 0.77 of
-      // memcpy for bf16, one thread).
+      // interleaved streams (K and V rows), which a Xeon's hardware
+      // prefetcher alone does not keep far enough ahead (measured there:
+      // 0.68 -> 0.77 of memcpy for bf16, one thread; on Zen 4 it costs).
       prefetch_range_l1(k_src + row, row * sizeof(float));
       prefetch_range_l1(c.v_new + std::size_t{r + 1} * row, row * sizeof(float));
     }
@@ -218,6 +218,15 @@ HWY_EXPORT(StoreF16);
 HWY_EXPORT(StoreBF16);
 }  // namespace kernels
 
+StorePrefetch resolve_store_prefetch(StorePrefetch requested) {
+  if (requested != StorePrefetch::automatic) return requested;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  static const bool amd = __builtin_cpu_is("amd");
+  if (amd) return StorePrefetch::none;
+#endif
+  return StorePrefetch::next_row_l1;
+}
+
 namespace detail {
 
 void store_kv_cpu(DType dtype, const LayerCacheDesc<float>& k, const LayerCacheDesc<float>& v,
@@ -254,6 +263,7 @@ void store_kv_cpu(DType dtype, const LayerCacheDesc<float>& k, const LayerCacheD
   c.v_new = v_new.data();
   c.row_offsets = row_offsets.data();
   c.total_rows = total;
+  c.prefetch_next_row = resolve_store_prefetch(options.prefetch) == StorePrefetch::next_row_l1;
   c.pool = pool;
   switch (dtype) {
     case DType::f32:
