@@ -358,6 +358,18 @@ nlohmann::json bench_attention(const AttentionArgs& a) {
   const auto times = time_calls(repeats, call);
   const double med = median(times);
   const double stream = stream_read_gbps(std::max(set_bytes * sets, set_bytes), huge, pool);
+  // The same pages read without arithmetic, in page-table order: the ceiling
+  // the page size and order leave (same sets rotated, same threads).
+  const std::vector<std::uint32_t> tokens(a.batch, a.context);
+  float read_sink = 0.0f;
+  const auto read_times = time_calls(std::max<std::size_t>(7, sets), [&](std::size_t i) {
+    with_layer<T>(c.batches[i % sets], [&](const auto& k, const auto& v) {
+      read_sink += kernels::paged_read(detail::erase(k.desc()), detail::erase(v.desc()), sizeof(T),
+                                       tokens, &pool);
+    });
+  });
+  if (read_sink == 12345.0f) std::cerr << "";  // keep the sums alive
+  const double paged_read = set_bytes / median(read_times) / 1e9;
   const double bytes = static_cast<double>(set_bytes);
   nlohmann::json j{
       {"bench", "attention"},
@@ -386,7 +398,9 @@ nlohmann::json bench_attention(const AttentionArgs& a) {
       {"bytes_kv", bytes},
       {"gbps", bytes / med / 1e9},
       {"stream_gbps", stream},
-      {"fraction_of_stream", bytes / med / 1e9 / stream}};
+      {"fraction_of_stream", bytes / med / 1e9 / stream},
+      {"paged_read_gbps", paged_read},
+      {"fraction_of_paged_read", bytes / med / 1e9 / paged_read}};
   if (!decode) {
     const double pairs = double(a.context) * (a.context + 1) / 2.0 * a.batch;
     const double flops = 4.0 * a.head_dim * a.q_heads * pairs;

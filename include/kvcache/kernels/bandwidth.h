@@ -9,7 +9,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
+#include "kvcache/kv_cache.h"
 #include "kvcache/thread_pool.h"
 
 namespace kvcache::kernels {
@@ -17,6 +19,21 @@ namespace kvcache::kernels {
 // Reads `bytes` bytes from `data` (as floats, 4 independent SIMD sums per
 // thread); returns their sum. bytes must be a multiple of 4.
 float stream_read(const void* data, std::size_t bytes, ThreadPool* pool);
+
+// Reads the K and V rows of tokens [0, tokens[b]) of every entry b of a
+// layer view, block by block in page-table order (one contiguous run of rows
+// per block, K then V): the bytes decode attention reads, in the order of its
+// pages, without its arithmetic. Blocks are split evenly across the pool's
+// threads. Returns a sum of the data. tokens.size() must be the view's
+// batch size and each count within its max_cache_length and page table
+// (InvalidArgument otherwise); as for attention, every row read must lie in
+// a page the entry holds. element_bytes is one cache element's size (2 or 4).
+// Its bandwidth is the ceiling that the page size and page order leave a
+// paged kernel (on Zen 4, shuffled 32 KiB pages read at ~0.65 of a
+// sequential stream).
+float paged_read(const LayerCacheDesc<float>& k, const LayerCacheDesc<float>& v,
+                 std::size_t element_bytes, std::span<const std::uint32_t> tokens,
+                 ThreadPool* pool);
 
 // memcpy(dst, src, bytes), split across the pool's threads.
 void stream_copy(void* dst, const void* src, std::size_t bytes, ThreadPool* pool);

@@ -1,8 +1,11 @@
 // Bandwidth / FMA probes (Highway, runtime dispatch); see kernels/bandwidth.h.
 #include <algorithm>
 #include <cstring>
+#include <string>
+#include <utility>
 #include <vector>
 
+#include "kvcache/error.h"
 #include "kvcache/kernels/bandwidth.h"
 
 #undef HWY_TARGET_INCLUDE
@@ -83,6 +86,55 @@ float stream_read(const void* data, std::size_t bytes, ThreadPool* pool) {
   on_threads(pool, [&](std::size_t i) {
     const auto [b, e] = slice(n, w, i, 1024);
     sums[i] = HWY_DYNAMIC_DISPATCH(ReadSlice)(static_cast<const float*>(data) + b, e - b);
+  });
+  float s = 0.0f;
+  for (float x : sums) s += x;
+  return s;
+}
+
+float paged_read(const LayerCacheDesc<float>& k, const LayerCacheDesc<float>& v,
+                 std::size_t element_bytes, std::span<const std::uint32_t> tokens,
+                 ThreadPool* pool) {
+  if (tokens.size() != k.batch_size) {
+    throw InvalidArgument("paged_read: " + std::to_string(tokens.size()) +
+                          " token counts for a batch of " + std::to_string(k.batch_size));
+  }
+  if (element_bytes != 2 && element_bytes != 4) {
+    throw InvalidArgument("paged_read: element_bytes " + std::to_string(element_bytes) +
+                          " is not 2 or 4");
+  }
+  const std::uint64_t limit =
+      std::min<std::uint64_t>(std::uint64_t{k.lookup_stride} * k.block_tokens, k.max_cache_length);
+  // (entry, block index) of every block touched, in page-table order.
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> blocks;
+  for (std::uint32_t b = 0; b < k.batch_size; ++b) {
+    if (tokens[b] > limit) {
+      throw InvalidArgument("paged_read: entry " + std::to_string(b) + " asks for " +
+                            std::to_string(tokens[b]) + " tokens, the view's limit is " +
+                            std::to_string(limit));
+    }
+    for (std::uint32_t j = 0; std::uint64_t{j} * k.block_tokens < tokens[b]; ++j)
+      blocks.emplace_back(b, j);
+  }
+  const std::size_t row_bytes = std::size_t{k.n_kv_heads} * k.head_dim * element_bytes;
+  const std::size_t w = workers(pool);
+  std::vector<float> sums(w, 0.0f);
+  on_threads(pool, [&](std::size_t i) {
+    const auto [first, last] = slice(blocks.size(), w, i, 1);
+    float s = 0.0f;
+    for (std::size_t u = first; u < last; ++u) {
+      const auto [b, j] = blocks[u];
+      const std::uint32_t block = k.lookup_table[std::size_t{b} * k.lookup_stride + j];
+      const std::uint32_t rows =
+          std::min<std::uint32_t>(k.block_tokens, tokens[b] - j * k.block_tokens);
+      const std::size_t offset = std::size_t{block} * k.block_stride * element_bytes;
+      const std::size_t n = rows * row_bytes / sizeof(float);
+      s += HWY_DYNAMIC_DISPATCH(ReadSlice)(
+          reinterpret_cast<const float*>(reinterpret_cast<const char*>(k.blocks) + offset), n);
+      s += HWY_DYNAMIC_DISPATCH(ReadSlice)(
+          reinterpret_cast<const float*>(reinterpret_cast<const char*>(v.blocks) + offset), n);
+    }
+    sums[i] = s;
   });
   float s = 0.0f;
   for (float x : sums) s += x;
