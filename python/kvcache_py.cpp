@@ -155,7 +155,8 @@ CacheStrategy strategy_arg(py::handle obj) {
 KVCacheParams make_params(const py::object& dtype, const py::object& n_kv_heads,
                           const py::object& head_dim, const py::object& num_layers,
                           const py::object& cache_strategy, const py::object& page_size,
-                          bool enable_prefix_caching, const py::object& n_devices) {
+                          bool enable_prefix_caching, const py::object& n_devices,
+                          const std::string& page_layout) {
   KVCacheParams p;
   p.dtype = dtype_arg(dtype);
   p.n_kv_heads = to_u32(n_kv_heads, "n_kv_heads");
@@ -165,6 +166,7 @@ KVCacheParams make_params(const py::object& dtype, const py::object& n_kv_heads,
   p.page_size = page_size.is_none() ? 0 : to_u32(page_size, "page_size");
   p.enable_prefix_caching = enable_prefix_caching;
   p.n_devices = to_u32(n_devices, "n_devices");
+  p.page_layout = parse_layout(page_layout);
   if (num_layers.is_none()) {  // left to the manager's num_layers argument
     KVCacheParams check = p;
     check.num_layers = 1;
@@ -190,7 +192,8 @@ void bind_params(py::module_& m) {
       .def(py::init(&make_params), py::arg("dtype") = "float32", py::arg("n_kv_heads"),
            py::arg("head_dim"), py::arg("num_layers") = py::none(),
            py::arg("cache_strategy") = "continuous", py::arg("page_size") = py::none(),
-           py::arg("enable_prefix_caching") = false, py::arg("n_devices") = 1)
+           py::arg("enable_prefix_caching") = false, py::arg("n_devices") = 1,
+           py::arg("page_layout") = "nhd")
       .def_property_readonly("dtype", [](const KVCacheParams& p) { return p.dtype; })
       .def_property_readonly("numpy_dtype",
                              [](const KVCacheParams& p) { return numpy_dtype(p.dtype); })
@@ -207,6 +210,11 @@ void bind_params(py::module_& m) {
       .def_property_readonly("enable_prefix_caching",
                              [](const KVCacheParams& p) { return p.enable_prefix_caching; })
       .def_property_readonly("n_devices", [](const KVCacheParams& p) { return p.n_devices; })
+      .def_property_readonly(
+          "page_layout",
+          [](const KVCacheParams& p) { return std::string(layout_name(p.page_layout)); },
+          "'nhd' (blocks [.., tokens, heads, head_dim]) or 'hnd' ([.., heads, tokens, "
+          "head_dim])")
       .def_property_readonly("n_kv_heads_per_device", &KVCacheParams::n_kv_heads_per_device)
       .def("bytes_per_token", &KVCacheParams::bytes_per_token,
            "K and V bytes of one token over all layers and devices (needs num_layers).")
@@ -221,6 +229,7 @@ void bind_params(py::module_& m) {
           s += ", page_size=" + std::to_string(p.page_size);
         if (p.enable_prefix_caching) s += ", enable_prefix_caching=True";
         if (p.n_devices != 1) s += ", n_devices=" + std::to_string(p.n_devices);
+        if (p.page_layout == PageLayout::hnd) s += ", page_layout='hnd'";
         return s + ")";
       });
 }

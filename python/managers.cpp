@@ -95,8 +95,11 @@ py::array u32_view(const py::object& base, std::span<const std::uint32_t> values
 py::array blocks_view(const py::object& self, std::uint32_t device) {
   const KVCacheBatch& b = self.cast<PyBatch&>().batch;
   const KVCacheParams& p = b.params();
-  std::vector<py::ssize_t> shape = {
-      b.num_blocks(), 2, p.num_layers, b.block_tokens(), p.n_kv_heads_per_device(), p.head_dim};
+  // [blocks][2][layers] then [tokens][heads] (NHD) or [heads][tokens] (HND).
+  const py::ssize_t tokens = b.block_tokens(), heads = p.n_kv_heads_per_device();
+  const bool hnd = p.page_layout == PageLayout::hnd;
+  std::vector<py::ssize_t> shape = {b.num_blocks(),       2, p.num_layers, hnd ? heads : tokens,
+                                    hnd ? tokens : heads, p.head_dim};
   return py::array(numpy_dtype(p.dtype), std::move(shape), b.blocks(device), self);
 }
 

@@ -48,6 +48,7 @@ struct Common {
   std::string page_order = "shuffled";
   std::size_t threads = 2;
   std::string strategy = "paged";
+  std::string layout = "nhd";
   std::string huge_pages = "on";
   std::uint32_t repeats = 0;  // 0: automatic
   bool json = false;
@@ -185,6 +186,7 @@ KVCacheParams make_params(const Common& a) {
   p.n_kv_heads = a.kv_heads;
   p.head_dim = a.head_dim;
   p.cache_strategy = parse_strategy(a.strategy);
+  p.page_layout = parse_layout(a.layout);
   p.page_size = p.cache_strategy == CacheStrategy::paged ? a.page_size : 0;
   p.validate();
   if (a.page_order != "shuffled" && a.page_order != "sequential") {
@@ -382,6 +384,7 @@ nlohmann::json bench_attention(const AttentionArgs& a) {
       {"page_size", p.cache_strategy == CacheStrategy::paged ? a.page_size : a.context},
       {"page_order", a.page_order},
       {"strategy", a.strategy},
+      {"layout", a.layout},
       {"threads", a.threads},
       {"mode", a.mode},
       {"resident", a.resident},
@@ -461,6 +464,7 @@ nlohmann::json bench_store(const StoreArgs& a) {
           {"page_size", a.page_size},
           {"page_order", a.page_order},
           {"strategy", a.strategy},
+          {"layout", a.layout},
           {"threads", a.threads},
           {"rope", a.rope},
           {"prefetch", row_l1 ? "row-l1" : "none"},
@@ -490,6 +494,8 @@ void add_common(CLI::App* cmd, Common& a) {
   cmd->add_option("--threads", a.threads, "Threads (pool size, caller included)")
       ->capture_default_str();
   cmd->add_option("--strategy", a.strategy, "paged | continuous")->capture_default_str();
+  cmd->add_option("--layout", a.layout, "Page layout: nhd | hnd (PageLayout)")
+      ->capture_default_str();
   cmd->add_option("--huge-pages", a.huge_pages,
                   "on | off: madvise 2 MiB pages for cache and buffers")
       ->capture_default_str();

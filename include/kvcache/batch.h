@@ -82,6 +82,7 @@ class KVCacheBatch {
     d.n_kv_heads = params_.n_kv_heads_per_device();
     d.head_dim = params_.head_dim;
     d.num_blocks = num_blocks_;
+    d.layout = params_.page_layout;
     return d;
   }
 

@@ -41,7 +41,8 @@ struct CollectionDesc {
   std::uint32_t block_tokens = 0;  // page_size (paged) / max_seq_len (continuous)
   std::uint32_t n_kv_heads = 0;
   std::uint32_t head_dim = 0;
-  std::uint32_t num_blocks = 0;  // pages in the pool / slots
+  std::uint32_t num_blocks = 0;         // pages in the pool / slots
+  PageLayout layout = PageLayout::nhd;  // order of tokens and heads inside a block
 };
 
 namespace detail {
@@ -62,10 +63,9 @@ class KVCacheCollectionBase {
   KVCacheCollectionBase() = default;
   // Validates `d` fully; throws InvalidArgument.
   explicit KVCacheCollectionBase(const CollectionDesc<T>& d) : d_(d) {
-    detail::validate_collection_desc(d.blocks, d.cache_lengths, d.lookup_table, d.lookup_stride,
-                                     d.batch_size, d.max_seq_length, d.max_cache_length,
-                                     d.num_layers, d.block_tokens, d.n_kv_heads, d.head_dim,
-                                     d.num_blocks);
+    detail::validate_collection_desc(
+        d.blocks, d.cache_lengths, d.lookup_table, d.lookup_stride, d.batch_size, d.max_seq_length,
+        d.max_cache_length, d.num_layers, d.block_tokens, d.n_kv_heads, d.head_dim, d.num_blocks);
   }
 
   CacheType get_key_cache(std::uint32_t layer) const { return layer_cache(layer, 0); }
@@ -101,6 +101,7 @@ class KVCacheCollectionBase {
     l.n_kv_heads = d_.n_kv_heads;
     l.head_dim = d_.head_dim;
     l.block_stride = 2 * std::size_t{d_.num_layers} * block_elems;
+    l.layout = d_.layout;
     return CacheType(l);
   }
 

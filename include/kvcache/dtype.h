@@ -35,9 +35,12 @@ constexpr std::size_t dtype_size(DType t) { return t == DType::f32 ? 4 : 2; }
 
 constexpr std::string_view dtype_name(DType t) {
   switch (t) {
-    case DType::f32: return "f32";
-    case DType::f16: return "f16";
-    case DType::bf16: return "bf16";
+    case DType::f32:
+      return "f32";
+    case DType::f16:
+      return "f16";
+    case DType::bf16:
+      return "bf16";
   }
   return "?";
 }
@@ -53,8 +56,8 @@ inline std::uint16_t f32_to_f16_bits(float value) {
   const std::uint32_t sign = (x >> 16) & 0x8000u;
   std::uint32_t abs = x & 0x7fffffffu;
   if (abs >= 0x7f800000u) {  // inf or NaN; keep NaN quiet and non-zero
-    return static_cast<std::uint16_t>(
-        sign | 0x7c00u | (abs > 0x7f800000u ? (0x200u | ((abs >> 13) & 0x3ffu)) : 0u));
+    return static_cast<std::uint16_t>(sign | 0x7c00u |
+                                      (abs > 0x7f800000u ? (0x200u | ((abs >> 13) & 0x3ffu)) : 0u));
   }
   if (abs >= 0x477ff000u) {  // >= 65520 rounds to infinity
     return static_cast<std::uint16_t>(sign | 0x7c00u);
@@ -108,11 +111,17 @@ inline float to_float(BFloat16 v) { return bf16_bits_to_f32(v.bits); }
 template <class T>
 T from_float(float v);
 template <>
-inline float from_float<float>(float v) { return v; }
+inline float from_float<float>(float v) {
+  return v;
+}
 template <>
-inline Half from_float<Half>(float v) { return Half{f32_to_f16_bits(v)}; }
+inline Half from_float<Half>(float v) {
+  return Half{f32_to_f16_bits(v)};
+}
 template <>
-inline BFloat16 from_float<BFloat16>(float v) { return BFloat16{f32_to_bf16_bits(v)}; }
+inline BFloat16 from_float<BFloat16>(float v) {
+  return BFloat16{f32_to_bf16_bits(v)};
+}
 
 // The element type <-> DType mapping.
 template <class T>
@@ -128,7 +137,7 @@ template <class T>
 concept CacheElement = is_cache_element_v<T>;
 
 template <CacheElement T>
-inline constexpr DType dtype_of_v = std::is_same_v<T, float> ? DType::f32
+inline constexpr DType dtype_of_v = std::is_same_v<T, float>  ? DType::f32
                                     : std::is_same_v<T, Half> ? DType::f16
                                                               : DType::bf16;
 
@@ -136,9 +145,12 @@ inline constexpr DType dtype_of_v = std::is_same_v<T, float> ? DType::f32
 template <class F>
 decltype(auto) visit_dtype(DType dtype, F&& f) {
   switch (dtype) {
-    case DType::f16: return f(Half{});
-    case DType::bf16: return f(BFloat16{});
-    case DType::f32: break;
+    case DType::f16:
+      return f(Half{});
+    case DType::bf16:
+      return f(BFloat16{});
+    case DType::f32:
+      break;
   }
   return f(float{});
 }

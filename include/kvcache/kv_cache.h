@@ -5,7 +5,8 @@
 // trivially copyable window on ONE layer's K (or V) for one batch. Get them
 // from a collection (`get_key_cache(layer)` / `get_value_cache(layer)`).
 //
-// Memory (DESIGN.md §2, NHD order inside a block):
+// Memory (DESIGN.md §2; NHD order inside a block shown, HND swaps the two
+// middle dimensions of a block: [n_kv_heads][page_size][head_dim]):
 //   paged       blocks[num_pages][2][num_layers][page_size][n_kv_heads][head_dim]
 //   continuous  blocks[max_batch][2][num_layers][max_seq_len][n_kv_heads][head_dim]
 // A continuous slot behaves exactly like one page of `max_seq_len` tokens, so
@@ -13,8 +14,10 @@
 // `token_stride`) and one kernel serves both (concept `KVCacheT`).
 //
 // Token `tok` of batch entry `b` lives in block `tok / page_size()` of that
-// entry at row `tok % page_size()`; tokens inside a block are
-// `token_stride()` elements apart; head `h` starts at `h * head_dim()`.
+// entry at row `tok % page_size()`; tokens of one head inside a block are
+// `token_stride()` elements apart, heads of one token `head_stride()` apart
+// (NHD: n_kv_heads * head_dim and head_dim; HND: head_dim and
+// page_size * head_dim). `ptr(b, head, tok, d)` applies both.
 //
 // Lifetime: a view borrows the cache memory and the batch's cache_lengths /
 // lookup_table; it is valid while the KVCacheBatch it came from lives and
@@ -31,23 +34,25 @@
 #include <span>
 
 #include "kvcache/dtype.h"
+#include "kvcache/params.h"
 
 namespace kvcache {
 
 // Fields shared by both per-layer views. Plain data, trivially copyable.
 template <CacheElement T>
 struct LayerCacheDesc {
-  T* blocks = nullptr;                        // block 0 of this layer's K or V
+  T* blocks = nullptr;                           // block 0 of this layer's K or V
   const std::uint32_t* cache_lengths = nullptr;  // [batch_size] committed tokens
   const std::uint32_t* lookup_table = nullptr;   // [batch_size][lookup_stride]
-  std::uint32_t lookup_stride = 0;            // entries per batch row
+  std::uint32_t lookup_stride = 0;               // entries per batch row
   std::uint32_t batch_size = 0;
   std::uint32_t max_seq_length = 0;    // max new tokens in the batch this step
   std::uint32_t max_cache_length = 0;  // max cache_length + new tokens
   std::uint32_t block_tokens = 0;      // page_size (paged) or max_seq_len (continuous)
   std::uint32_t n_kv_heads = 0;        // heads in this device's shard
   std::uint32_t head_dim = 0;
-  std::size_t block_stride = 0;        // elements between consecutive blocks (pages / slots)
+  std::size_t block_stride = 0;         // elements between consecutive blocks (pages / slots)
+  PageLayout layout = PageLayout::nhd;  // order of tokens and heads inside a block
 };
 
 // Behaviour common to both views; the derived types only add naming.
@@ -64,8 +69,19 @@ class LayerCacheBase {
   std::uint32_t head_dim() const { return d_.head_dim; }
   // Tokens stored contiguously in one block (page_size, or max_seq_len).
   std::uint32_t page_size() const { return d_.block_tokens; }
-  // Elements between consecutive tokens of one block: n_kv_heads * head_dim.
-  std::size_t token_stride() const { return std::size_t{d_.n_kv_heads} * d_.head_dim; }
+  PageLayout layout() const { return d_.layout; }
+  // Elements between consecutive tokens of one head in a block:
+  // n_kv_heads * head_dim (NHD) or head_dim (HND).
+  std::size_t token_stride() const {
+    return d_.layout == PageLayout::hnd ? std::size_t{d_.head_dim}
+                                        : std::size_t{d_.n_kv_heads} * d_.head_dim;
+  }
+  // Elements between consecutive heads of one token in a block: head_dim
+  // (NHD) or page_size * head_dim (HND).
+  std::size_t head_stride() const {
+    return d_.layout == PageLayout::hnd ? std::size_t{d_.block_tokens} * d_.head_dim
+                                        : std::size_t{d_.head_dim};
+  }
 
   // Tokens already committed for batch entry b (excludes this step's new ones).
   std::uint32_t cache_length(std::uint32_t b) const { return d_.cache_lengths[b]; }
@@ -94,11 +110,14 @@ class LayerCacheBase {
   // Element (b, head, tok, d).
   T* ptr(std::uint32_t b, std::uint32_t head, std::uint32_t tok, std::uint32_t d = 0) const {
     return page_ptr(b, tok / d_.block_tokens) + (tok % d_.block_tokens) * token_stride() +
-           std::size_t{head} * d_.head_dim + d;
+           std::size_t{head} * head_stride() + d;
   }
 
-  // The memory seen as a matrix [rows, n_kv_heads * head_dim]: row of token
-  // tok of entry b is block_id * page_size + tok % page_size.
+  // The memory seen as a matrix [rows, n_kv_heads * head_dim] (MAX's
+  // row_idx / col_idx): row of token tok of entry b is block_id * page_size
+  // + tok % page_size, column of (head, d) is head * head_dim + d. With NHD
+  // the matrix is the memory itself (rows token_stride apart); with HND it is
+  // a logical view and matrix_ptr does the mapping.
   std::uint32_t row_idx(std::uint32_t b, std::uint32_t tok) const {
     return block_id(b, tok / d_.block_tokens) * d_.block_tokens + tok % d_.block_tokens;
   }
@@ -106,7 +125,8 @@ class LayerCacheBase {
   // Address of (row, col) of that matrix view.
   T* matrix_ptr(std::uint32_t row, std::uint32_t col) const {
     return d_.blocks + std::size_t{row / d_.block_tokens} * d_.block_stride +
-           (row % d_.block_tokens) * token_stride() + col;
+           (row % d_.block_tokens) * token_stride() +
+           std::size_t{col / d_.head_dim} * head_stride() + col % d_.head_dim;
   }
 
   // `width` consecutive elements along head_dim starting at d.
@@ -166,6 +186,7 @@ concept KVCacheT = std::is_trivially_copyable_v<C> && CacheElement<typename C::e
   { c.head_dim() } -> std::convertible_to<std::uint32_t>;
   { c.page_size() } -> std::convertible_to<std::uint32_t>;
   { c.token_stride() } -> std::convertible_to<std::size_t>;
+  { c.head_stride() } -> std::convertible_to<std::size_t>;
   { c.cache_length(i) } -> std::convertible_to<std::uint32_t>;
   { c.page_ptr(i, i) } -> std::same_as<typename C::element_type*>;
   { c.ptr(i, i, i, i) } -> std::same_as<typename C::element_type*>;

@@ -11,5 +11,5 @@
 #include "kvcache/layer_kv_cache.h"
 #include "kvcache/manager.h"
 #include "kvcache/paged_manager.h"
-#include "kvcache/prefix_cache.h"
 #include "kvcache/params.h"
+#include "kvcache/prefix_cache.h"

@@ -94,7 +94,8 @@ class KVCacheManager {
   std::uint32_t used_blocks() const { return total_blocks() - free_blocks(); }
 
   // Shape of the blocks tensor for n blocks (per device), e.g. continuous
-  // [n_sequences, 2, num_layers, max_seq_len, n_kv_heads_per_device, head_dim].
+  // [n_sequences, 2, num_layers, max_seq_len, n_kv_heads_per_device, head_dim]
+  // (the last three as [heads, tokens, head_dim] with PageLayout::hnd).
   virtual std::vector<std::size_t> block_shape(std::uint32_t n) const = 0;
 
   // MAX increment_cache_lengths: forwards to batch.increment_cache_lengths.

@@ -29,8 +29,19 @@ std::string_view strategy_name(CacheStrategy s);
 CacheStrategy parse_strategy(std::string_view name);
 
 // Order of the [page_size][n_kv_heads] dimensions inside a page / slot.
-// NHD (token-major) is the seeds' layout and the only one implemented today.
-enum class PageLayout : std::uint8_t { nhd };
+//  nhd: [tokens][n_kv_heads][head_dim], the seeds' layout: one token's heads
+//       are contiguous (a token's new K row is one copy).
+//  hnd: [n_kv_heads][tokens][head_dim]: one head's tokens are contiguous, so
+//       attention walks each page in address order (faster decode on
+//       processors whose prefetchers do not follow head-strided reads; see
+//       docs/PERFORMANCE.md). The views, kernels, managers and Python arrays
+//       follow the layout; code that uses view.ptr() / load() / store() works
+//       for both.
+enum class PageLayout : std::uint8_t { nhd, hnd };
+
+std::string_view layout_name(PageLayout l);
+// "nhd" | "hnd"; throws InvalidArgument otherwise.
+PageLayout parse_layout(std::string_view name);
 
 struct KVCacheParams {
   DType dtype = DType::f32;
@@ -38,9 +49,10 @@ struct KVCacheParams {
   std::uint32_t n_kv_heads = 1;  // total KV heads of the model (all devices)
   std::uint32_t head_dim = 64;
   CacheStrategy cache_strategy = CacheStrategy::continuous;
-  std::uint32_t page_size = 0;  // tokens per page; must be > 0 for paged
-  bool enable_prefix_caching = false;  // paged only
-  std::uint32_t n_devices = 1;  // KV heads are split evenly across devices
+  std::uint32_t page_size = 0;               // tokens per page; must be > 0 for paged
+  bool enable_prefix_caching = false;        // paged only
+  std::uint32_t n_devices = 1;               // KV heads are split evenly across devices
+  PageLayout page_layout = PageLayout::nhd;  // order inside a page / slot (both strategies)
 
   // Throws InvalidArgument on: zero num_layers / n_kv_heads / head_dim /
   // n_devices; paged with page_size 0; continuous with page_size != 0 is
@@ -59,7 +71,8 @@ struct KVCacheParams {
   // Same, for one device's shard.
   std::size_t bytes_per_token_per_device() const;
 
-  // Human-readable one-liner, e.g. "bf16 L32 kv8 d128 paged/16".
+  // Human-readable one-liner, e.g. "bf16 L32 kv8 d128 paged/16" (" hnd"
+  // appended for that layout).
   std::string to_string() const;
 
   friend bool operator==(const KVCacheParams&, const KVCacheParams&) = default;

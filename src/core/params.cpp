@@ -18,6 +18,14 @@ CacheStrategy parse_strategy(std::string_view name) {
                         "': expected continuous or paged");
 }
 
+std::string_view layout_name(PageLayout l) { return l == PageLayout::hnd ? "hnd" : "nhd"; }
+
+PageLayout parse_layout(std::string_view name) {
+  if (name == "nhd") return PageLayout::nhd;
+  if (name == "hnd") return PageLayout::hnd;
+  throw InvalidArgument("unknown page layout '" + std::string(name) + "': expected nhd or hnd");
+}
+
 namespace {
 
 void require_positive(const char* field, std::uint32_t value) {
@@ -40,6 +48,10 @@ void KVCacheParams::validate() const {
                           std::to_string(static_cast<int>(cache_strategy)) +
                           " is not continuous or paged");
   }
+  if (page_layout != PageLayout::nhd && page_layout != PageLayout::hnd) {
+    throw InvalidArgument("page_layout value " + std::to_string(static_cast<int>(page_layout)) +
+                          " is not nhd or hnd");
+  }
   if (cache_strategy == CacheStrategy::paged && page_size == 0) {
     throw InvalidArgument("page_size is 0: a paged cache needs page_size >= 1");
   }
@@ -49,15 +61,16 @@ void KVCacheParams::validate() const {
         "the paged strategy");
   }
   if (n_kv_heads % n_devices != 0) {
-    throw InvalidArgument("n_devices " + std::to_string(n_devices) + " does not divide n_kv_heads " +
-                          std::to_string(n_kv_heads));
+    throw InvalidArgument("n_devices " + std::to_string(n_devices) +
+                          " does not divide n_kv_heads " + std::to_string(n_kv_heads));
   }
   // 2 * layers * heads * dim * 4 bytes must fit comfortably in 64 bits even
   // when multiplied by 2^32 tokens: keep one token under 2^31 bytes.
   const unsigned __int128 per_token =
       static_cast<unsigned __int128>(2) * num_layers * n_kv_heads * head_dim * dtype_size(dtype);
   if (per_token > (static_cast<unsigned __int128>(1) << 31)) {
-    throw InvalidArgument("one token needs " + std::to_string(static_cast<std::uint64_t>(per_token)) +
+    throw InvalidArgument("one token needs " +
+                          std::to_string(static_cast<std::uint64_t>(per_token)) +
                           " bytes of K/V, more than the limit of 2147483648");
   }
 }
@@ -77,6 +90,7 @@ std::string KVCacheParams::to_string() const {
   if (cache_strategy == CacheStrategy::paged) s += "/" + std::to_string(page_size);
   if (enable_prefix_caching) s += " +prefix";
   if (n_devices > 1) s += " x" + std::to_string(n_devices) + " devices";
+  if (page_layout == PageLayout::hnd) s += " hnd";
   return s;
 }
 

@@ -170,6 +170,8 @@ std::uint32_t ContinuousBatchingKVCacheManager::free_blocks() const {
 
 std::vector<std::size_t> ContinuousBatchingKVCacheManager::block_shape(std::uint32_t n) const {
   const KVCacheParams& p = impl_->params;
+  if (p.page_layout == PageLayout::hnd)
+    return {n, 2, p.num_layers, p.n_kv_heads_per_device(), impl_->max_seq_len, p.head_dim};
   return {n, 2, p.num_layers, impl_->max_seq_len, p.n_kv_heads_per_device(), p.head_dim};
 }
 

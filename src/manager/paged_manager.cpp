@@ -610,6 +610,8 @@ std::uint32_t PagedKVCacheManager::free_blocks() const {
 
 std::vector<std::size_t> PagedKVCacheManager::block_shape(std::uint32_t n) const {
   const KVCacheParams& p = impl_->params;
+  if (p.page_layout == PageLayout::hnd)
+    return {n, 2, p.num_layers, p.n_kv_heads_per_device(), p.page_size, p.head_dim};
   return {n, 2, p.num_layers, p.page_size, p.n_kv_heads_per_device(), p.head_dim};
 }
 

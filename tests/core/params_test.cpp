@@ -1,7 +1,8 @@
 // KVCacheParams validation and memory math.
+#include "kvcache/params.h"
+
 #include <gtest/gtest.h>
 
-#include "kvcache/params.h"
 #include "test_util.h"
 
 namespace {
@@ -9,9 +10,7 @@ namespace {
 using namespace kvcache;
 using kvtest::make_params;
 
-KVCacheParams good() {
-  return make_params(CacheStrategy::paged, 4, 8, 64, 16, DType::bf16, 2);
-}
+KVCacheParams good() { return make_params(CacheStrategy::paged, 4, 8, 64, 16, DType::bf16, 2); }
 
 TEST(Params, DefaultsAndGoodParamsValidate) {
   KVCacheParams p;  // f32, 1 layer, 1 head, dim 64, continuous
@@ -111,6 +110,23 @@ TEST(Params, StrategyNamesAndEquality) {
   EXPECT_FALSE(a == b);
   EXPECT_FALSE(a.to_string().empty());
   EXPECT_NE(a.to_string(), b.to_string());
+}
+
+TEST(Params, PageLayouts) {
+  EXPECT_EQ(layout_name(PageLayout::nhd), "nhd");
+  EXPECT_EQ(layout_name(PageLayout::hnd), "hnd");
+  EXPECT_EQ(parse_layout("nhd"), PageLayout::nhd);
+  EXPECT_EQ(parse_layout("hnd"), PageLayout::hnd);
+  KV_EXPECT_THROW(parse_layout("nhwc"), InvalidArgument, "nhwc");
+  auto a = good(), b = good();
+  EXPECT_EQ(a.page_layout, PageLayout::nhd);  // the seeds' layout is the default
+  b.page_layout = PageLayout::hnd;
+  EXPECT_NO_THROW(b.validate());
+  EXPECT_FALSE(a == b);
+  EXPECT_NE(b.to_string().find("hnd"), std::string::npos);
+  EXPECT_EQ(a.to_string().find("hnd"), std::string::npos);
+  b.page_layout = static_cast<PageLayout>(7);
+  KV_EXPECT_THROW(b.validate(), InvalidArgument, "page_layout");
 }
 
 }  // namespace

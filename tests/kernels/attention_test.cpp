@@ -43,10 +43,12 @@ struct Case {
   std::size_t threads = 1;
   std::int64_t attention_target = 0;  // Highway target forced for attention (0: best)
   AttentionPrefetch prefetch = AttentionPrefetch::automatic;
+  PageLayout layout = PageLayout::nhd;
   std::string name() const {
     return std::string(paged ? "paged" : "continuous") + " page " + std::to_string(page) + " kv " +
            std::to_string(n_kv) + " group " + std::to_string(group) + " dim " +
-           std::to_string(dim) + " threads " + std::to_string(threads);
+           std::to_string(dim) + " threads " + std::to_string(threads) + " " +
+           std::string(layout_name(layout));
   }
 };
 
@@ -57,7 +59,7 @@ std::vector<Entry> mixed_batch() { return {{1500, 1}, {0, 19}, {61, 7}, {3, 1}, 
 template <CacheElement T>
 void check_case(const Case& c, std::mt19937& rng) {
   SCOPED_TRACE(c.name() + " dtype " + std::string(dtype_name(dtype_of_v<T>)));
-  OwnedCache<T> ref(c.entries, c.paged, c.page, c.n_kv, c.dim, rng);
+  OwnedCache<T> ref(c.entries, c.paged, c.page, c.n_kv, c.dim, rng, c.layout);
   OwnedCache<T> fast(ref);
   const std::uint32_t rows = ref.total_rows();
   const std::uint32_t n_q = c.n_kv * c.group;
@@ -186,6 +188,84 @@ TEST(AttentionFast, EveryPrefetchStrategy) {
       }
     });
   }
+}
+
+// HND pages ([heads][tokens][dim]): every dtype, page sizes 1 (where HND and
+// NHD coincide), odd, smaller and larger than the kernel's tile, GQA 1/4,
+// both strategies, 1 and 2 threads, every prefetch strategy, mixed batches
+// with long decodes (gathered tiles) and prefills (query-lanes path).
+TEST(AttentionFast, HndLayout) {
+  std::mt19937 rng(2718);
+  for_dtypes([&](auto tag) {
+    using T = decltype(tag);
+    for (bool paged : {true, false}) {
+      for (std::uint32_t page : {1u, 7u, 16u, 128u}) {
+        if (!paged && page != 16) continue;
+        for (std::uint32_t group : {1u, 4u}) {
+          for (std::size_t threads : {1u, 2u}) {
+            Case c{{{900, 1}, {0, 37}, {129, 3}, {15, 1}, {300, 2}},
+                   paged,
+                   page,
+                   3,
+                   group,
+                   80,
+                   threads};
+            c.layout = PageLayout::hnd;
+            c.prefetch =
+                threads == 1 ? AttentionPrefetch::next_step_l1 : AttentionPrefetch::next_tile_l2;
+            check_case<T>(c, rng);
+          }
+        }
+      }
+    }
+  });
+  Case c{mixed_batch(), true, 16, 2, 8, 128, 2};
+  c.layout = PageLayout::hnd;
+  c.prefetch = AttentionPrefetch::none;
+  check_case<BFloat16>(c, rng);
+}
+
+// The same logical K/V stored into an NHD and an HND cache give the same
+// attention, while the two caches' bytes differ (the layout is real).
+TEST(AttentionFast, HndAndNhdAgree) {
+  std::mt19937 rng(31415);
+  const std::vector<Entry> entries{{500, 1}, {0, 20}, {63, 2}};
+  OwnedCache<BFloat16> nhd(entries, true, 16, 4, 64, rng, PageLayout::nhd);
+  OwnedCache<BFloat16> hnd(nhd);
+  hnd.desc.layout = PageLayout::hnd;
+  const auto L = OwnedCache<BFloat16>::kLayer;
+  const std::uint32_t rows = nhd.total_rows();
+  // Fill every cached position of both caches with the same values per (tok, head, d).
+  for (OwnedCache<BFloat16>* cache : {&nhd, &hnd}) {
+    std::mt19937 fill(99);
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    auto col = cache->paged_collection();
+    for (std::uint32_t b = 0; b < entries.size(); ++b)
+      for (std::uint32_t t = 0; t < entries[b].cache_length; ++t)
+        for (std::uint32_t h = 0; h < 4; ++h)
+          for (std::uint32_t d = 0; d < 64; ++d) {
+            *col.get_key_cache(L).ptr(b, h, t, d) = from_float<BFloat16>(dist(fill));
+            *col.get_value_cache(L).ptr(b, h, t, d) = from_float<BFloat16>(dist(fill));
+          }
+  }
+  EXPECT_NE(
+      0, std::memcmp(nhd.blocks.data(), hnd.blocks.data(), nhd.blocks.size() * sizeof(BFloat16)));
+  const auto k_new = test::random_floats(std::size_t{rows} * 4 * 64, -1, 1, rng);
+  const auto v_new = test::random_floats(std::size_t{rows} * 4 * 64, -1, 1, rng);
+  const auto q = test::random_floats(std::size_t{rows} * 8 * 64, -2, 2, rng);
+  std::vector<std::vector<float>> outs;
+  ThreadPool pool(2);
+  for (OwnedCache<BFloat16>* cache : {&nhd, &hnd}) {
+    auto col = cache->paged_collection();
+    std::vector<float> out(q.size());
+    store_kv(col.get_key_cache(L), col.get_value_cache(L), std::span(k_new), std::span(v_new),
+             std::span<const std::uint32_t>(cache->row_offsets), {}, &pool);
+    attention(col.get_key_cache(L), col.get_value_cache(L), std::span(q), 8,
+              std::span<const std::uint32_t>(cache->row_offsets), std::span(out), {}, &pool);
+    outs.push_back(std::move(out));
+  }
+  for (std::size_t i = 0; i < q.size(); ++i)
+    ASSERT_NEAR(outs[0][i], outs[1][i], kAbsTol + kRelTol * std::fabs(outs[0][i])) << i;
 }
 
 TEST(AttentionFast, LongSingleDecodeSplitsAcrossThreads) {

@@ -29,9 +29,9 @@ struct CacheLineAllocator {
   template <class U>
   CacheLineAllocator(const CacheLineAllocator<U>&) {}
   T* allocate(std::size_t n) {
-    return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{64}));
+    return static_cast<T*>(::operator new (n * sizeof(T), std::align_val_t{64}));
   }
-  void deallocate(T* p, std::size_t) { ::operator delete(p, std::align_val_t{64}); }
+  void deallocate(T* p, std::size_t) { ::operator delete (p, std::align_val_t{64}); }
   bool operator==(const CacheLineAllocator&) const { return true; }
 };
 
@@ -48,7 +48,8 @@ struct OwnedCache {
   static constexpr std::uint32_t kLayer = 1;  // the layer the tests use
 
   OwnedCache(const std::vector<Entry>& entries, bool is_paged, std::uint32_t page_size,
-             std::uint32_t n_kv, std::uint32_t dim, std::mt19937& rng)
+             std::uint32_t n_kv, std::uint32_t dim, std::mt19937& rng,
+             PageLayout layout = PageLayout::nhd)
       : paged(is_paged) {
     const auto batch = static_cast<std::uint32_t>(entries.size());
     std::uint32_t max_ctx = 0, max_new = 0;
@@ -82,8 +83,7 @@ struct OwnedCache {
           paged ? (entries[b].cache_length + entries[b].new_tokens + page_size - 1) / page_size : 1;
       for (std::uint32_t j = 0; j < need; ++j) lookup[std::size_t{b} * stride + j] = ids[next++];
     }
-    const std::size_t elems =
-        std::size_t{num_blocks} * 2 * kLayers * block_tokens * n_kv * dim;
+    const std::size_t elems = std::size_t{num_blocks} * 2 * kLayers * block_tokens * n_kv * dim;
     blocks.resize(elems);
     std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
     for (auto& x : blocks) x = from_float<T>(dist(rng));
@@ -99,6 +99,7 @@ struct OwnedCache {
     desc.n_kv_heads = n_kv;
     desc.head_dim = dim;
     desc.num_blocks = num_blocks;
+    desc.layout = layout;
   }
 
   // Same table, another buffer with identical contents.

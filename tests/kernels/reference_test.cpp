@@ -174,8 +174,8 @@ struct Harness {
     std::vector<float> out(q.size(), 0.0f);
     const U32 off = kvtest::offsets_of(sc.new_tokens);
     with_views(batch, layer, [&](const auto& k, const auto& v) {
-      attention_reference(k, v, std::span<const float>(q), n_q,
-                          std::span<const std::uint32_t>(off), std::span<float>(out));
+      attention_reference(k, v, std::span<const float>(q), n_q, std::span<const std::uint32_t>(off),
+                          std::span<float>(out));
     });
     return out;
   }
@@ -424,12 +424,12 @@ TEST(ReferenceValidation, RowOffsetsAndSizes) {
   KV_EXPECT_THROW(store_kv_reference(k, v, std::span<const float>(small), sk,
                                      std::span<const std::uint32_t>(good)),
                   InvalidArgument, "32", "40");
-  KV_EXPECT_THROW(attention_reference(k, v, sq, 3, std::span<const std::uint32_t>(good),
-                                      std::span<float>(out)),
-                  InvalidArgument, "3");
-  KV_EXPECT_THROW(attention_reference(k, v, sq, 0, std::span<const std::uint32_t>(good),
-                                      std::span<float>(out)),
-                  InvalidArgument);
+  KV_EXPECT_THROW(
+      attention_reference(k, v, sq, 3, std::span<const std::uint32_t>(good), std::span<float>(out)),
+      InvalidArgument, "3");
+  KV_EXPECT_THROW(
+      attention_reference(k, v, sq, 0, std::span<const std::uint32_t>(good), std::span<float>(out)),
+      InvalidArgument);
   std::vector<float> small_out(10);
   KV_EXPECT_THROW(attention_reference(k, v, sq, 4, std::span<const std::uint32_t>(good),
                                       std::span<float>(small_out)),

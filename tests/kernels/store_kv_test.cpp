@@ -53,10 +53,11 @@ std::vector<float> special_floats(std::size_t n, std::mt19937& rng) {
 template <CacheElement T>
 void check_store(const std::vector<Entry>& entries, std::uint32_t n_kv, std::uint32_t dim,
                  std::uint32_t page, std::size_t threads, bool special, std::mt19937& rng,
-                 StorePrefetch prefetch = StorePrefetch::automatic) {
+                 StorePrefetch prefetch = StorePrefetch::automatic,
+                 PageLayout layout = PageLayout::nhd) {
   SCOPED_TRACE(std::string(dtype_name(dtype_of_v<T>)) + " threads " + std::to_string(threads) +
                (special ? " special values" : " random values"));
-  OwnedCache<T> ref(entries, true, page, n_kv, dim, rng);
+  OwnedCache<T> ref(entries, true, page, n_kv, dim, rng, layout);
   OwnedCache<T> fast(ref);
   const std::size_t n = std::size_t{ref.total_rows()} * n_kv * dim;
   const auto k_new = special ? special_floats(n, rng) : test::random_floats(n, -1, 1, rng);
@@ -111,6 +112,20 @@ TEST(StoreKv, EveryPrefetchChoiceMatchesReference) {
       check_store<T>({{0, 1500}, {37, 700}}, 8, 128, 16, 2, false, rng, pf);
     });
   }
+}
+
+// HND pages: the per-head runs, cached and streaming (9 MB), odd shapes.
+TEST(StoreKv, HndLayoutMatchesReference) {
+  std::mt19937 rng(13);
+  for_dtypes([&](auto tag) {
+    using T = decltype(tag);
+    check_store<T>({{5, 33}, {0, 1}, {17, 2}}, 3, 72, 7, 2, true, rng, StorePrefetch::automatic,
+                   PageLayout::hnd);
+    check_store<T>({{0, 1500}, {37, 700}}, 8, 128, 16, 2, false, rng, StorePrefetch::none,
+                   PageLayout::hnd);
+    check_store<T>({{3, 1300}, {0, 900}}, 9, 100, 16, 1, true, rng, StorePrefetch::next_row_l1,
+                   PageLayout::hnd);
+  });
 }
 
 // Misaligned rows (a head_dim whose rows are not a multiple of 64 bytes)

@@ -85,12 +85,11 @@ void run_concurrent(KVCacheManager& mgr) {
         for (std::uint32_t b = 0; b < ids.size(); ++b) {
           Live& l = ids[b] == s.id ? s : mine[1 - i];
           if (batch.cache_lengths()[b] != l.length) ++failures;
-          const bool ok =
-              batch.strategy() == CacheStrategy::paged
-                  ? write_and_verify(batch.paged<float>(), b, l.id, l.length, l.length + news[b],
-                                     mgr.params())
-                  : write_and_verify(batch.continuous<float>(), b, l.id, l.length,
-                                     l.length + news[b], mgr.params());
+          const bool ok = batch.strategy() == CacheStrategy::paged
+                              ? write_and_verify(batch.paged<float>(), b, l.id, l.length,
+                                                 l.length + news[b], mgr.params())
+                              : write_and_verify(batch.continuous<float>(), b, l.id, l.length,
+                                                 l.length + news[b], mgr.params());
           if (!ok) ++failures;
           ++verified;
         }

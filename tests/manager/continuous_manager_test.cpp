@@ -160,7 +160,8 @@ TEST_F(ContinuousManagerTest, MultistepIncrementCacheLengths) {
   const Ids ids = mgr.claim(2);
   KVCacheBatch b = mgr.fetch(ids, U32{5, 3}, /*num_steps=*/3);
   EXPECT_EQ(U32(b.reserved_lengths().begin(), b.reserved_lengths().end()), (U32{7, 5}));
-  EXPECT_EQ(mgr.snapshot().sequences.at(0).reserved_length + mgr.snapshot().sequences.at(1).reserved_length,
+  EXPECT_EQ(mgr.snapshot().sequences.at(0).reserved_length +
+                mgr.snapshot().sequences.at(1).reserved_length,
             12u);
   const auto snap_before = mgr.snapshot();
 
@@ -270,6 +271,10 @@ TEST(ContinuousManagerSizes, BlockShapeAndMemory) {
   ContinuousBatchingKVCacheManager m(p, 5, 32);
   EXPECT_EQ(m.block_shape(5), (std::vector<std::size_t>{5, 2, 3, 32, 4, 16}));
   EXPECT_EQ(m.block_shape(1), (std::vector<std::size_t>{1, 2, 3, 32, 4, 16}));
+  auto ph = m.params();
+  ph.page_layout = PageLayout::hnd;  // heads before tokens
+  ContinuousBatchingKVCacheManager mh(ph, 2, 32);
+  EXPECT_EQ(mh.block_shape(5), (std::vector<std::size_t>{5, 2, 3, 4, 32, 16}));
   EXPECT_EQ(ContinuousBatchingKVCacheManager::estimated_memory_size(p, 5, 32),
             std::size_t{5} * 32 * 2 * 3 * 4 * 16 * 2);
   EXPECT_EQ(ContinuousBatchingKVCacheManager::estimated_memory_size(p, 5, 32),

@@ -115,8 +115,7 @@ TEST_P(ErrorsTest, ReleasedIdIsUnknown) {
 
 TEST_P(ErrorsTest, MalformedBatches) {
   REJECT(InvalidArgument, mgr->fetch(Ids{live[0], live[0]}, U32{1, 1}), str(live[0]));
-  REJECT(InvalidArgument, mgr->fetch(Ids{live[1], live[0], live[1]}, U32{1, 1, 1}),
-         str(live[1]));
+  REJECT(InvalidArgument, mgr->fetch(Ids{live[1], live[0], live[1]}, U32{1, 1, 1}), str(live[1]));
   REJECT(InvalidArgument, mgr->step(Ids{live[1], live[1]}, U32{0, 0}), str(live[1]));
   REJECT(InvalidArgument, mgr->fetch(live, U32{1}), "1", "2");
   REJECT(InvalidArgument, mgr->fetch(live, U32{1, 1, 1}), "3", "2");
@@ -212,9 +211,7 @@ TEST_P(ErrorsTest, OtherSequencesDataSurvivesManyFailures) {
 
 INSTANTIATE_TEST_SUITE_P(BothManagers, ErrorsTest,
                          ::testing::Values(CacheStrategy::paged, CacheStrategy::continuous),
-                         [](const auto& info) {
-                           return std::string(strategy_name(info.param));
-                         });
+                         [](const auto& info) { return std::string(strategy_name(info.param)); });
 
 // ---- constructors ---------------------------------------------------------------
 

@@ -10,8 +10,9 @@
 namespace kvcache {
 namespace {
 
-KVCacheParams params(CacheStrategy s) {
+KVCacheParams params(CacheStrategy s, PageLayout layout = PageLayout::nhd) {
   KVCacheParams p;
+  p.page_layout = layout;
   p.dtype = DType::bf16;
   p.num_layers = 3;
   p.n_kv_heads = 2;
@@ -33,15 +34,18 @@ void expect_same_addresses(const Collection& c, const std::vector<std::uint32_t>
       EXPECT_NE(f.k, f.v);
       for (std::uint32_t pos = 0; pos < lengths[b]; ++pos)
         for (std::uint32_t h = 0; h < f.num_kv_heads; ++h) {
-          ASSERT_EQ(f.k_at(pos, h), k.ptr(b, h, pos, 0)) << "layer " << layer << " b " << b << " pos " << pos;
+          ASSERT_EQ(f.k_at(pos, h), k.ptr(b, h, pos, 0))
+              << "layer " << layer << " b " << b << " pos " << pos;
           ASSERT_EQ(f.v_at(pos, h), v.ptr(b, h, pos, 0));
         }
     }
   }
 }
 
-TEST(LayerKvCache, PagedMatchesViewsWithShuffledPages) {
-  PagedKVCacheManager m(params(CacheStrategy::paged), 64, 4, 64);
+class LayerKvCacheLayouts : public ::testing::TestWithParam<PageLayout> {};
+
+TEST_P(LayerKvCacheLayouts, PagedMatchesViewsWithShuffledPages) {
+  PagedKVCacheManager m(params(CacheStrategy::paged, GetParam()), 64, 4, 64);
   auto churn = m.claim(4);  // scatter the free list
   for (SeqId id : churn) m.fetch(std::vector<SeqId>{id}, std::vector<std::uint32_t>{7});
   for (SeqId id : {churn[2], churn[0], churn[3], churn[1]}) m.release(id);
@@ -52,14 +56,15 @@ TEST(LayerKvCache, PagedMatchesViewsWithShuffledPages) {
   const auto c = b.paged<BFloat16>();
   expect_same_addresses(c, lengths);
   const auto f = make_layer_kv_cache(c, 2, 2);
+  EXPECT_EQ(f.layout, GetParam());
   EXPECT_TRUE(f.is_paged());
   EXPECT_EQ(f.block_size, 4u);
   EXPECT_EQ(f.block_table.size(), 8u);  // ceil(30 / 4)
   EXPECT_EQ(f.capacity, 32u);
 }
 
-TEST(LayerKvCache, ContiguousMatchesViews) {
-  ContinuousBatchingKVCacheManager m(params(CacheStrategy::continuous), 3, 40);
+TEST_P(LayerKvCacheLayouts, ContiguousMatchesViews) {
+  ContinuousBatchingKVCacheManager m(params(CacheStrategy::continuous, GetParam()), 3, 40);
   const auto ids = m.claim(3);
   const std::vector<std::uint32_t> lengths{5, 40, 17};
   KVCacheBatch b = m.fetch(ids, lengths);
@@ -70,6 +75,9 @@ TEST(LayerKvCache, ContiguousMatchesViews) {
   EXPECT_EQ(f.capacity, 40u);
   EXPECT_TRUE(f.block_table.empty());
 }
+
+INSTANTIATE_TEST_SUITE_P(Both, LayerKvCacheLayouts,
+                         ::testing::Values(PageLayout::nhd, PageLayout::hnd));
 
 TEST(LayerKvCache, BadIndicesAreRefused) {
   PagedKVCacheManager m(params(CacheStrategy::paged), 8, 2, 16);

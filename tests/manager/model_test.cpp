@@ -168,9 +168,15 @@ void run_model(bool paged, std::uint64_t seed) {
           else
             EXPECT_THROW(mgr->fetch(Ids{id, id}, U32{1, 1}), Error);
           break;
-        case 1: EXPECT_THROW(mgr->release(100000 + rng() % 100), UnknownSequence); break;
-        case 2: EXPECT_THROW(mgr->step(Ids{id}, U32{max_seq + 1}), CapacityExceeded); break;
-        default: EXPECT_THROW(mgr->fetch(Ids{id}, U32{1}, 0), InvalidArgument); break;
+        case 1:
+          EXPECT_THROW(mgr->release(100000 + rng() % 100), UnknownSequence);
+          break;
+        case 2:
+          EXPECT_THROW(mgr->step(Ids{id}, U32{max_seq + 1}), CapacityExceeded);
+          break;
+        default:
+          EXPECT_THROW(mgr->fetch(Ids{id}, U32{1}, 0), InvalidArgument);
+          break;
       }
       EXPECT_EQ(mgr->snapshot(), snap);
     }

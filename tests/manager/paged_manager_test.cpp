@@ -268,6 +268,12 @@ TEST(PagedManagerSizes, BlockShapeMemoryAndPagesForMemory) {
   PagedKVCacheManager m(p, 10, 4, 64);
   EXPECT_EQ(m.block_shape(10), (std::vector<std::size_t>{10, 2, 3, 8, 4, 16}));
   EXPECT_EQ(m.block_shape(1), (std::vector<std::size_t>{1, 2, 3, 8, 4, 16}));
+  auto ph = p;
+  ph.page_layout = PageLayout::hnd;  // heads before tokens; same bytes
+  PagedKVCacheManager mh(ph, 10, 4, 64);
+  EXPECT_EQ(mh.block_shape(10), (std::vector<std::size_t>{10, 2, 3, 4, 8, 16}));
+  EXPECT_EQ(PagedKVCacheManager::estimated_memory_size(ph, 10),
+            PagedKVCacheManager::estimated_memory_size(p, 10));
   const std::size_t page_bytes = std::size_t{2} * 3 * 8 * 4 * 16 * 2;
   EXPECT_EQ(PagedKVCacheManager::estimated_memory_size(p, 10), 10 * page_bytes);
   EXPECT_EQ(PagedKVCacheManager::estimated_memory_size(p, 10), 10 * 8 * p.bytes_per_token());

@@ -34,11 +34,13 @@ struct CacheSetup {
 };
 
 CacheSetup make_setup(CacheStrategy s, DType dtype, std::uint32_t layers, std::uint32_t heads,
-                 std::uint32_t dim, std::uint32_t page_size, std::uint32_t blocks,
-                 std::uint32_t max_batch, std::uint32_t max_seq, std::uint32_t n_devices = 1) {
+                      std::uint32_t dim, std::uint32_t page_size, std::uint32_t blocks,
+                      std::uint32_t max_batch, std::uint32_t max_seq, std::uint32_t n_devices = 1,
+                      PageLayout layout = PageLayout::nhd) {
   CacheSetup st;
   st.params = kvtest::make_params(s, layers, heads, dim, s == CacheStrategy::paged ? page_size : 0,
                                   dtype, n_devices);
+  st.params.page_layout = layout;
   if (s == CacheStrategy::paged) {
     st.mgr = std::make_unique<PagedKVCacheManager>(st.params, blocks, max_batch, max_seq);
     st.block_tokens = page_size;
@@ -59,25 +61,30 @@ void with_collection(const KVCacheBatch& b, std::uint32_t device, F&& f) {
 }
 
 // Hand-computed element offset of (b, kv, layer, head, tok, d) from the
-// documented layout blocks[num_blocks][2][num_layers][block_tokens][heads][dim].
+// documented layouts blocks[num_blocks][2][num_layers][block_tokens][heads][dim]
+// (NHD) and blocks[num_blocks][2][num_layers][heads][block_tokens][dim] (HND).
 std::size_t expected_offset(const KVCacheBatch& batch, std::uint32_t b, std::uint32_t kv,
                             std::uint32_t layer, std::uint32_t head, std::uint32_t tok,
                             std::uint32_t d) {
   const auto& p = batch.params();
   const std::size_t H = p.n_kv_heads_per_device(), D = p.head_dim, L = p.num_layers;
   const std::size_t T = batch.block_tokens();
-  const std::uint32_t block = batch.lookup_table()[std::size_t{b} * batch.lookup_stride() + tok / T];
+  const std::uint32_t block =
+      batch.lookup_table()[std::size_t{b} * batch.lookup_stride() + tok / T];
+  if (p.page_layout == PageLayout::hnd)
+    return (((std::size_t{block} * 2 + kv) * L + layer) * H + head) * T * D + (tok % T) * D + d;
   return (((std::size_t{block} * 2 + kv) * L + layer) * T + tok % T) * H * D + head * D + d;
 }
 
 // ---- layout & aliasing --------------------------------------------------------
 
-class ViewsLayout : public ::testing::TestWithParam<std::tuple<CacheStrategy, DType>> {};
+class ViewsLayout : public ::testing::TestWithParam<std::tuple<CacheStrategy, DType, PageLayout>> {
+};
 
 template <class T>
-void run_layout_test(CacheStrategy strategy) {
+void run_layout_test(CacheStrategy strategy, PageLayout layout) {
   constexpr std::uint32_t L = 3, H = 2, D = 8, PS = 4, MAXSEQ = 16;
-  CacheSetup st = make_setup(strategy, dtype_of_v<T>, L, H, D, PS, 20, 4, MAXSEQ);
+  CacheSetup st = make_setup(strategy, dtype_of_v<T>, L, H, D, PS, 20, 4, MAXSEQ, 1, layout);
   auto& mgr = *st.mgr;
   const Ids ids = mgr.claim(3);
   // Interleave growth so pages of different sequences alternate.
@@ -107,7 +114,10 @@ void run_layout_test(CacheStrategy strategy) {
         const auto c = kv == 0 ? coll.get_key_cache(l) : coll.get_value_cache(l);
         EXPECT_EQ(c.n_kv_heads(), H);
         EXPECT_EQ(c.head_dim(), D);
-        EXPECT_EQ(c.token_stride(), std::size_t{H} * D);
+        EXPECT_EQ(c.layout(), layout);
+        EXPECT_EQ(c.token_stride(), layout == PageLayout::hnd ? D : std::size_t{H} * D);
+        EXPECT_EQ(c.head_stride(),
+                  layout == PageLayout::hnd ? std::size_t{st.block_tokens} * D : D);
         EXPECT_EQ(c.page_size(), st.block_tokens);
         EXPECT_EQ(c.batch_size(), 3u);
         for (std::uint32_t b = 0; b < 3; ++b) {
@@ -168,15 +178,15 @@ void run_layout_test(CacheStrategy strategy) {
 }
 
 TEST_P(ViewsLayout, OffsetsAndNoAliasing) {
-  const auto [strategy, dtype] = GetParam();
-  visit_dtype(dtype, [&](auto t) { run_layout_test<decltype(t)>(strategy); });
+  const auto [strategy, dtype, layout] = GetParam();
+  visit_dtype(dtype, [&](auto t) { run_layout_test<decltype(t)>(strategy, layout); });
 }
 
 INSTANTIATE_TEST_SUITE_P(All, ViewsLayout,
                          ::testing::Combine(::testing::Values(CacheStrategy::paged,
                                                               CacheStrategy::continuous),
-                                            ::testing::Values(DType::f32, DType::f16,
-                                                              DType::bf16)));
+                                            ::testing::Values(DType::f32, DType::f16, DType::bf16),
+                                            ::testing::Values(PageLayout::nhd, PageLayout::hnd)));
 
 // Float-only, both strategies: matrix view and block_paged_ptr tiles.
 TEST(Views, BlockPagedPtrTilesAreContiguous) {
@@ -297,8 +307,8 @@ TEST(Views, WrongTypeStrategyLayerDevice) {
 
 struct OwnBuffer {
   static constexpr std::uint32_t kBlocks = 4, kLayers = 2, kTokens = 4, kHeads = 2, kDim = 4;
-  std::vector<float> blocks = std::vector<float>(std::size_t{kBlocks} * 2 * kLayers * kTokens *
-                                                 kHeads * kDim);
+  std::vector<float> blocks =
+      std::vector<float>(std::size_t{kBlocks} * 2 * kLayers * kTokens * kHeads * kDim);
   U32 cache_lengths{5, 0};
   U32 table{2, 0, 4, 3, 4, 4};  // stride 3; row 0 pages {2, 0}, row 1 page {3}
   CollectionDesc<float> desc() {

@@ -5,11 +5,12 @@ import kvcache
 
 
 def make_manager(strategy, dtype="float32", n_kv_heads=2, head_dim=8, num_layers=2,
-                 page_size=4, max_batch=4, max_seq_len=64, **kwargs):
+                 page_size=4, max_batch=4, max_seq_len=64, page_layout="nhd", **kwargs):
     """A small manager of either kind."""
     params = kvcache.KVCacheParams(dtype=dtype, n_kv_heads=n_kv_heads, head_dim=head_dim,
                                    cache_strategy=strategy,
-                                   page_size=page_size if strategy == "paged" else None)
+                                   page_size=page_size if strategy == "paged" else None,
+                                   page_layout=page_layout)
     if strategy == "paged":
         return kvcache.PagedKVCacheManager(params, max_batch, max_seq_len, num_layers, **kwargs)
     return kvcache.ContinuousBatchingKVCacheManager(params, max_batch, max_seq_len, num_layers)
@@ -26,14 +27,19 @@ def gather_kv(inputs, layer, b, length):
     """K and V of tokens [0, length) of batch entry b, read through the NumPy views:
     two float64 arrays [length, n_kv_heads, head_dim]."""
     blocks = as_float64(inputs.blocks)
-    page_tokens = blocks.shape[3]
+    hnd = inputs.params.page_layout == "hnd"  # blocks [.., heads, tokens, dim]
+    page_tokens = blocks.shape[4] if hnd else blocks.shape[3]
     lookup = inputs.lookup_table
     rows_k, rows_v = [], []
     for t in range(length):
         block = lookup[b] if lookup.ndim == 1 else lookup[b, t // page_tokens]
         row = t % page_tokens if lookup.ndim == 2 else t
-        rows_k.append(blocks[block, 0, layer, row])
-        rows_v.append(blocks[block, 1, layer, row])
+        if hnd:
+            rows_k.append(blocks[block, 0, layer, :, row])
+            rows_v.append(blocks[block, 1, layer, :, row])
+        else:
+            rows_k.append(blocks[block, 0, layer, row])
+            rows_v.append(blocks[block, 1, layer, row])
     return np.array(rows_k), np.array(rows_v)
 
 

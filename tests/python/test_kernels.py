@@ -31,12 +31,13 @@ def grow(m, ids, lengths, rng):
             remaining[s] -= c
 
 
-def scenario(strategy, dtype, seed):
+def scenario(strategy, dtype, seed, page_layout="nhd"):
     """A ragged mixed batch (prefill + decode + nothing new) with history.
     Returns (inputs, q, row_offsets) with this step's K/V already stored."""
     rng = np.random.default_rng(seed)
     m = make_manager(strategy, dtype=dtype, n_kv_heads=N_KV, head_dim=DIM,
-                     num_layers=LAYERS, page_size=3, max_batch=4, max_seq_len=40)
+                     num_layers=LAYERS, page_size=3, max_batch=4, max_seq_len=40,
+                     page_layout=page_layout)
     ids = m.claim(4)
     grow(m, ids, [7, 0, 13, 3], rng)
     counts = [1, 6, 0, 4]
@@ -50,10 +51,13 @@ def scenario(strategy, dtype, seed):
     return inputs, q, offsets
 
 
+@pytest.mark.parametrize("page_layout", ["nhd", "hnd"])
 @pytest.mark.parametrize("strategy", ["continuous", "paged"])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-def test_attention_matches_float64_oracle(strategy, dtype):
-    inputs, q, offsets = scenario(strategy, dtype, seed=sum(map(ord, strategy + dtype)))
+def test_attention_matches_float64_oracle(strategy, dtype, page_layout):
+    inputs, q, offsets = scenario(strategy, dtype, seed=sum(map(ord, strategy + dtype)),
+                                  page_layout=page_layout)
+    assert inputs.params.page_layout == page_layout
     assert list(inputs.cache_lengths) == [7, 0, 13, 3]
     if strategy == "paged":  # interleaved growth => some page table is not sorted
         table = inputs.lookup_table

@@ -31,6 +31,29 @@ def test_cpp_store_kv_is_seen_by_numpy_blocks(strategy):
     np.testing.assert_array_equal(blocks[:, :, 0], before[:, :, 0])  # layer 0 untouched
 
 
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_hnd_blocks_put_heads_before_tokens(strategy):
+    m = make_manager(strategy, page_size=4, page_layout="hnd")
+    assert m.params.page_layout == "hnd" and "hnd" in repr(m.params)
+    tokens = 4 if strategy == "paged" else 64
+    assert m.block_shape(3) == [3, 2, 2, 2, tokens, 8]  # [.., heads, tokens, head_dim]
+    ids = m.claim(2)
+    inputs = m.fetch(ids, [5, 3])
+    assert list(inputs.blocks.shape) == m.block_shape(m.total_blocks)
+    rng = np.random.default_rng(3)
+    k, v = random_rows(rng, 8, 2, 8), random_rows(rng, 8, 2, 8)
+    kvcache.store_kv(inputs, 1, k, v, offsets_of([5, 3]))
+    if strategy == "paged":
+        page, row = inputs.lookup_table[0, 1], 0
+    else:
+        page, row = inputs.lookup_table[0], 4
+    for head in range(2):  # token 4 of entry 0, each head
+        np.testing.assert_array_equal(inputs.blocks[page, 0, 1, head, row], k[4, head])
+        np.testing.assert_array_equal(inputs.blocks[page, 1, 1, head, row], v[4, head])
+    with pytest.raises(kvcache.InvalidArgument, match="nhwc"):
+        kvcache.KVCacheParams(n_kv_heads=2, head_dim=8, page_layout="nhwc")
+
+
 def test_numpy_writes_are_seen_by_cpp_attention():
     m = make_manager("continuous", n_kv_heads=1, head_dim=4, num_layers=1, max_seq_len=8)
     seq = m.claim(1)

@@ -98,6 +98,7 @@ LayerCacheDesc<float> erase(const LayerCacheDesc<T>& d) {
   e.n_kv_heads = d.n_kv_heads;
   e.head_dim = d.head_dim;
   e.block_stride = d.block_stride;
+  e.layout = d.layout;
   return e;
 }
 }  // namespace detail

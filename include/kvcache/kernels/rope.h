@@ -57,9 +57,8 @@ inline void rope_rotate_pair(float x0, float x1, float c, float s, float& y0, fl
 }
 
 // Rotates one token's row x = [n_heads][head_dim] in place for position pos.
-inline void apply_rope_reference(std::span<float> x, std::uint32_t n_heads,
-                                 std::uint32_t head_dim, std::uint32_t pos,
-                                 const RopeOptions& rope) {
+inline void apply_rope_reference(std::span<float> x, std::uint32_t n_heads, std::uint32_t head_dim,
+                                 std::uint32_t pos, const RopeOptions& rope) {
   detail::check_size("rope row", x.size(), std::size_t{n_heads} * head_dim);
   const std::uint32_t rd = rope_rotary_dim(rope, head_dim);
   const std::uint32_t half = rd / 2;

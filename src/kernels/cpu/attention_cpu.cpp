@@ -48,6 +48,13 @@ using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
 
 constexpr std::uint32_t kTile = 32;  // max KV tokens per tile (multiple of any lane count)
+// Page streams a gathered tile reads at once, and the shortest item that is
+// gathered (shorter ones are a few tiles: contiguous order).
+constexpr std::uint32_t kStreams = 4;
+constexpr std::uint32_t kGatherMinTokens = 256;
+static_assert(kTile % kStreams == 0, "a gathered tile takes whole shares of each stream");
+// Tiles whose row pointers are kept: the current one and those ahead.
+constexpr std::uint32_t kRing = kPrefetchTilesAhead + 2;
 
 HWY_INLINE VF LoadF(DF df, const float* p) { return hn::LoadU(df, p); }
 HWY_INLINE VF LoadF(DF df, const hwy::bfloat16_t* p) {
@@ -357,37 +364,40 @@ class ItemRunner {
     std::fill(s.acc.get(), s.acc.get() + total * s.dimp, 0.0f);
     // Row i (local) of the item sees tokens < first_limit + i.
     const std::uint32_t first_limit = c_.cache_lengths[it.b] + (it.r0 - c_.row_offsets[it.b]) + 1;
-    // Row pointers (KV head 0) of this tile and the next, one page-table
-    // walk per tile; head h's row is the pointer + h * dim.
-    TileRows cur, nxt;
-    std::uint32_t ta = it.t0;
-    fill_rows(it.b, ta, tile_end(ta, it.t1), cur);
-    while (ta < it.t1) {
-      const std::uint32_t tb = tile_end(ta, it.t1);
-      nxt.n = 0;
-      if (tb < it.t1) fill_rows(it.b, tb, tile_end(tb, it.t1), nxt);
+    // When every row sees every token of the item (decode), tokens may be
+    // taken in any order, so long items read kStreams page streams at once.
+    // Gathered only with NHD: HND reads each head's rows in address order,
+    // and extra streams measured slower there (Zen 4, 1 thread: 9 vs 11 GB/s).
+    const TileOrder order = tile_order(it, first_limit >= it.t1 && c_.head_stride == c_.dim);
+    // Row pointers (KV head 0) of the tiles in flight: [k % kRing] is tile k;
+    // head h's row is the pointer + h * head_stride. One page-table walk per tile.
+    TileRows ring[kRing];
+    const std::uint32_t ahead =
+        c_.prefetch == AttentionPrefetch::next_tile_l2 ? kPrefetchTilesAhead : 1;
+    for (std::uint32_t k = 0; k <= ahead && k < order.tiles; ++k) fill_tile(it, order, k, ring[k]);
+    for (std::uint32_t k = 0; k < order.tiles; ++k) {
+      const TileRows& cur = ring[k % kRing];
+      // Tile k's first token, for the causal mask (a gathered tile is all visible).
+      const std::uint32_t ta = order.gathered ? it.t0 : it.t0 + k * kTile;
+      const TileRows* next = k + 1 < order.tiles ? &ring[(k + 1) % kRing] : nullptr;
+      const TileRows* far = k + ahead < order.tiles ? &ring[(k + ahead) % kRing] : nullptr;
       for (std::uint32_t hl = 0; hl < nh; ++hl) {
         const std::uint32_t h = it.h0 + hl;
         if (c_.prefetch == AttentionPrefetch::next_step_l1) {
           // The rows of the next (tile, head) step, one step ahead, into L1.
           if (hl + 1 < nh) {
             prefetch_rows(cur, h + 1);
-          } else {
-            prefetch_rows(nxt, it.h0);
+          } else if (next != nullptr) {
+            prefetch_rows(*next, it.h0);
           }
-        } else if (c_.prefetch == AttentionPrefetch::next_tile_l2) {
-          // Share hl of the tile kPrefetchTilesAhead ahead, into L2.
-          const std::uint64_t fa = std::uint64_t{ta} + std::uint64_t{kPrefetchTilesAhead} * kTile;
-          if (fa < it.t1) {
-            const auto f0 = static_cast<std::uint32_t>(fa);
-            const std::uint32_t n = tile_end(f0, it.t1) - f0;
-            prefetch_tile_l2(it.b, f0 + n * hl / nh, f0 + n * (hl + 1) / nh);
-          }
+        } else if (c_.prefetch == AttentionPrefetch::next_tile_l2 && far != nullptr) {
+          // Share hl of the whole rows of the tile `ahead` tiles on, into L2.
+          prefetch_rows_l2(*far, far->n * hl / nh, far->n * (hl + 1) / nh);
         }
         tile(cur, ta, h, hl * m_per_head, m_per_head, first_limit, s);
       }
-      std::swap(cur, nxt);
-      ta = tb;
+      if (k + ahead + 1 < order.tiles)
+        fill_tile(it, order, k + ahead + 1, ring[(k + ahead + 1) % kRing]);
     }
     if (partial == nullptr) {
       write_output(it, s);
@@ -412,10 +422,55 @@ class ItemRunner {
     std::uint32_t n = 0;
   };
 
-  // rows = the K/V rows of tokens [ta, tb) (head 0), one page-table lookup
+  // Which tokens tile k holds. Contiguous: [t0 + k * kTile, + kTile).
+  // Gathered: [t0, t1) is cut into kStreams segments of `segment` tokens and
+  // tile k takes the next kTile / kStreams tokens of each, so the kernel
+  // reads kStreams far-apart page streams at once: a core sustains more
+  // bandwidth with several independent streams in flight while it computes
+  // (Zen 4, 32 KiB pages: 1 stream 11.6 GB/s, 4 streams 18.3 at GQA 4's
+  // arithmetic; docs/PERFORMANCE.md).
+  struct TileOrder {
+    bool gathered = false;
+    std::uint32_t segment = 0;
+    std::uint32_t tiles = 0;
+  };
+
+  static TileOrder tile_order(const WorkItem& it, bool all_visible) {
+    const std::uint32_t len = it.t1 - it.t0;
+    TileOrder o;
+    if (all_visible && len >= kGatherMinTokens) {
+      constexpr std::uint32_t w = kTile / kStreams;
+      o.gathered = true;
+      o.segment = (len + kStreams * w - 1) / (kStreams * w) * w;  // multiple of w
+      o.tiles = o.segment / w;
+    } else {
+      o.tiles = (len + kTile - 1) / kTile;
+    }
+    return o;
+  }
+
+  void fill_tile(const WorkItem& it, const TileOrder& o, std::uint32_t k, TileRows& rows) const {
+    rows.n = 0;
+    if (!o.gathered) {
+      const std::uint32_t ta = it.t0 + k * kTile;
+      append_rows(it.b, ta, tile_end(ta, it.t1), rows);
+      return;
+    }
+    constexpr std::uint32_t w = kTile / kStreams;
+    for (std::uint32_t st = 0; st < kStreams; ++st) {
+      const std::uint64_t seg_end =
+          std::min<std::uint64_t>(it.t1, std::uint64_t{it.t0} + std::uint64_t{st + 1} * o.segment);
+      const std::uint64_t a = std::uint64_t{it.t0} + std::uint64_t{st} * o.segment + k * w;
+      if (a < seg_end) {
+        append_rows(it.b, static_cast<std::uint32_t>(a),
+                    static_cast<std::uint32_t>(std::min<std::uint64_t>(seg_end, a + w)), rows);
+      }
+    }
+  }
+
+  // Appends the K/V rows of tokens [ta, tb) (head 0), one page-table lookup
   // per page.
-  void fill_rows(std::uint32_t b, std::uint32_t ta, std::uint32_t tb, TileRows& rows) const {
-    rows.n = tb - ta;
+  void append_rows(std::uint32_t b, std::uint32_t ta, std::uint32_t tb, TileRows& rows) const {
     std::uint32_t tok = ta;
     while (tok < tb) {
       const std::uint32_t run_end = static_cast<std::uint32_t>(
@@ -423,8 +478,9 @@ class ItemRunner {
       const T* kr = row(c_.k, b, tok, 0);
       const T* vr = row(c_.v, b, tok, 0);
       for (; tok < run_end; ++tok, kr += c_.token_stride, vr += c_.token_stride) {
-        rows.k[tok - ta] = kr;
-        rows.v[tok - ta] = vr;
+        rows.k[rows.n] = kr;
+        rows.v[rows.n] = vr;
+        ++rows.n;
       }
     }
   }
@@ -432,30 +488,30 @@ class ItemRunner {
   const T* row(const LayerRef& ref, std::uint32_t b, std::uint32_t tok, std::uint32_t h) const {
     const std::uint32_t block = c_.lookup[std::size_t{b} * c_.lookup_stride + tok / c_.page];
     return static_cast<const T*>(ref.blocks) + std::size_t{block} * ref.block_stride +
-           std::size_t{tok % c_.page} * c_.token_stride + std::size_t{h} * c_.dim;
+           std::size_t{tok % c_.page} * c_.token_stride + std::size_t{h} * c_.head_stride;
   }
 
-  // Prefetches whole K and V rows (all heads) of tokens [ta, tb) into L2.
-  void prefetch_tile_l2(std::uint32_t b, std::uint32_t ta, std::uint32_t tb) const {
-    std::uint32_t tok = ta;
-    while (tok < tb) {
-      const std::uint32_t run_end = static_cast<std::uint32_t>(
-          std::min<std::uint64_t>(tb, (std::uint64_t{tok} / c_.page + 1) * c_.page));
-      const std::size_t bytes = std::size_t{run_end - tok} * c_.token_stride * sizeof(T);
-      const char* kr = reinterpret_cast<const char*>(row(c_.k, b, tok, 0));
-      const char* vr = reinterpret_cast<const char*>(row(c_.v, b, tok, 0));
-      for (std::size_t o = 0; o < bytes; o += 64) {
-        prefetch_l2(kr + o);
-        prefetch_l2(vr + o);
+  // Prefetches the K and V rows of every head of tokens [i0, i1) of a tile
+  // into L2 (NHD: each token's whole row; HND: one run per head).
+  void prefetch_rows_l2(const TileRows& rows, std::uint32_t i0, std::uint32_t i1) const {
+    const std::size_t run = (c_.head_stride == c_.dim ? std::size_t{c_.n_kv} : 1) * c_.dim;
+    const std::size_t runs = c_.head_stride == c_.dim ? 1 : c_.n_kv;
+    for (std::uint32_t i = i0; i < i1; ++i) {
+      for (std::size_t r = 0; r < runs; ++r) {
+        const char* kr = reinterpret_cast<const char*>(rows.k[i] + r * c_.head_stride);
+        const char* vr = reinterpret_cast<const char*>(rows.v[i] + r * c_.head_stride);
+        for (std::size_t o = 0; o < run * sizeof(T); o += 64) {
+          prefetch_l2(kr + o);
+          prefetch_l2(vr + o);
+        }
       }
-      tok = run_end;
     }
   }
 
   // Prefetches KV head h's K and V rows of a tile into L1.
   void prefetch_rows(const TileRows& rows, std::uint32_t h) const {
     const std::size_t bytes = std::size_t{c_.dim} * sizeof(T);
-    const std::size_t off = std::size_t{h} * c_.dim;
+    const std::size_t off = std::size_t{h} * c_.head_stride;
     for (std::uint32_t i = 0; i < rows.n; ++i) {
       prefetch_range_l1(rows.k[i] + off, bytes);
       prefetch_range_l1(rows.v[i] + off, bytes);
@@ -541,7 +597,7 @@ class ItemRunner {
     const DF df;
     const std::uint32_t nt = rows.n;
     const std::size_t dimp = s.dimp;
-    const std::size_t off = std::size_t{h} * c_.dim;
+    const std::size_t off = std::size_t{h} * c_.head_stride;
     const T* kp[kTile];
     const T* vp[kTile];
     for (std::uint32_t i = 0; i < nt; ++i) {
@@ -683,12 +739,13 @@ namespace {
 void check_same_shape(const LayerCacheDesc<float>& k, const LayerCacheDesc<float>& v) {
   if (k.batch_size != v.batch_size || k.n_kv_heads != v.n_kv_heads || k.head_dim != v.head_dim ||
       k.block_tokens != v.block_tokens || k.cache_lengths != v.cache_lengths ||
-      k.lookup_table != v.lookup_table) {
-    throw InvalidArgument("key and value caches differ in shape or batch (batch " +
-                          std::to_string(k.batch_size) + " vs " + std::to_string(v.batch_size) +
-                          ", heads " + std::to_string(k.n_kv_heads) + " vs " +
-                          std::to_string(v.n_kv_heads) + ", head_dim " +
-                          std::to_string(k.head_dim) + " vs " + std::to_string(v.head_dim) + ")");
+      k.lookup_table != v.lookup_table || k.layout != v.layout) {
+    throw InvalidArgument(
+        "key and value caches differ in shape or batch (batch " + std::to_string(k.batch_size) +
+        " vs " + std::to_string(v.batch_size) + ", heads " + std::to_string(k.n_kv_heads) + " vs " +
+        std::to_string(v.n_kv_heads) + ", head_dim " + std::to_string(k.head_dim) + " vs " +
+        std::to_string(v.head_dim) + ", layout " + std::string(layout_name(k.layout)) + " vs " +
+        std::string(layout_name(v.layout)) + ")");
   }
   if (k.blocks == nullptr || v.blocks == nullptr || k.head_dim == 0 || k.n_kv_heads == 0 ||
       k.block_tokens == 0) {
@@ -764,7 +821,9 @@ void attention_cpu(DType dtype, const LayerCacheDesc<float>& k, const LayerCache
   c.n_kv = k.n_kv_heads;
   c.group = shape.group;
   c.dim = k.head_dim;
-  c.token_stride = std::size_t{k.n_kv_heads} * k.head_dim;
+  const bool hnd = k.layout == PageLayout::hnd;
+  c.token_stride = hnd ? std::size_t{k.head_dim} : std::size_t{k.n_kv_heads} * k.head_dim;
+  c.head_stride = hnd ? std::size_t{k.block_tokens} * k.head_dim : std::size_t{k.head_dim};
   c.q = q.data();
   c.out = out.data();
   c.n_q = n_q_heads;

@@ -157,7 +157,7 @@ class Runner {
   const T* row(const LayerRef& ref, std::uint32_t b, std::uint32_t tok, std::uint32_t h) const {
     const std::uint32_t block = c_.lookup[std::size_t{b} * c_.lookup_stride + tok / c_.page];
     return static_cast<const T*>(ref.blocks) + std::size_t{block} * ref.block_stride +
-           std::size_t{tok % c_.page} * c_.token_stride + std::size_t{h} * c_.dim;
+           std::size_t{tok % c_.page} * c_.token_stride + std::size_t{h} * c_.head_stride;
   }
 
   // K rows of the tile into kf [token][dim], V rows into vf [token][dim_o].

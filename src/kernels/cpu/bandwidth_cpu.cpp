@@ -116,7 +116,12 @@ float paged_read(const LayerCacheDesc<float>& k, const LayerCacheDesc<float>& v,
     for (std::uint32_t j = 0; std::uint64_t{j} * k.block_tokens < tokens[b]; ++j)
       blocks.emplace_back(b, j);
   }
-  const std::size_t row_bytes = std::size_t{k.n_kv_heads} * k.head_dim * element_bytes;
+  // NHD: a block's rows of tokens [0, rows) are one run of rows * n_kv * dim
+  // elements; HND: one run of rows * dim per head, page_size * dim apart.
+  const bool hnd = k.layout == PageLayout::hnd && k.n_kv_heads > 1;
+  const std::size_t run_elems = hnd ? k.head_dim : std::size_t{k.n_kv_heads} * k.head_dim;
+  const std::size_t runs = hnd ? k.n_kv_heads : 1;
+  const std::size_t head_bytes = std::size_t{k.block_tokens} * k.head_dim * element_bytes;
   const std::size_t w = workers(pool);
   std::vector<float> sums(w, 0.0f);
   on_threads(pool, [&](std::size_t i) {
@@ -127,12 +132,15 @@ float paged_read(const LayerCacheDesc<float>& k, const LayerCacheDesc<float>& v,
       const std::uint32_t block = k.lookup_table[std::size_t{b} * k.lookup_stride + j];
       const std::uint32_t rows =
           std::min<std::uint32_t>(k.block_tokens, tokens[b] - j * k.block_tokens);
-      const std::size_t offset = std::size_t{block} * k.block_stride * element_bytes;
-      const std::size_t n = rows * row_bytes / sizeof(float);
-      s += HWY_DYNAMIC_DISPATCH(ReadSlice)(
-          reinterpret_cast<const float*>(reinterpret_cast<const char*>(k.blocks) + offset), n);
-      s += HWY_DYNAMIC_DISPATCH(ReadSlice)(
-          reinterpret_cast<const float*>(reinterpret_cast<const char*>(v.blocks) + offset), n);
+      const std::size_t n = rows * run_elems * element_bytes / sizeof(float);
+      for (std::size_t r = 0; r < runs; ++r) {
+        const std::size_t offset =
+            std::size_t{block} * k.block_stride * element_bytes + r * head_bytes;
+        s += HWY_DYNAMIC_DISPATCH(ReadSlice)(
+            reinterpret_cast<const float*>(reinterpret_cast<const char*>(k.blocks) + offset), n);
+        s += HWY_DYNAMIC_DISPATCH(ReadSlice)(
+            reinterpret_cast<const float*>(reinterpret_cast<const char*>(v.blocks) + offset), n);
+      }
     }
     sums[i] = s;
   });

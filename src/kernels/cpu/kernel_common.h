@@ -56,7 +56,8 @@ struct AttentionCtx {
   std::uint32_t n_kv = 0;
   std::uint32_t group = 0;
   std::uint32_t dim = 0;
-  std::size_t token_stride = 0;  // elements: n_kv * dim
+  std::size_t token_stride = 0;  // elements between tokens of a head (NHD n_kv * dim, HND dim)
+  std::size_t head_stride = 0;   // elements between heads of a token (NHD dim, HND page * dim)
   const float* q = nullptr;
   float* out = nullptr;
   std::uint32_t n_q = 0;
@@ -83,6 +84,8 @@ struct StoreCtx {
   std::uint32_t batch = 0;
   std::uint32_t n_kv = 0;
   std::uint32_t dim = 0;
+  std::size_t token_stride = 0;  // as in AttentionCtx
+  std::size_t head_stride = 0;
   const float* k_new = nullptr;
   const float* v_new = nullptr;
   const std::uint32_t* row_offsets = nullptr;

@@ -1,7 +1,8 @@
 // Fast store_kv (Highway, runtime dispatch): each new token's row of
-// n_kv_heads * head_dim floats is contiguous in both the input and the cache,
-// so a row is one conversion loop (f32 copy, f16 via the hardware converter,
-// bf16 with integer round-to-nearest-even, bit-identical to from_float).
+// n_kv_heads * head_dim floats is contiguous in the input and, with the NHD
+// layout, in the cache, so a row is one conversion loop (f32 copy, f16 via
+// the hardware converter, bf16 with integer round-to-nearest-even,
+// bit-identical to from_float); with HND it is one loop per head.
 // With rope_k, K is rotated into a per-thread float row first, using the
 // cos/sin of kernels/rope.h (shared by the token's heads).
 #include <algorithm>
@@ -138,7 +139,12 @@ bool RowsAligned(const StoreCtx& c, std::size_t row) {
   const auto aligned = [&](const void* p) {
     return reinterpret_cast<std::uintptr_t>(p) % vec_bytes == 0;
   };
-  return aligned(c.k_blocks) && aligned(c.v_blocks) && (row * sizeof(T)) % vec_bytes == 0 &&
+  // Every run written starts at block + token * token_stride (+ head *
+  // head_stride for HND) and is `row` (NHD) or head_dim (HND) long.
+  const std::size_t run = c.head_stride == c.dim ? row : c.dim;
+  return aligned(c.k_blocks) && aligned(c.v_blocks) && (run * sizeof(T)) % vec_bytes == 0 &&
+         (c.token_stride * sizeof(T)) % vec_bytes == 0 &&
+         (c.head_stride * sizeof(T)) % vec_bytes == 0 &&
          (c.block_stride * sizeof(T)) % vec_bytes == 0;
 }
 
@@ -152,7 +158,8 @@ void StoreRows(const StoreCtx& c, std::uint32_t r0, std::uint32_t r1, std::vecto
     while (r >= c.row_offsets[b + 1]) ++b;
     const std::uint32_t pos = c.cache_lengths[b] + (r - c.row_offsets[b]);
     const std::uint32_t block = c.lookup[std::size_t{b} * c.lookup_stride + pos / c.page];
-    const std::size_t off = std::size_t{block} * c.block_stride + std::size_t{pos % c.page} * row;
+    const std::size_t off =
+        std::size_t{block} * c.block_stride + std::size_t{pos % c.page} * c.token_stride;
     const float* k_src = c.k_new + std::size_t{r} * row;
     if (c.prefetch_next_row && r + 1 < r1) {
       // The next row's inputs, one row ahead: the input is read as two
@@ -166,8 +173,17 @@ void StoreRows(const StoreCtx& c, std::uint32_t r0, std::uint32_t r1, std::vecto
       RopeRow(c, k_src, tmp.data(), pos, tmp.data() + row);
       k_src = tmp.data();
     }
-    ConvertRow<kStream>(k_src, static_cast<T*>(c.k_blocks) + off, row);
-    ConvertRow<kStream>(c.v_new + std::size_t{r} * row, static_cast<T*>(c.v_blocks) + off, row);
+    const float* v_src = c.v_new + std::size_t{r} * row;
+    if (c.head_stride == c.dim) {  // the token's heads are contiguous (NHD): one run
+      ConvertRow<kStream>(k_src, static_cast<T*>(c.k_blocks) + off, row);
+      ConvertRow<kStream>(v_src, static_cast<T*>(c.v_blocks) + off, row);
+    } else {  // HND: one run of head_dim per head
+      for (std::uint32_t h = 0; h < c.n_kv; ++h) {
+        const std::size_t src = std::size_t{h} * c.dim, dst = off + h * c.head_stride;
+        ConvertRow<kStream>(k_src + src, static_cast<T*>(c.k_blocks) + dst, c.dim);
+        ConvertRow<kStream>(v_src + src, static_cast<T*>(c.v_blocks) + dst, c.dim);
+      }
+    }
   }
   if constexpr (kStream) hwy::FlushStream();
 }
@@ -259,6 +275,9 @@ void store_kv_cpu(DType dtype, const LayerCacheDesc<float>& k, const LayerCacheD
   c.batch = k.batch_size;
   c.n_kv = k.n_kv_heads;
   c.dim = k.head_dim;
+  const bool hnd = k.layout == PageLayout::hnd;
+  c.token_stride = hnd ? std::size_t{k.head_dim} : row;
+  c.head_stride = hnd ? std::size_t{k.block_tokens} * k.head_dim : std::size_t{k.head_dim};
   c.k_new = k_new.data();
   c.v_new = v_new.data();
   c.row_offsets = row_offsets.data();
