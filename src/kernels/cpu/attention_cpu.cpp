@@ -782,11 +782,8 @@ void check_shapes(const LayerCacheDesc<float>& k, const LayerCacheDesc<float>& v
 
 AttentionPrefetch resolve_attention_prefetch(AttentionPrefetch requested) {
   if (requested != AttentionPrefetch::automatic) return requested;
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  static const bool amd = __builtin_cpu_is("amd");
-  if (amd) return AttentionPrefetch::next_tile_l2;
-#endif
-  return AttentionPrefetch::next_step_l1;
+  return kernels::running_on_amd() ? AttentionPrefetch::next_tile_l2
+                                   : AttentionPrefetch::next_step_l1;
 }
 
 namespace detail {

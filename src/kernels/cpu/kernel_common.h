@@ -69,6 +69,18 @@ struct AttentionCtx {
   AttentionPrefetch prefetch = AttentionPrefetch::next_step_l1;
 };
 
+// Whether this is an AMD processor: the automatic prefetch choices depend on
+// it (docs/PERFORMANCE.md, session 3: what is fastest on Zen 4 is slowest on
+// a Sapphire Rapids Xeon and the other way round).
+inline bool running_on_amd() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  static const bool amd = __builtin_cpu_is("amd");
+  return amd;
+#else
+  return false;
+#endif
+}
+
 // Tiles ahead that AttentionPrefetch::next_tile_l2 prefetches (measured on
 // Zen 4: 2 beat 1 and 3 for MHA, all equal for GQA 4).
 inline constexpr std::uint32_t kPrefetchTilesAhead = 2;

@@ -236,11 +236,7 @@ HWY_EXPORT(StoreBF16);
 
 StorePrefetch resolve_store_prefetch(StorePrefetch requested) {
   if (requested != StorePrefetch::automatic) return requested;
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  static const bool amd = __builtin_cpu_is("amd");
-  if (amd) return StorePrefetch::none;
-#endif
-  return StorePrefetch::next_row_l1;
+  return kernels::running_on_amd() ? StorePrefetch::none : StorePrefetch::next_row_l1;
 }
 
 namespace detail {
