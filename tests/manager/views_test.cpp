@@ -178,8 +178,11 @@ void run_layout_test(CacheStrategy strategy, PageLayout layout) {
 }
 
 TEST_P(ViewsLayout, OffsetsAndNoAliasing) {
-  const auto [strategy, dtype, layout] = GetParam();
-  visit_dtype(dtype, [&](auto t) { run_layout_test<decltype(t)>(strategy, layout); });
+  // Named copies, not structured bindings: clang 14 cannot capture those.
+  const CacheStrategy strategy = std::get<0>(GetParam());
+  const PageLayout layout = std::get<2>(GetParam());
+  visit_dtype(std::get<1>(GetParam()),
+              [&](auto t) { run_layout_test<decltype(t)>(strategy, layout); });
 }
 
 INSTANTIATE_TEST_SUITE_P(All, ViewsLayout,
