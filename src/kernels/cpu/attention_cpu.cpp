@@ -222,9 +222,10 @@ HWY_INLINE VF ScoreBlock(DF df, const float* q, std::size_t dimp, const T* const
 
 // acc_r += sum_t p_r[t] * v_t for kR query vectors over chunks [d0, d1),
 // kCh chunks per register block, so each V chunk load feeds 2 * kR FMAs.
-template <int kR, int kCh, bool kTail, class T>
+template <int kR, int kCh, bool kTail, class T, class Pump>
 HWY_INLINE void PvChunks(DF df, const float* const* p, float* const* acc, const T* const* vr,
-                         std::uint32_t nt, std::size_t d0, std::size_t d1, std::size_t dim) {
+                         std::uint32_t nt, std::size_t d0, std::size_t d1, std::size_t dim,
+                         const Pump& pump) {
   for (std::size_t d = d0; d + kCh * kC <= d1; d += kCh * kC) {
     VF a[kR][2 * kCh];
 #pragma GCC unroll 16
@@ -242,6 +243,7 @@ HWY_INLINE void PvChunks(DF df, const float* const* p, float* const* acc, const 
 #pragma GCC unroll 16
         for (int i = 0; i < 2 * kCh; ++i) a[r][i] = hn::MulAdd(pr, v[i], a[r][i]);
       }
+      pump();
     }
 #pragma GCC unroll 16
     for (int r = 0; r < kR; ++r)
@@ -255,26 +257,27 @@ HWY_INLINE void PvChunks(DF df, const float* const* p, float* const* acc, const 
 constexpr int kAccRegs = kN >= 16 ? 16 : 8;
 
 // PV over the whole chunks [d0, d1 rounded down to kCh chunks); returns the end.
-template <int kR, int kCh, class T>
+template <int kR, int kCh, class T, class Pump>
 HWY_INLINE std::size_t PvBlocks(DF df, const float* const* p, float* const* acc, const T* const* vr,
-                                std::uint32_t nt, std::size_t d0, std::size_t d1, std::size_t dim) {
+                                std::uint32_t nt, std::size_t d0, std::size_t d1, std::size_t dim,
+                                const Pump& pump) {
   const std::size_t end = d0 + (d1 - d0) / (kCh * kC) * (kCh * kC);
-  PvChunks<kR, kCh, false>(df, p, acc, vr, nt, d0, end, dim);
+  PvChunks<kR, kCh, false>(df, p, acc, vr, nt, d0, end, dim, pump);
   return end;
 }
 
 // Register blocks as wide as the accumulator budget allows, then narrower
 // ones for what is left (enough independent FMA chains even for one query).
-template <int kR, class T>
+template <int kR, class T, class Pump>
 HWY_INLINE void PvRows(DF df, const float* const* p, float* const* acc, const T* const* vr,
-                       std::uint32_t nt, std::size_t dim) {
+                       std::uint32_t nt, std::size_t dim, const Pump& pump) {
   constexpr int kChMax = kAccRegs / (2 * kR) > 0 ? kAccRegs / (2 * kR) : 1;
   const std::size_t full = dim / kC * kC;
-  std::size_t d = PvBlocks<kR, kChMax>(df, p, acc, vr, nt, 0, full, dim);
-  if constexpr (kChMax > 4) d = PvBlocks<kR, 4>(df, p, acc, vr, nt, d, full, dim);
-  if constexpr (kChMax > 2) d = PvBlocks<kR, 2>(df, p, acc, vr, nt, d, full, dim);
-  if constexpr (kChMax > 1) d = PvBlocks<kR, 1>(df, p, acc, vr, nt, d, full, dim);
-  if (full < dim) PvChunks<kR, 1, true>(df, p, acc, vr, nt, full, full + kC, dim);
+  std::size_t d = PvBlocks<kR, kChMax>(df, p, acc, vr, nt, 0, full, dim, pump);
+  if constexpr (kChMax > 4) d = PvBlocks<kR, 4>(df, p, acc, vr, nt, d, full, dim, pump);
+  if constexpr (kChMax > 2) d = PvBlocks<kR, 2>(df, p, acc, vr, nt, d, full, dim, pump);
+  if constexpr (kChMax > 1) d = PvBlocks<kR, 1>(df, p, acc, vr, nt, d, full, dim, pump);
+  if (full < dim) PvChunks<kR, 1, true>(df, p, acc, vr, nt, full, full + kC, dim, pump);
 }
 
 // Per-worker buffers. Query and accumulator rows are dimp long (dim rounded
@@ -391,10 +394,12 @@ class ItemRunner {
             prefetch_rows(*next, it.h0);
           }
         } else if (c_.prefetch == AttentionPrefetch::next_tile_l2 && far != nullptr) {
-          // Share hl of the whole rows of the tile `ahead` tiles on, into L2.
-          prefetch_rows_l2(*far, far->n * hl / nh, far->n * (hl + 1) / nh);
+          // Share hl of the rows of the tile `ahead` tiles on, into L2, issued
+          // a few lines at a time from inside the score and PV loops.
+          start_pump(*far, far->n * hl / nh, far->n * (hl + 1) / nh);
         }
         tile(cur, ta, h, hl * m_per_head, m_per_head, first_limit, s);
+        finish_pump();
       }
       if (k + ahead + 1 < order.tiles)
         fill_tile(it, order, k + ahead + 1, ring[(k + ahead + 1) % kRing]);
@@ -491,23 +496,6 @@ class ItemRunner {
            std::size_t{tok % c_.page} * c_.token_stride + std::size_t{h} * c_.head_stride;
   }
 
-  // Prefetches the K and V rows of every head of tokens [i0, i1) of a tile
-  // into L2 (NHD: each token's whole row; HND: one run per head).
-  void prefetch_rows_l2(const TileRows& rows, std::uint32_t i0, std::uint32_t i1) const {
-    const std::size_t run = (c_.head_stride == c_.dim ? std::size_t{c_.n_kv} : 1) * c_.dim;
-    const std::size_t runs = c_.head_stride == c_.dim ? 1 : c_.n_kv;
-    for (std::uint32_t i = i0; i < i1; ++i) {
-      for (std::size_t r = 0; r < runs; ++r) {
-        const char* kr = reinterpret_cast<const char*>(rows.k[i] + r * c_.head_stride);
-        const char* vr = reinterpret_cast<const char*>(rows.v[i] + r * c_.head_stride);
-        for (std::size_t o = 0; o < run * sizeof(T); o += 64) {
-          prefetch_l2(kr + o);
-          prefetch_l2(vr + o);
-        }
-      }
-    }
-  }
-
   // Prefetches KV head h's K and V rows of a tile into L1.
   void prefetch_rows(const TileRows& rows, std::uint32_t h) const {
     const std::size_t bytes = std::size_t{c_.dim} * sizeof(T);
@@ -572,6 +560,7 @@ class ItemRunner {
       const T* kr[kT];
       for (int u = 0; u < kT; ++u) kr[u] = kp[std::min<std::uint32_t>(t + u, nt - 1)];
       hn::Store(ScoreBlock<kQ, kT>(df, q, dimp, kr, c_.dim), df, out);
+      pump();
       for (int j = 0; j < kQ; ++j)
         std::memcpy(pr + j * kTile + t, out + j * kT, kT * sizeof(float));
     }
@@ -586,7 +575,7 @@ class ItemRunner {
       p[r] = pr + r * kTile;
       a[r] = acc + r * dimp;
     }
-    PvRows<kR>(df, p, a, vp, nt, c_.dim);
+    PvRows<kR>(df, p, a, vp, nt, c_.dim, [this] { pump(); });
   }
 
   // One tile (tokens ta .. ta + rows.n) of one KV head h for the item's m query vectors
@@ -630,8 +619,73 @@ class ItemRunner {
     for (; i < m; ++i) pv_rows<1>(df, pr + i * kTile, acc + i * dimp, dimp, vp, nt);
   }
 
+  // AttentionPrefetch::next_tile_l2. A head step's share of a tile ahead
+  // (every head's K and V row pieces of tokens [i, i1)) is not issued at
+  // once: pump() issues a few lines from each iteration of the score and PV
+  // loops, as many per call as spread the share evenly over the number of
+  // calls the previous step made. A burst of ~256 prefetches per step
+  // stalled the core on Zen 4 until misses drained (compute and memory did
+  // not overlap): spreading them took decode from 11.1 to 14.6 GB/s (MHA)
+  // and 7.1 to 12.0 (GQA 4) on one thread (docs/PERFORMANCE.md).
+  struct PumpCursor {
+    const TileRows* rows = nullptr;
+    std::uint32_t i = 0, i1 = 0;  // tile rows still to prefetch
+    std::uint32_t run = 0;        // run (head) within the row: NHD 1 run, HND n_kv
+    std::size_t o = 0;            // byte offset within the run
+  };
+
+  void start_pump(const TileRows& rows, std::uint32_t i0, std::uint32_t i1) const {
+    pump_ = {&rows, i0, i1, 0, 0};
+    const std::size_t lines = 2 * std::size_t{i1 - i0} * runs_per_row() * ((run_bytes() + 63) / 64);
+    const std::size_t per = (lines + pump_calls_ - 1) / std::max<std::uint32_t>(1, pump_calls_);
+    per_pump_ = static_cast<std::uint32_t>(std::max<std::size_t>(2, per + (per & 1)));
+    pump_calls_ = 0;
+  }
+
+  // Issues what the loops left, keeps the count of calls for the next step.
+  void finish_pump() const {
+    if (pump_.rows == nullptr) return;
+    const std::uint32_t calls = pump_calls_;
+    pump(~0u);
+    pump_calls_ = std::max<std::uint32_t>(1, calls);
+    pump_.rows = nullptr;
+  }
+
+  void pump() const { pump(per_pump_); }
+
+  // Up to `lines` prefetches (K and V alternately) from the cursor.
+  void pump(std::uint32_t lines) const {
+    if (pump_.rows == nullptr) return;
+    ++pump_calls_;
+    const std::size_t bytes = run_bytes();
+    const std::uint32_t runs = runs_per_row();
+    for (; lines >= 2 && pump_.i < pump_.i1; lines -= 2) {
+      const std::size_t off = pump_.run * c_.head_stride;
+      prefetch_l2(reinterpret_cast<const char*>(pump_.rows->k[pump_.i] + off) + pump_.o);
+      prefetch_l2(reinterpret_cast<const char*>(pump_.rows->v[pump_.i] + off) + pump_.o);
+      pump_.o += 64;
+      if (pump_.o >= bytes) {
+        pump_.o = 0;
+        if (++pump_.run == runs) {
+          pump_.run = 0;
+          ++pump_.i;
+        }
+      }
+    }
+  }
+
+  // NHD: a token's heads are one contiguous run; HND: one run per head.
+  bool heads_contiguous() const { return c_.head_stride == c_.dim; }
+  std::uint32_t runs_per_row() const { return heads_contiguous() ? 1 : c_.n_kv; }
+  std::size_t run_bytes() const {
+    return (heads_contiguous() ? std::size_t{c_.n_kv} : 1) * c_.dim * sizeof(T);
+  }
+
   const AttentionCtx& c_;
-  std::vector<std::uint32_t> pos_;  // LayoutPos of each element (split layouts only)
+  mutable PumpCursor pump_;
+  mutable std::uint32_t pump_calls_ = 32;  // pump() calls of the previous head step
+  mutable std::uint32_t per_pump_ = 8;     // lines per call in this step
+  std::vector<std::uint32_t> pos_;         // LayoutPos of each element (split layouts only)
 };
 
 // Combines a group's partials (max, sum, acc per query vector) into out.
