@@ -51,7 +51,7 @@ void validate_collection_desc(const void* blocks, const std::uint32_t* cache_len
                               std::uint32_t batch_size, std::uint32_t max_seq_length,
                               std::uint32_t max_cache_length, std::uint32_t num_layers,
                               std::uint32_t block_tokens, std::uint32_t n_kv_heads,
-                              std::uint32_t head_dim, std::uint32_t num_blocks);
+                              std::uint32_t head_dim, std::uint32_t num_blocks, PageLayout layout);
 }  // namespace detail
 
 template <CacheElement T, class CacheType>
@@ -63,9 +63,10 @@ class KVCacheCollectionBase {
   KVCacheCollectionBase() = default;
   // Validates `d` fully; throws InvalidArgument.
   explicit KVCacheCollectionBase(const CollectionDesc<T>& d) : d_(d) {
-    detail::validate_collection_desc(
-        d.blocks, d.cache_lengths, d.lookup_table, d.lookup_stride, d.batch_size, d.max_seq_length,
-        d.max_cache_length, d.num_layers, d.block_tokens, d.n_kv_heads, d.head_dim, d.num_blocks);
+    detail::validate_collection_desc(d.blocks, d.cache_lengths, d.lookup_table, d.lookup_stride,
+                                     d.batch_size, d.max_seq_length, d.max_cache_length,
+                                     d.num_layers, d.block_tokens, d.n_kv_heads, d.head_dim,
+                                     d.num_blocks, d.layout);
   }
 
   CacheType get_key_cache(std::uint32_t layer) const { return layer_cache(layer, 0); }

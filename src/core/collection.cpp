@@ -19,8 +19,11 @@ void validate_collection_desc(const void* blocks, const std::uint32_t* cache_len
                               std::uint32_t batch_size, std::uint32_t max_seq_length,
                               std::uint32_t max_cache_length, std::uint32_t num_layers,
                               std::uint32_t block_tokens, std::uint32_t n_kv_heads,
-                              std::uint32_t head_dim, std::uint32_t num_blocks) {
+                              std::uint32_t head_dim, std::uint32_t num_blocks, PageLayout layout) {
   require(blocks != nullptr, "collection blocks pointer is null");
+  require(
+      layout == PageLayout::nhd || layout == PageLayout::hnd,
+      "collection layout value " + u(static_cast<std::uint32_t>(layout)) + " is not nhd or hnd");
   require(num_layers > 0 && block_tokens > 0 && n_kv_heads > 0 && head_dim > 0 && num_blocks > 0,
           "collection sizes must be non-zero (num_layers " + u(num_layers) + ", block_tokens " +
               u(block_tokens) + ", n_kv_heads " + u(n_kv_heads) + ", head_dim " + u(head_dim) +
@@ -33,9 +36,9 @@ void validate_collection_desc(const void* blocks, const std::uint32_t* cache_len
   require(max_cache_length <= room, "max_cache_length " + u(max_cache_length) +
                                         " exceeds the lookup table's room of " + u(room) +
                                         " tokens");
-  require(max_seq_length <= max_cache_length, "max_seq_length " + u(max_seq_length) +
-                                                  " exceeds max_cache_length " +
-                                                  u(max_cache_length));
+  require(
+      max_seq_length <= max_cache_length,
+      "max_seq_length " + u(max_seq_length) + " exceeds max_cache_length " + u(max_cache_length));
   for (std::uint32_t b = 0; b < batch_size; ++b) {
     require(cache_lengths[b] <= max_cache_length,
             "cache_lengths[" + u(b) + "] = " + u(cache_lengths[b]) + " exceeds max_cache_length " +

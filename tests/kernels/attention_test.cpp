@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -357,6 +358,31 @@ TEST(AttentionFast, BadArgumentsThrowInvalidArgument) {
   EXPECT_THROW(store_kv(k, v, std::span<const float>(kv), std::span<const float>(kv),
                         std::span<const std::uint32_t>(ro), wide),
                InvalidArgument);
+  // Prefetch values outside the enums (a cast from bad data), and K / V of
+  // different page layouts.
+  StoreOptions bad_store_pf;
+  bad_store_pf.prefetch = static_cast<StorePrefetch>(9);
+  EXPECT_THROW(store_kv(k, v, std::span<const float>(kv), std::span<const float>(kv),
+                        std::span<const std::uint32_t>(ro), bad_store_pf),
+               InvalidArgument);
+  std::fill(out.begin(), out.end(), -3.0f);
+  AttentionOptions bad_attn_pf;
+  bad_attn_pf.prefetch = static_cast<AttentionPrefetch>(9);
+  EXPECT_THROW(attention(k, v, std::span<const float>(q), 4, std::span<const std::uint32_t>(ro),
+                         std::span(out), bad_attn_pf),
+               InvalidArgument);
+  EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](float x) { return x == -3.0f; }))
+      << "a throwing attention call wrote its output";
+  OwnedCache<Half> hnd(cache);
+  hnd.desc.layout = PageLayout::hnd;
+  auto hnd_v = hnd.paged_collection().get_value_cache(1);
+  try {
+    attention(k, hnd_v, std::span<const float>(q), 4, std::span<const std::uint32_t>(ro),
+              std::span(out));
+    ADD_FAILURE() << "K (nhd) with V (hnd) was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("layout nhd vs hnd"), std::string::npos) << e.what();
+  }
   EXPECT_TRUE(before == cache.blocks) << "a throwing call wrote to the cache";
 }
 

@@ -366,6 +366,12 @@ TEST(CollectionDescTest, RejectsBadDescs) {
   {
     OwnBuffer ob;
     auto d = ob.desc();
+    d.layout = static_cast<PageLayout>(5);
+    KV_EXPECT_THROW(PagedKVCacheCollection<float>(d), InvalidArgument, "layout value 5");
+  }
+  {
+    OwnBuffer ob;
+    auto d = ob.desc();
     d.cache_lengths = nullptr;
     KV_EXPECT_THROW(PagedKVCacheCollection<float>(d), InvalidArgument, "cache_lengths");
   }

@@ -835,6 +835,11 @@ void check_shapes(const LayerCacheDesc<float>& k, const LayerCacheDesc<float>& v
 }  // namespace kernels
 
 AttentionPrefetch resolve_attention_prefetch(AttentionPrefetch requested) {
+  if (requested > AttentionPrefetch::none) {
+    throw InvalidArgument("AttentionOptions::prefetch value " +
+                          std::to_string(static_cast<int>(requested)) +
+                          " is not automatic, next_step_l1, next_tile_l2 or none");
+  }
   if (requested != AttentionPrefetch::automatic) return requested;
   return kernels::running_on_amd() ? AttentionPrefetch::next_tile_l2
                                    : AttentionPrefetch::next_step_l1;

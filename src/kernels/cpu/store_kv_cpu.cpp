@@ -235,6 +235,11 @@ HWY_EXPORT(StoreBF16);
 }  // namespace kernels
 
 StorePrefetch resolve_store_prefetch(StorePrefetch requested) {
+  if (requested > StorePrefetch::none) {
+    throw InvalidArgument("StoreOptions::prefetch value " +
+                          std::to_string(static_cast<int>(requested)) +
+                          " is not automatic, next_row_l1 or none");
+  }
   if (requested != StorePrefetch::automatic) return requested;
   return kernels::running_on_amd() ? StorePrefetch::none : StorePrefetch::next_row_l1;
 }
