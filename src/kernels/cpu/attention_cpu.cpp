@@ -48,11 +48,6 @@ using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
 
 constexpr std::uint32_t kTile = 32;  // max KV tokens per tile (multiple of any lane count)
-// Page streams a gathered tile reads at once, and the shortest item that is
-// gathered (shorter ones are a few tiles: contiguous order).
-constexpr std::uint32_t kStreams = 4;
-constexpr std::uint32_t kGatherMinTokens = 256;
-static_assert(kTile % kStreams == 0, "a gathered tile takes whole shares of each stream");
 // Tiles whose row pointers are kept: the current one and those ahead.
 constexpr std::uint32_t kRing = kPrefetchTilesAhead + 2;
 
@@ -367,23 +362,18 @@ class ItemRunner {
     std::fill(s.acc.get(), s.acc.get() + total * s.dimp, 0.0f);
     // Row i (local) of the item sees tokens < first_limit + i.
     const std::uint32_t first_limit = c_.cache_lengths[it.b] + (it.r0 - c_.row_offsets[it.b]) + 1;
-    // When every row sees every token of the item (decode), tokens may be
-    // taken in any order, so long items read kStreams page streams at once.
-    // Gathered only with NHD: HND reads each head's rows in address order,
-    // and extra streams measured slower there (Zen 4, 1 thread: 9 vs 11 GB/s).
-    const TileOrder order = tile_order(it, first_limit >= it.t1 && c_.head_stride == c_.dim);
+    const std::uint32_t tiles = (it.t1 - it.t0 + kTile - 1) / kTile;
     // Row pointers (KV head 0) of the tiles in flight: [k % kRing] is tile k;
     // head h's row is the pointer + h * head_stride. One page-table walk per tile.
     TileRows ring[kRing];
     const std::uint32_t ahead =
         c_.prefetch == AttentionPrefetch::next_tile_l2 ? kPrefetchTilesAhead : 1;
-    for (std::uint32_t k = 0; k <= ahead && k < order.tiles; ++k) fill_tile(it, order, k, ring[k]);
-    for (std::uint32_t k = 0; k < order.tiles; ++k) {
+    for (std::uint32_t k = 0; k <= ahead && k < tiles; ++k) fill_tile(it, k, ring[k]);
+    for (std::uint32_t k = 0; k < tiles; ++k) {
       const TileRows& cur = ring[k % kRing];
-      // Tile k's first token, for the causal mask (a gathered tile is all visible).
-      const std::uint32_t ta = order.gathered ? it.t0 : it.t0 + k * kTile;
-      const TileRows* next = k + 1 < order.tiles ? &ring[(k + 1) % kRing] : nullptr;
-      const TileRows* far = k + ahead < order.tiles ? &ring[(k + ahead) % kRing] : nullptr;
+      const std::uint32_t ta = it.t0 + k * kTile;  // tile k's first token
+      const TileRows* next = k + 1 < tiles ? &ring[(k + 1) % kRing] : nullptr;
+      const TileRows* far = k + ahead < tiles ? &ring[(k + ahead) % kRing] : nullptr;
       for (std::uint32_t hl = 0; hl < nh; ++hl) {
         const std::uint32_t h = it.h0 + hl;
         if (c_.prefetch == AttentionPrefetch::next_step_l1) {
@@ -401,8 +391,7 @@ class ItemRunner {
         tile(cur, ta, h, hl * m_per_head, m_per_head, first_limit, s);
         finish_pump();
       }
-      if (k + ahead + 1 < order.tiles)
-        fill_tile(it, order, k + ahead + 1, ring[(k + ahead + 1) % kRing]);
+      if (k + ahead + 1 < tiles) fill_tile(it, k + ahead + 1, ring[(k + ahead + 1) % kRing]);
     }
     if (partial == nullptr) {
       write_output(it, s);
@@ -427,50 +416,11 @@ class ItemRunner {
     std::uint32_t n = 0;
   };
 
-  // Which tokens tile k holds. Contiguous: [t0 + k * kTile, + kTile).
-  // Gathered: [t0, t1) is cut into kStreams segments of `segment` tokens and
-  // tile k takes the next kTile / kStreams tokens of each, so the kernel
-  // reads kStreams far-apart page streams at once: a core sustains more
-  // bandwidth with several independent streams in flight while it computes
-  // (Zen 4, 32 KiB pages: 1 stream 11.6 GB/s, 4 streams 18.3 at GQA 4's
-  // arithmetic; docs/PERFORMANCE.md).
-  struct TileOrder {
-    bool gathered = false;
-    std::uint32_t segment = 0;
-    std::uint32_t tiles = 0;
-  };
-
-  static TileOrder tile_order(const WorkItem& it, bool all_visible) {
-    const std::uint32_t len = it.t1 - it.t0;
-    TileOrder o;
-    if (all_visible && len >= kGatherMinTokens) {
-      constexpr std::uint32_t w = kTile / kStreams;
-      o.gathered = true;
-      o.segment = (len + kStreams * w - 1) / (kStreams * w) * w;  // multiple of w
-      o.tiles = o.segment / w;
-    } else {
-      o.tiles = (len + kTile - 1) / kTile;
-    }
-    return o;
-  }
-
-  void fill_tile(const WorkItem& it, const TileOrder& o, std::uint32_t k, TileRows& rows) const {
+  // rows = the K/V rows of tile k: tokens [t0 + k * kTile, + kTile) of the item.
+  void fill_tile(const WorkItem& it, std::uint32_t k, TileRows& rows) const {
     rows.n = 0;
-    if (!o.gathered) {
-      const std::uint32_t ta = it.t0 + k * kTile;
-      append_rows(it.b, ta, tile_end(ta, it.t1), rows);
-      return;
-    }
-    constexpr std::uint32_t w = kTile / kStreams;
-    for (std::uint32_t st = 0; st < kStreams; ++st) {
-      const std::uint64_t seg_end =
-          std::min<std::uint64_t>(it.t1, std::uint64_t{it.t0} + std::uint64_t{st + 1} * o.segment);
-      const std::uint64_t a = std::uint64_t{it.t0} + std::uint64_t{st} * o.segment + k * w;
-      if (a < seg_end) {
-        append_rows(it.b, static_cast<std::uint32_t>(a),
-                    static_cast<std::uint32_t>(std::min<std::uint64_t>(seg_end, a + w)), rows);
-      }
-    }
+    const std::uint32_t ta = it.t0 + k * kTile;
+    append_rows(it.b, ta, tile_end(ta, it.t1), rows);
   }
 
   // Appends the K/V rows of tokens [ta, tb) (head 0), one page-table lookup
