@@ -70,6 +70,13 @@ AttentionPrefetch parse_prefetch(const std::string& name) {
   throw InvalidArgument("--prefetch must be auto, step-l1, tile-l2 or none, got '" + name + "'");
 }
 
+StorePrefetch parse_store_prefetch(const std::string& name) {
+  if (name == "auto") return StorePrefetch::automatic;
+  if (name == "row-l1") return StorePrefetch::next_row_l1;
+  if (name == "none") return StorePrefetch::none;
+  throw InvalidArgument("--prefetch must be auto, row-l1 or none, got '" + name + "'");
+}
+
 std::string prefetch_name(AttentionPrefetch p) {
   switch (p) {
     case AttentionPrefetch::automatic:
@@ -294,7 +301,7 @@ void fill(BenchCache& c, const KVCacheParams& p, std::uint32_t history, std::uin
 // Fast vs reference attention on a small cache of the same shape.
 template <CacheElement T>
 double check_attention(const AttentionArgs& a, const KVCacheParams& p, bool decode,
-                       ThreadPool& pool, std::mt19937& rng) {
+                       AttentionPrefetch prefetch, ThreadPool& pool, std::mt19937& rng) {
   AttentionArgs small = a;
   small.batch = 1;
   const std::uint32_t ctx = std::min<std::uint32_t>(a.context, decode ? 3000 : 200);
@@ -308,7 +315,7 @@ double check_attention(const AttentionArgs& a, const KVCacheParams& p, bool deco
     attention_reference(k, v, std::span(q), a.q_heads, std::span<const std::uint32_t>(ro),
                         std::span(ref));
     attention(k, v, std::span(q), a.q_heads, std::span<const std::uint32_t>(ro), std::span(fast),
-              {.prefetch = parse_prefetch(a.prefetch)}, &pool);
+              {.prefetch = prefetch}, &pool);
   });
   double err = 0;
   for (std::size_t i = 0; i < q.size(); ++i)
@@ -337,7 +344,7 @@ nlohmann::json bench_attention(const AttentionArgs& a) {
   ThreadPool pool(a.threads);
   std::mt19937 rng(2024);
 
-  const double check_err = check_attention<T>(a, p, decode, pool, rng);
+  const double check_err = check_attention<T>(a, p, decode, prefetch, pool, rng);
 
   const std::size_t set_bytes = std::size_t{a.batch} * a.context * p.bytes_per_token();
   const std::uint32_t sets =
@@ -360,18 +367,7 @@ nlohmann::json bench_attention(const AttentionArgs& a) {
   const auto times = time_calls(repeats, call);
   const double med = median(times);
   const double stream = stream_read_gbps(std::max(set_bytes * sets, set_bytes), huge, pool);
-  // The same pages read without arithmetic, in page-table order: the ceiling
-  // the page size and order leave (same sets rotated, same threads).
-  const std::vector<std::uint32_t> tokens(a.batch, a.context);
-  float read_sink = 0.0f;
-  const auto read_times = time_calls(std::max<std::size_t>(7, sets), [&](std::size_t i) {
-    with_layer<T>(c.batches[i % sets], [&](const auto& k, const auto& v) {
-      read_sink += kernels::paged_read(detail::erase(k.desc()), detail::erase(v.desc()), sizeof(T),
-                                       tokens, &pool);
-    });
-  });
-  if (read_sink == 12345.0f) std::cerr << "";  // keep the sums alive
-  const double paged_read = set_bytes / median(read_times) / 1e9;
+
   const double bytes = static_cast<double>(set_bytes);
   nlohmann::json j{
       {"bench", "attention"},
@@ -401,9 +397,23 @@ nlohmann::json bench_attention(const AttentionArgs& a) {
       {"bytes_kv", bytes},
       {"gbps", bytes / med / 1e9},
       {"stream_gbps", stream},
-      {"fraction_of_stream", bytes / med / 1e9 / stream},
-      {"paged_read_gbps", paged_read},
-      {"fraction_of_paged_read", bytes / med / 1e9 / paged_read}};
+      {"fraction_of_stream", bytes / med / 1e9 / stream}};
+  if (decode) {
+    // The same pages read without arithmetic, in page-table order: the
+    // ceiling the page size and order leave (same sets rotated, same threads).
+    const std::vector<std::uint32_t> tokens(a.batch, a.context);
+    float read_sink = 0.0f;
+    const auto read_times = time_calls(std::max<std::size_t>(7, sets), [&](std::size_t i) {
+      with_layer<T>(c.batches[i % sets], [&](const auto& k, const auto& v) {
+        read_sink += kernels::paged_read(detail::erase(k.desc()), detail::erase(v.desc()),
+                                         sizeof(T), tokens, &pool);
+      });
+    });
+    if (read_sink == 12345.0f) std::cerr << "";  // keep the sums alive
+    const double paged_read = set_bytes / median(read_times) / 1e9;
+    j["paged_read_gbps"] = paged_read;
+    j["fraction_of_paged_read"] = bytes / med / 1e9 / paged_read;
+  }
   if (!decode) {
     const double pairs = double(a.context) * (a.context + 1) / 2.0 * a.batch;
     const double flops = 4.0 * a.head_dim * a.q_heads * pairs;
@@ -433,15 +443,7 @@ nlohmann::json bench_store(const StoreArgs& a) {
   const auto ro = offsets(a.batch, a.tokens);
   StoreOptions opt;
   opt.rope_k.enabled = a.rope;
-  if (a.prefetch == "auto") {
-    opt.prefetch = StorePrefetch::automatic;
-  } else if (a.prefetch == "row-l1") {
-    opt.prefetch = StorePrefetch::next_row_l1;
-  } else if (a.prefetch == "none") {
-    opt.prefetch = StorePrefetch::none;
-  } else {
-    throw InvalidArgument("--prefetch must be auto, row-l1 or none, got '" + a.prefetch + "'");
-  }
+  opt.prefetch = parse_store_prefetch(a.prefetch);
   const bool row_l1 = resolve_store_prefetch(opt.prefetch) == StorePrefetch::next_row_l1;
   auto call = [&](std::size_t) {
     with_layer<T>(c.batches[0], [&](const auto& k, const auto& v) {
