@@ -98,8 +98,8 @@ py::array blocks_view(const py::object& self, std::uint32_t device) {
   // [blocks][2][layers] then [tokens][heads] (NHD) or [heads][tokens] (HND).
   const py::ssize_t tokens = b.block_tokens(), heads = p.n_kv_heads_per_device();
   const bool hnd = p.page_layout == PageLayout::hnd;
-  std::vector<py::ssize_t> shape = {b.num_blocks(),       2, p.num_layers, hnd ? heads : tokens,
-                                    hnd ? tokens : heads, p.head_dim};
+  std::vector<py::ssize_t> shape = {
+      b.num_blocks(), 2, p.num_layers, hnd ? heads : tokens, hnd ? tokens : heads, p.head_dim};
   return py::array(numpy_dtype(p.dtype), std::move(shape), b.blocks(device), self);
 }
 
@@ -597,6 +597,17 @@ void bind_prefix_methods(py::class_<PagedKVCacheManager>& cls) {
          "Attaches the cached pages of the longest cached full-page prefix of prompt_tokens "
          "(under extra_key) to a freshly claimed sequence and returns the tokens reused "
          "(always leaves at least one prompt token to compute). Then fetch/step the rest.")
+      .def(
+          "release",
+          [](M& m, const py::handle& seq, const std::string& hint) {
+            const SeqId id = to_seq_ids(seq).at(0);
+            const ReuseHint h = parse_reuse_hint(hint);
+            unlocked([&] { m.release(id, h); });
+          },
+          py::arg("seq_id"), py::arg("hint"),
+          "Releases the sequence telling the eviction policy whether a later request is "
+          "expected to start with its tokens: hint 'likely' | 'unlikely' | 'unknown' (only "
+          "the 'tiered' policy acts on it).")
       .def(
           "fork",
           [](M& m, const py::handle& seq) {

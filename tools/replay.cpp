@@ -30,6 +30,8 @@ struct ReplayArgs {
   bool sequential = false;
   double rate = 20.0;
   std::uint32_t max_batch = 1024;
+  bool reuse_hints = false;
+  std::uint32_t short_output = 32;
   bool json = false;
 };
 
@@ -92,6 +94,8 @@ nlohmann::json to_json(const ReplayArgs& a, const ReplayResult& r) {
   return {{"trace", a.trace},
           {"mode", a.sequential ? "sequential" : "timed"},
           {"policy", a.policy},
+          {"reuse_hints", a.reuse_hints},
+          {"short_output", a.short_output},
           {"page_size", a.page_size},
           {"capacity_pages", r.capacity_pages},
           {"requests", r.requests},
@@ -116,6 +120,8 @@ void run_replay(const ReplayArgs& a) {
   o.sequential = a.sequential;
   o.decode_tokens_per_s = a.rate;
   o.max_batch = a.max_batch;
+  o.reuse_hints = a.reuse_hints;
+  o.short_output = a.short_output;
   if (isatty(STDERR_FILENO)) o.progress = print_progress;
   const std::vector<TraceRequest> trace = load_trace(a.trace);
   const ReplayResult r = replay_trace(trace, o);
@@ -123,9 +129,14 @@ void run_replay(const ReplayArgs& a) {
     std::cout << to_json(a, r).dump(2) << '\n';
     return;
   }
-  std::printf("replay %s: %zu requests, %s mode, policy %s, page size %u, %s pages\n",
-              a.trace.c_str(), trace.size(), a.sequential ? "sequential" : "timed",
-              a.policy.c_str(), a.page_size, with_commas(r.capacity_pages).c_str());
+  std::printf(
+      "replay %s: %zu requests, %s mode, policy %s%s, page size %u, %s pages\n", a.trace.c_str(),
+      trace.size(), a.sequential ? "sequential" : "timed", a.policy.c_str(),
+      a.reuse_hints
+          ? (" + reuse hints (output < " + std::to_string(a.short_output) + " tokens: likely)")
+                .c_str()
+          : "",
+      a.page_size, with_commas(r.capacity_pages).c_str());
   Table t({"metric", "value"});
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.4f", r.block_hit_rate());
@@ -168,6 +179,13 @@ void add_replay_command(CLI::App& app) {
   cmd->add_option("--rate", args->rate, "Timed mode: decode tokens per second per request")
       ->capture_default_str();
   cmd->add_option("--max-batch", args->max_batch, "Timed mode: concurrent requests")
+      ->capture_default_str();
+  cmd->add_flag(
+      "--reuse-hints", args->reuse_hints,
+      "Release each request with a reuse hint from its output length, as an engine "
+      "could (likely if output_length < --short-output, else unlikely); tiered acts on it");
+  cmd->add_option("--short-output", args->short_output,
+                  "--reuse-hints: outputs shorter than this many tokens mean likely reuse")
       ->capture_default_str();
   cmd->add_flag("--json", args->json, "Print a JSON object");
   cmd->callback([args] { run_replay(*args); });

@@ -71,6 +71,12 @@ class PagedKVCacheManager final : public KVCacheManager {
   void step(std::span<const SeqId> seqs, std::span<const std::uint32_t> valid_lengths,
             std::span<const std::uint32_t> token_ids);
   void release(SeqId seq) override;
+  // release that tells the eviction policy whether a later request is
+  // expected to start with this sequence's tokens (kvcache/prefix_cache.h;
+  // only `tiered` acts on it). The hint applies to the pages this release
+  // makes evictable. Throws UnknownSequence, InvalidArgument (a value
+  // outside ReuseHint; nothing released).
+  void release(SeqId seq, ReuseHint hint);
 
   // Attaches to a freshly claimed sequence (no pages, length 0) the cached
   // pages of the longest cached prefix of full pages of prompt_tokens under

@@ -31,12 +31,30 @@ enum class EvictionPolicyKind : std::uint8_t {
   s3fifo,    // S3-FIFO: a small probation FIFO for never-reused pages, a main
              // FIFO with second chances for reused ones, a ghost FIFO of evicted hashes
   tiered,    // LRU-2 flavoured: pages used by one request only go first (LRU), then
-             // pages used by two or more (reused, or remembered by a ghost of evicted hashes)
+             // pages used by two or more (reused, or remembered by a ghost of evicted hashes);
+             // honours release hints (ReuseHint): `unlikely` pages used once go before
+             // every other page, `likely` ones are kept like reused ones
   interval,  // inter-arrival: predicts each content's reuse interval from its own
              // history (mean gap between the requests that used it, kept across
              // evictions by a ghost of evicted hashes; content used once counts as
              // far) and evicts the page with the largest 2 x idle time + interval
 };
+
+// What the caller knows, when it releases a sequence, about whether a later
+// request will start with this sequence's tokens. Engines know things the
+// cache cannot see: a chat turn that expects a follow-up or an agent step
+// (likely), a one-shot completion or a request that ran to its token limit
+// (unlikely); on the Mooncake trace the output length is such a signal (a
+// request with a short output is followed by a reuse of its prompt far more
+// often than one with a long output; docs/PERFORMANCE.md). Only the
+// `tiered` policy acts on it; the others ignore it. A page keeps the last
+// hint other than `unknown` it was released with until it is evicted or
+// unpublished; reuse by another request still promotes it.
+enum class ReuseHint : std::uint8_t { unknown, unlikely, likely };
+
+std::string_view reuse_hint_name(ReuseHint hint);
+// "unknown" | "unlikely" | "likely"; throws InvalidArgument otherwise.
+ReuseHint parse_reuse_hint(std::string_view name);
 
 std::string_view policy_name(EvictionPolicyKind kind);
 // "lru" | "s3fifo" | "tiered" | "interval"; throws InvalidArgument naming the

@@ -48,6 +48,12 @@ struct ReplayOptions {
   double s3fifo_small_fraction = 0.1;
   double ghost_factor = 16.0;
   bool sequential = true;
+  // Release each request with a ReuseHint derived from its output length, as
+  // an engine could at the end of the request: output_length < short_output
+  // tokens -> likely, else unlikely (only the `tiered` policy acts on it).
+  // Off: every release is ReuseHint::unknown.
+  bool reuse_hints = false;
+  std::uint32_t short_output = 32;
   double decode_tokens_per_s = 20.0;  // timed mode: per request
   std::uint32_t max_batch = 1024;     // timed mode: concurrent requests
   std::function<void(std::size_t done, std::size_t total)> progress;  // optional

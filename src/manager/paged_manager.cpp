@@ -104,11 +104,11 @@ struct PagedKVCacheManager::Impl {
   }
 
   // ---- evictable set ---------------------------------------------------------
-  void make_evictable(std::uint32_t page) {
+  void make_evictable(std::uint32_t page, ReuseHint hint = ReuseHint::unknown) {
     if (meta[page].pin > 0) {
       pinned.emplace(meta[page].pin, page);
     } else {
-      policy->insert(page);
+      policy->insert(page, hint);
     }
   }
   void make_unevictable(std::uint32_t page) {
@@ -131,9 +131,9 @@ struct PagedKVCacheManager::Impl {
   }
 
   // Drops one reference; a published page at ref 0 becomes evictable.
-  void drop_ref(std::uint32_t page) {
+  void drop_ref(std::uint32_t page, ReuseHint hint = ReuseHint::unknown) {
     if (caching && meta[page].published) {
-      if (pool.unref(page) == 0) make_evictable(page);
+      if (pool.unref(page) == 0) make_evictable(page, hint);
     } else {
       pool.release(page);
     }
@@ -440,13 +440,20 @@ void PagedKVCacheManager::step(std::span<const SeqId> seqs,
   }
 }
 
-void PagedKVCacheManager::release(SeqId seq) {
+void PagedKVCacheManager::release(SeqId seq) { release(seq, ReuseHint::unknown); }
+
+void PagedKVCacheManager::release(SeqId seq, ReuseHint hint) {
+  if (hint != ReuseHint::unknown && hint != ReuseHint::unlikely && hint != ReuseHint::likely) {
+    throw InvalidArgument("reuse hint " + str(static_cast<unsigned>(hint)) +
+                          " is not a ReuseHint (0 unknown, 1 unlikely, 2 likely)");
+  }
   std::lock_guard lock(impl_->mu);
   auto it = impl_->seqs.find(seq);
   if (it == impl_->seqs.end()) manager::throw_unknown(seq);
   // Release the tail first: the free list hands the head out last and LRU
   // evicts the tail before the head.
-  for (auto p = it->second.pages.rbegin(); p != it->second.pages.rend(); ++p) impl_->drop_ref(*p);
+  for (auto p = it->second.pages.rbegin(); p != it->second.pages.rend(); ++p)
+    impl_->drop_ref(*p, hint);
   impl_->seqs.erase(it);
 }
 

@@ -1,4 +1,4 @@
-// Default chained block hash and policy names (kvcache/prefix_cache.h).
+// Default chained block hash, policy and reuse-hint names (kvcache/prefix_cache.h).
 #include <xxhash.h>
 
 #include <string>
@@ -36,6 +36,26 @@ EvictionPolicyKind parse_policy(std::string_view name) {
   if (name == "interval") return EvictionPolicyKind::interval;
   throw InvalidArgument("unknown eviction policy '" + std::string(name) +
                         "' (known: lru, s3fifo, tiered, interval)");
+}
+
+std::string_view reuse_hint_name(ReuseHint hint) {
+  switch (hint) {
+    case ReuseHint::unknown:
+      return "unknown";
+    case ReuseHint::unlikely:
+      return "unlikely";
+    case ReuseHint::likely:
+      return "likely";
+  }
+  return "?";
+}
+
+ReuseHint parse_reuse_hint(std::string_view name) {
+  if (name == "unknown") return ReuseHint::unknown;
+  if (name == "unlikely") return ReuseHint::unlikely;
+  if (name == "likely") return ReuseHint::likely;
+  throw InvalidArgument("unknown reuse hint '" + std::string(name) +
+                        "' (known: unknown, unlikely, likely)");
 }
 
 }  // namespace kvcache

@@ -59,7 +59,7 @@ class LruPolicy final : public EvictionPolicy {
   explicit LruPolicy(std::uint32_t n) : lists_(n, 1) {}
   void on_publish(std::uint32_t, std::uint64_t, bool) override {}
   void on_hit(std::uint32_t) override {}
-  void insert(std::uint32_t page) override { lists_.push_back(0, page); }
+  void insert(std::uint32_t page, ReuseHint) override { lists_.push_back(0, page); }
   void erase(std::uint32_t page) override { lists_.remove(page); }
   std::uint32_t evict() override { return lists_.pop_front(0); }
   std::uint32_t size() const override { return lists_.size(0); }
@@ -96,7 +96,7 @@ class S3FifoPolicy final : public EvictionPolicy {
   void on_hit(std::uint32_t page) override {
     freq_[page] = static_cast<std::uint8_t>(std::min(3, freq_[page] + 1));
   }
-  void insert(std::uint32_t page) override {
+  void insert(std::uint32_t page, ReuseHint) override {
     if (freq_[page] > 0) main_[page] = 1;
     lists_.push_back(main_[page] ? kMain : kSmall, page);
   }
@@ -182,36 +182,57 @@ class GhostFifo {
   PageIndex index_;
 };
 
-// Tiered LRU (LRU-2 flavoured): pages whose content was used by only one
-// request so far (published, never reused, not remembered by the ghost) are
-// evicted first, least recently released first; pages seen twice (reused, or
-// re-published while the ghost FIFO still remembers their hash) are evicted
-// only when no once-seen page is left, also in LRU order. The ghost keeps
+// Tiered LRU (LRU-2 flavoured) with release hints. Three LRU lists, evicted
+// in order, least recently released first within each:
+//   0 `unlikely`: used by one request so far and released with
+//     ReuseHint::unlikely (the caller expects no follow-up);
+//   1 `once`: used by one request so far (published, never reused, not
+//     remembered by the ghost), no hint;
+//   2 `kept`: seen twice (reused, or re-published while the ghost FIFO still
+//     remembers its hash) or released with ReuseHint::likely.
+// Without hints list 0 stays empty and this is plain tiered LRU. A page keeps
+// its last non-`unknown` hint until it leaves the index. The ghost keeps
 // ghost_factor x pool-size hashes of evicted pages. O(1).
 class TieredPolicy final : public EvictionPolicy {
  public:
   TieredPolicy(std::uint32_t n, std::uint32_t ghost)
-      : lists_(n, 2), seen_(n, 0), hash_(n, 0), ghost_(ghost) {}
+      : lists_(n, 3), seen_(n, 0), hint_(n, ReuseHint::unknown), hash_(n, 0), ghost_(ghost) {}
   void on_publish(std::uint32_t page, std::uint64_t hash, bool) override {
     hash_[page] = hash;
     seen_[page] = ghost_.contains(hash) ? 1 : 0;
+    hint_[page] = ReuseHint::unknown;
   }
   void on_hit(std::uint32_t page) override { seen_[page] = 1; }
-  void insert(std::uint32_t page) override { lists_.push_back(seen_[page], page); }
+  void insert(std::uint32_t page, ReuseHint hint) override {
+    if (hint != ReuseHint::unknown) hint_[page] = hint;
+    lists_.push_back(list_for(page), page);
+  }
   void erase(std::uint32_t page) override { lists_.remove(page); }
   std::uint32_t evict() override {
-    const std::uint32_t page = lists_.pop_front(lists_.size(0) > 0 ? 0 : 1);
+    std::uint8_t list = kUnlikely;
+    while (lists_.size(list) == 0) ++list;
+    const std::uint32_t page = lists_.pop_front(list);
     ghost_.remember(hash_[page]);
     return page;
   }
-  std::uint32_t size() const override { return lists_.size(0) + lists_.size(1); }
+  std::uint32_t size() const override {
+    return lists_.size(kUnlikely) + lists_.size(kOnce) + lists_.size(kKept);
+  }
   bool contains(std::uint32_t page) const override {
     return lists_.list_of(page) != PageLists::kNone;
   }
 
  private:
+  static constexpr std::uint8_t kUnlikely = 0, kOnce = 1, kKept = 2;
+
+  std::uint8_t list_for(std::uint32_t page) const {
+    if (seen_[page] || hint_[page] == ReuseHint::likely) return kKept;
+    return hint_[page] == ReuseHint::unlikely ? kUnlikely : kOnce;
+  }
+
   PageLists lists_;
   std::vector<std::uint8_t> seen_;
+  std::vector<ReuseHint> hint_;
   std::vector<std::uint64_t> hash_;
   GhostFifo ghost_;
 };
@@ -258,7 +279,7 @@ class IntervalPolicy final : public EvictionPolicy {
     use(page);
   }
   void on_hit(std::uint32_t page) override { use(page); }
-  void insert(std::uint32_t page) override {
+  void insert(std::uint32_t page, ReuseHint) override {
     since_[page] = clock_++;
     lists_.push_back(bucket(interval(stats_[page])), page);
     ++size_;

@@ -2,11 +2,12 @@
 //
 // The manager tells a policy when a page enters the index (on_publish), when
 // a request reuses it (on_hit), when it becomes evictable (insert: its ref
-// count dropped to 0) and when it stops being evictable (erase: reused again
-// or unpublished). evict() picks a victim among the inserted pages and
-// removes it. Every operation is O(1) (amortised for S3-FIFO's second
-// chances) and allocates nothing after construction: per-page state lives in
-// arrays sized to the pool. Not thread-safe: the owning manager locks.
+// count dropped to 0, with the releasing caller's hint, `unknown` when the
+// page became evictable for another reason, e.g. unpinning) and when it stops being evictable
+// (erase: reused again or unpublished). evict() picks a victim among the inserted pages and removes
+// it. Every operation is O(1) (amortised for S3-FIFO's second chances) and allocates nothing after
+// construction: per-page state lives in arrays sized to the pool. Not thread-safe: the owning
+// manager locks.
 #pragma once
 
 #include <cstdint>
@@ -23,9 +24,10 @@ class EvictionPolicy {
   // extension: published by a sequence that started from a cached prefix.
   virtual void on_publish(std::uint32_t page, std::uint64_t hash, bool extension) = 0;
   virtual void on_hit(std::uint32_t page) = 0;
-  virtual void insert(std::uint32_t page) = 0;  // precondition: !contains(page)
-  virtual void erase(std::uint32_t page) = 0;   // precondition: contains(page)
-  virtual std::uint32_t evict() = 0;            // precondition: size() > 0
+  // precondition: !contains(page)
+  virtual void insert(std::uint32_t page, ReuseHint hint) = 0;
+  virtual void erase(std::uint32_t page) = 0;  // precondition: contains(page)
+  virtual std::uint32_t evict() = 0;           // precondition: size() > 0
   virtual std::uint32_t size() const = 0;
   virtual bool contains(std::uint32_t page) const = 0;
 };

@@ -129,6 +129,11 @@ class Replayer {
     return true;
   }
 
+  ReuseHint hint_for(const TraceRequest& r) const {
+    if (!opt_.reuse_hints) return ReuseHint::unknown;
+    return r.output_length < opt_.short_output ? ReuseHint::likely : ReuseHint::unlikely;
+  }
+
   void run_sequential() {
     for (std::size_t i = 0; i < trace_.size(); ++i) {
       const TraceRequest& r = trace_[i];
@@ -138,7 +143,7 @@ class Replayer {
       if (r.input_length == 0) continue;
       if (admit(r, tokens, 0, seq, reused)) {
         count_prompt(r, reused);
-        timed(result_.manager_ns, [&] { manager_.release(seq); });
+        timed(result_.manager_ns, [&] { manager_.release(seq, hint_for(r)); });
       } else {
         ++result_.rejected;
       }
@@ -149,7 +154,7 @@ class Replayer {
   struct Active {
     SeqId seq;
     std::uint32_t remaining;
-    std::uint32_t salt;
+    std::uint32_t salt;  // the request's index in the trace (also salts its decode tokens)
   };
 
   void run_timed() {
@@ -205,7 +210,8 @@ class Replayer {
       for (std::size_t i = 0; i < active.size();) {
         if (active[i].remaining > 0) --active[i].remaining;
         if (active[i].remaining == 0) {
-          timed(ns, [&] { manager_.release(active[i].seq); });
+          const ReuseHint hint = hint_for(trace_[active[i].salt]);
+          timed(ns, [&] { manager_.release(active[i].seq, hint); });
           active[i] = active.back();
           active.pop_back();
         } else {

@@ -10,15 +10,10 @@
 namespace kvcache {
 namespace {
 
+using testing::iota_tokens;
 using testing::run_prompt;
 using testing::seq_kv_matches;
 using testing::tiny_params;
-
-std::vector<std::uint32_t> iota_tokens(std::uint32_t n, std::uint32_t start) {
-  std::vector<std::uint32_t> t(n);
-  std::iota(t.begin(), t.end(), start);
-  return t;
-}
 
 TEST(PrefixCache, MatchPrefixNeedsPrefixCaching) {
   KVCacheParams p = tiny_params();

@@ -118,7 +118,7 @@ RC_GTEST_PROP(PrefixCacheProperty, RandomOperationsKeepInvariantsAndData, ()) {
         RC_ASSERT(n > len);
     } else if (kind == 5) {
       const SeqId id = pick();
-      m.release(id);
+      m.release(id, *rc::gen::element(ReuseHint::unknown, ReuseHint::unlikely, ReuseHint::likely));
       model.tokens.erase(id);
     } else if (kind == 6) {
       m.pin_prefix(gen_tokens(*rc::gen::inRange(1u, 10u)), *rc::gen::inRange(0u, 3u));

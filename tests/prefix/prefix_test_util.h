@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <numeric>
 #include <span>
 #include <vector>
 
@@ -79,6 +80,13 @@ inline ::testing::AssertionResult kv_matches(const KVCacheBatch& batch, std::uin
                    << kv_value(h[pos], kv, l, d);
           }
   return ::testing::AssertionSuccess();
+}
+
+// Token ids start, start + 1, ..., start + n - 1.
+inline std::vector<std::uint32_t> iota_tokens(std::uint32_t n, std::uint32_t start) {
+  std::vector<std::uint32_t> t(n);
+  std::iota(t.begin(), t.end(), start);
+  return t;
 }
 
 // Claims a sequence, matches `prompt`, computes and commits the rest.

@@ -170,6 +170,32 @@ def test_policies_evict_cached_pages_when_the_pool_is_full(policy):
     m.check_invariants()
 
 
+def test_release_hint_steers_the_tiered_policy():
+    # a and b: 2 full pages each (page size 4) in a 6-page pool; c needs 4
+    # pages, so 2 cached pages go: b's (unlikely) although a was released first.
+    m = make(pages=6, eviction_policy="tiered")
+    a_tokens, b_tokens = list(range(1, 10)), list(range(100, 109))
+    for tokens, hint in ((a_tokens, "likely"), (b_tokens, "unlikely")):
+        s, = m.claim(1)
+        m.fetch([s], [9])
+        m.step([s], [9], token_ids=tokens)
+        m.release(s, hint)
+    c, = m.claim(1)
+    m.fetch([c], [16])
+    assert m.metrics().evictions == 2
+    m.release(c)
+    probe, = m.claim(1)
+    assert m.match_prefix(probe, a_tokens) == 8
+    m.release(probe)
+    probe, = m.claim(1)
+    assert m.match_prefix(probe, b_tokens) == 0
+    with pytest.raises(kvcache.InvalidArgument, match="unknown reuse hint 'maybe'"):
+        m.release(probe, "maybe")
+    assert probe in m  # nothing released
+    m.release(probe, hint="unknown")
+    m.check_invariants()
+
+
 def test_pin_prefix_and_reset_prefix_cache():
     events = []
     m = make(on_event=events.append)

@@ -57,7 +57,8 @@ class Driver {
       } catch (const Error&) {
         threw = true;
       }
-      if (threw && m_->snapshot() != before) fail("a failing op " + std::to_string(op) + " changed state");
+      if (threw && m_->snapshot() != before)
+        fail("a failing op " + std::to_string(op) + " changed state");
       m_->check_invariants();
       verify();
     }
@@ -75,14 +76,25 @@ class Driver {
     std::advance(it, x % model_.size());
     return it->first;
   }
-  SeqId released_or(std::uint8_t x) { return released_.empty() ? 999'999 : released_[x % released_.size()]; }
+  SeqId released_or(std::uint8_t x) {
+    return released_.empty() ? 999'999 : released_[x % released_.size()];
+  }
 
   void apply(std::uint8_t op, ByteReader& in) {
     switch (op) {
-      case 0: claim(in.next() % 4); break;
-      case 1: case 2: fetch_and_step(in, false); break;
-      case 3: fetch_and_step(in, true); break;
-      case 4: release(pick(in)); break;
+      case 0:
+        claim(in.next() % 4);
+        break;
+      case 1:
+      case 2:
+        fetch_and_step(in, false);
+        break;
+      case 3:
+        fetch_and_step(in, true);
+        break;
+      case 4:
+        release(pick(in), in.next());
+        break;
       case 5: {  // duplicate ids in one batch
         const SeqId id = pick(in);
         const std::vector<SeqId> ids{id, id};
@@ -94,9 +106,15 @@ class Driver {
         m_->fetch(ids, std::vector<std::uint32_t>{0xffff0000u});
         fail("an absurd fetch was accepted");
       }
-      case 8: match(in); break;
-      case 9: fork(pick(in)); break;
-      case 10: truncate(pick(in), in.next() % 24); break;
+      case 8:
+        match(in);
+        break;
+      case 9:
+        fork(pick(in));
+        break;
+      case 10:
+        truncate(pick(in), in.next() % 24);
+        break;
       default: {  // zero steps / empty batch
         const std::vector<SeqId> ids{pick(in)};
         if (in.next() % 2) m_->fetch(ids, std::vector<std::uint32_t>{1}, 0);
@@ -136,8 +154,15 @@ class Driver {
     tokens.resize(new_length);
   }
 
-  void release(SeqId id) {
-    m_->release(id);
+  // With prefix caching the byte also picks a reuse hint (values past
+  // `likely` must throw and change nothing).
+  void release(SeqId id, std::uint8_t hint) {
+    if (prefix_) {
+      prefix_->release(id, static_cast<ReuseHint>(hint % 4));
+      if (hint % 4 == 3) fail("a bad reuse hint was accepted");
+    } else {
+      m_->release(id);
+    }
     if (model_.erase(id) == 0) fail("released an id the model does not have");
     released_.push_back(id);
   }
@@ -155,7 +180,8 @@ class Driver {
     // Passed validation: every id is known and distinct. Choose the tokens to write.
     std::vector<std::vector<std::uint32_t>> pending(ids.size());
     for (std::size_t b = 0; b < ids.size(); ++b) {
-      if (batch.cache_lengths()[b] != model_.at(ids[b]).tokens.size()) fail("fetch cache_length differs from model");
+      if (batch.cache_lengths()[b] != model_.at(ids[b]).tokens.size())
+        fail("fetch cache_length differs from model");
       const ModelSeq& seq = model_.at(ids[b]);
       pending[b] = seq.tokens;
       for (std::uint32_t i = 0; i < news[b] + steps - 1; ++i) {
@@ -167,7 +193,8 @@ class Driver {
     std::vector<std::uint32_t> valid = news;
     for (std::uint32_t s = 1; s < steps; ++s) {  // multistep decode, one token per step
       std::vector<std::uint32_t> offsets{0};
-      for (std::uint32_t v : (s == 1 ? news : std::vector<std::uint32_t>(ids.size(), 1))) offsets.push_back(offsets.back() + v);
+      for (std::uint32_t v : (s == 1 ? news : std::vector<std::uint32_t>(ids.size(), 1)))
+        offsets.push_back(offsets.back() + v);
       batch.increment_cache_lengths(offsets);
       write(batch, std::vector<std::uint32_t>(ids.size(), 1), pending);
       for (auto& v : valid) ++v;
@@ -177,10 +204,13 @@ class Driver {
     std::vector<std::uint32_t> committed;
     for (std::size_t b = 0; b < ids.size(); ++b) {
       const std::size_t from = model_.at(ids[b]).tokens.size();
-      committed.insert(committed.end(), pending[b].begin() + from, pending[b].begin() + from + valid[b]);
+      committed.insert(committed.end(), pending[b].begin() + from,
+                       pending[b].begin() + from + valid[b]);
     }
-    if (prefix_ != nullptr) prefix_->step(ids, valid, committed);
-    else m_->step(ids, valid);
+    if (prefix_ != nullptr)
+      prefix_->step(ids, valid, committed);
+    else
+      m_->step(ids, valid);
     for (std::size_t b = 0; b < ids.size(); ++b) {
       auto& tokens = model_.at(ids[b]).tokens;
       tokens.assign(pending[b].begin(), pending[b].begin() + tokens.size() + valid[b]);
@@ -201,8 +231,10 @@ class Driver {
             }
       }
     };
-    if (batch.strategy() == CacheStrategy::paged) put(batch.paged<float>());
-    else put(batch.continuous<float>());
+    if (batch.strategy() == CacheStrategy::paged)
+      put(batch.paged<float>());
+    else
+      put(batch.continuous<float>());
   }
 
   void verify() {
@@ -222,11 +254,14 @@ class Driver {
             for (std::uint32_t d = 0; d < kDim; ++d)
               if (*k.ptr(b, 0, pos, d) != pattern(model_.at(ids[b]).tokens, pos, l, 0, d) ||
                   *v.ptr(b, 0, pos, d) != pattern(model_.at(ids[b]).tokens, pos, l, 1, d))
-                fail("K/V of seq " + std::to_string(ids[b]) + " token " + std::to_string(pos) + " was corrupted");
+                fail("K/V of seq " + std::to_string(ids[b]) + " token " + std::to_string(pos) +
+                     " was corrupted");
       }
     };
-    if (batch.strategy() == CacheStrategy::paged) check(batch.paged<float>());
-    else check(batch.continuous<float>());
+    if (batch.strategy() == CacheStrategy::paged)
+      check(batch.paged<float>());
+    else
+      check(batch.continuous<float>());
   }
 
   std::unique_ptr<KVCacheManager> m_;
@@ -250,11 +285,15 @@ KVCacheParams params(CacheStrategy s) {
 void run_manager_ops(std::span<const std::uint8_t> bytes) {
   {
     ByteReader in(bytes);
-    Driver(std::make_unique<ContinuousBatchingKVCacheManager>(params(CacheStrategy::continuous), kMaxBatch, kMaxSeq)).run(in);
+    Driver(std::make_unique<ContinuousBatchingKVCacheManager>(params(CacheStrategy::continuous),
+                                                              kMaxBatch, kMaxSeq))
+        .run(in);
   }
   {
     ByteReader in(bytes);
-    Driver(std::make_unique<PagedKVCacheManager>(params(CacheStrategy::paged), 40, kMaxBatch, kMaxSeq)).run(in);
+    Driver(
+        std::make_unique<PagedKVCacheManager>(params(CacheStrategy::paged), 40, kMaxBatch, kMaxSeq))
+        .run(in);
   }
   {
     ByteReader in(bytes);
