@@ -10,7 +10,9 @@
 // attention (warm-up, median of repeats). DRAM-resident runs rotate over
 // enough sequence sets that the working set is >= 1 GiB. Reports GB/s of
 // unique K+V bytes against streaming read bandwidth over a buffer as large as
-// the working set; prefill also reports GFLOP/s against fp32 FMA peak.
+// the working set, measured in rounds alternating with the kernel calls
+// (ratios are medians of per-round ratios); prefill also reports GFLOP/s
+// against fp32 FMA peak.
 // store: times store_kv (optionally with fused RoPE) against memcpy moving
 // the same number of bytes.
 #include <sys/mman.h>
@@ -153,14 +155,8 @@ struct Buffer {
   Buffer& operator=(const Buffer&) = delete;
 };
 
-double stream_read_gbps(std::size_t bytes, bool huge, ThreadPool& pool) {
-  Buffer buf(bytes, huge);
-  float sink = kernels::stream_read(buf.p, bytes, &pool);  // warm-up
-  const auto t =
-      time_calls(7, [&](std::size_t) { sink += kernels::stream_read(buf.p, bytes, &pool); });
-  if (sink == 12345.0f) std::cerr << "";  // keep the sums alive
-  return bytes / median(t) / 1e9;
-}
+// Rounds of kernel / stream / paged-read measurements in bench attention.
+constexpr std::size_t kBenchRounds = 5;
 
 double memcpy_gbps(std::size_t bytes, bool huge, ThreadPool& pool) {
   Buffer src(bytes, huge), dst(bytes, huge);
@@ -363,12 +359,43 @@ nlohmann::json bench_attention(const AttentionArgs& a) {
   };
   const std::size_t repeats =
       a.repeats != 0 ? a.repeats : (decode ? std::max<std::size_t>(15, 3 * sets) : 3);
+  // Kernel calls, a streaming read of a buffer as large as the working set
+  // and (decode) the paged read of the same pages alternate in rounds, and
+  // each ratio is the median of per-round ratios: on a shared machine the
+  // bandwidth left to us drifts by up to 2x within seconds, so figures
+  // measured minutes apart do not compare.
+  const std::size_t rounds = std::min<std::size_t>(repeats, kBenchRounds);
+  const std::size_t per_round = (repeats + rounds - 1) / rounds;
+  const std::size_t stream_bytes = std::max(set_bytes * sets, set_bytes);
+  Buffer stream_buf(stream_bytes, huge);
+  float sink = kernels::stream_read(stream_buf.p, stream_bytes, &pool);  // warm-up
+  const std::vector<std::uint32_t> tokens(a.batch, a.context);
+  auto read_pages = [&](std::size_t i) {
+    with_layer<T>(c.batches[i % sets], [&](const auto& k, const auto& v) {
+      sink += kernels::paged_read(detail::erase(k.desc()), detail::erase(v.desc()), sizeof(T),
+                                  tokens, &pool);
+    });
+  };
   time_calls(std::min<std::size_t>(sets, 50), call);  // warm-up
-  const auto times = time_calls(repeats, call);
-  const double med = median(times);
-  const double stream = stream_read_gbps(std::max(set_bytes * sets, set_bytes), huge, pool);
-
   const double bytes = static_cast<double>(set_bytes);
+  std::vector<double> times, stream_rates, read_rates, stream_fractions, read_fractions;
+  for (std::size_t r = 0; r < rounds; ++r) {
+    const auto t = time_calls(per_round, [&](std::size_t i) { call(r * per_round + i); });
+    times.insert(times.end(), t.begin(), t.end());
+    const double kernel_rate = bytes / median(t) / 1e9;
+    const double t0 = now_s();
+    sink += kernels::stream_read(stream_buf.p, stream_bytes, &pool);
+    stream_rates.push_back(static_cast<double>(stream_bytes) / (now_s() - t0) / 1e9);
+    stream_fractions.push_back(kernel_rate / stream_rates.back());
+    if (decode) {
+      const auto rt = time_calls(sets, read_pages);
+      read_rates.push_back(bytes * static_cast<double>(sets) /
+                           std::accumulate(rt.begin(), rt.end(), 0.0) / 1e9);
+      read_fractions.push_back(kernel_rate / read_rates.back());
+    }
+  }
+  if (sink == 12345.0f) std::cerr << "";  // keep the sums alive
+  const double med = median(times);
   nlohmann::json j{
       {"bench", "attention"},
       {"dtype", a.dtype},
@@ -389,30 +416,25 @@ nlohmann::json bench_attention(const AttentionArgs& a) {
       {"anon_huge_kb", anon_huge_kb()},
       {"sets", sets},
       {"working_set_bytes", set_bytes * sets},
-      {"repeats", repeats},
+      {"repeats", times.size()},
+      {"rounds", rounds},
       {"check_max_abs_err", check_err},
       {"check_ok", check_err < 1e-4},
       {"median_s", med},
       {"min_s", *std::min_element(times.begin(), times.end())},
       {"bytes_kv", bytes},
       {"gbps", bytes / med / 1e9},
-      {"stream_gbps", stream},
-      {"fraction_of_stream", bytes / med / 1e9 / stream}};
+      {"stream_gbps", median(stream_rates)},
+      {"fraction_of_stream", median(stream_fractions)},
+      {"fraction_of_stream_min",
+       *std::min_element(stream_fractions.begin(), stream_fractions.end())},
+      {"fraction_of_stream_max",
+       *std::max_element(stream_fractions.begin(), stream_fractions.end())}};
   if (decode) {
     // The same pages read without arithmetic, in page-table order: the
     // ceiling the page size and order leave (same sets rotated, same threads).
-    const std::vector<std::uint32_t> tokens(a.batch, a.context);
-    float read_sink = 0.0f;
-    const auto read_times = time_calls(std::max<std::size_t>(7, sets), [&](std::size_t i) {
-      with_layer<T>(c.batches[i % sets], [&](const auto& k, const auto& v) {
-        read_sink += kernels::paged_read(detail::erase(k.desc()), detail::erase(v.desc()),
-                                         sizeof(T), tokens, &pool);
-      });
-    });
-    if (read_sink == 12345.0f) std::cerr << "";  // keep the sums alive
-    const double paged_read = set_bytes / median(read_times) / 1e9;
-    j["paged_read_gbps"] = paged_read;
-    j["fraction_of_paged_read"] = bytes / med / 1e9 / paged_read;
+    j["paged_read_gbps"] = median(read_rates);
+    j["fraction_of_paged_read"] = median(read_fractions);
   }
   if (!decode) {
     const double pairs = double(a.context) * (a.context + 1) / 2.0 * a.batch;
