@@ -38,7 +38,9 @@ void run_generate(const GenerateOptions& o) {
   const std::uint32_t pages = (len + o.page_size - 1) / o.page_size;
   PagedKVCacheManager manager(model.config().cache_params(CacheStrategy::paged, o.page_size), pages,
                               1, pages * o.page_size);
-  engine::Scheduler scheduler(model, manager, engine::SchedulerConfig{.max_num_seqs = 1});
+  engine::SchedulerConfig config;
+  config.max_num_seqs = 1;
+  engine::Scheduler scheduler(model, manager, config);
   engine::Request r;
   r.prompt = o.prompt;
   r.max_new_tokens = o.max_new_tokens;
