@@ -34,6 +34,14 @@ std::uint32_t cached_pages(const KVCacheManager& m) {
   return available(m) ? static_cast<const PagedKVCacheManager&>(m).metrics().pages_cached : 0;
 }
 
+void release(KVCacheManager& m, SeqId seq, ReuseHint hint) {
+  if (PagedKVCacheManager* pm = prefix_manager(m)) {
+    pm->release(seq, hint);
+  } else {
+    m.release(seq);
+  }
+}
+
 void step(KVCacheManager& m, std::span<const SeqId> seqs, std::span<const std::uint32_t> valid,
           std::span<const TokenId> new_tokens) {
   if (PagedKVCacheManager* pm = prefix_manager(m)) {

@@ -11,6 +11,7 @@
 
 #include "kvcache/engine/model.h"
 #include "kvcache/manager.h"
+#include "kvcache/prefix_cache.h"
 
 namespace kvcache::engine::prefix {
 
@@ -25,6 +26,10 @@ std::uint32_t match(KVCacheManager& m, SeqId seq, std::span<const TokenId> token
 // fetch() takes them after the free list, so free_blocks() + cached_pages()
 // is what a fetch can allocate.
 std::uint32_t cached_pages(const KVCacheManager& m);
+
+// Releases the sequence, passing `hint` to the prefix cache when available
+// (plain KVCacheManager::release otherwise).
+void release(KVCacheManager& m, SeqId seq, ReuseHint hint);
 
 // Commits a step; new_tokens holds the ids of every sequence's valid tokens,
 // concatenated in batch order (used to hash pages that became full).

@@ -168,7 +168,7 @@ bool Scheduler::try_admit(Seq& s, std::uint32_t budget) {
   const std::uint64_t available =
       std::uint64_t{manager_.free_blocks()} + prefix::cached_pages(manager_);
   if (need > available) {
-    manager_.release(id);
+    prefix::release(manager_, id, ReuseHint::likely);  // it retries: keep what it matched
     s.computed = s.reserved = 0;
     return false;
   }
@@ -195,7 +195,7 @@ std::size_t Scheduler::pick_victim() const {
 void Scheduler::preempt(std::size_t index, bool admitted_this_step) {
   std::unique_ptr<Seq> s = std::move(running_[index]);
   running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(index));
-  manager_.release(*s->id);
+  prefix::release(manager_, *s->id, ReuseHint::likely);  // it comes back and re-matches
   s->id.reset();
   s->computed = s->reserved = 0;
   if (!admitted_this_step) {
@@ -240,7 +240,7 @@ bool Scheduler::fetch_with_preemption(std::vector<Planned>& plan, StepResult& re
 void Scheduler::finish(std::size_t index) {
   std::unique_ptr<Seq> s = std::move(running_[index]);
   running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(index));
-  manager_.release(*s->id);
+  prefix::release(manager_, *s->id, s->req.reuse_hint);
   s->out.finish_time = now();
   finished_.push_back(std::move(s->out));
 }

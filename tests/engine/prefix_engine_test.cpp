@@ -119,8 +119,62 @@ TEST_P(PrefixEndToEnd, SharedPrefixReuseEqualsNoCacheReference) {
     }
     EXPECT_GT(resumed_with_hits, 0u);
   }
-  if (c.expect_eviction) EXPECT_GT(manager->metrics().evictions, 0u);
+  if (c.expect_eviction) {
+    EXPECT_GT(manager->metrics().evictions, 0u);
+  }
   expect_clean(*manager);
+}
+
+// Request::reuse_hint reaches the prefix cache: A (likely) and B (unlikely)
+// finish, then C needs pages beyond the free ones. With the tiered policy
+// B's pages go although A finished first; without hints A's go (LRU order).
+std::pair<std::uint32_t, std::uint32_t> cached_after_pressure(ReuseHint a_hint, ReuseHint b_hint) {
+  KVCacheParams p = tiny_model().config().cache_params(CacheStrategy::paged, 4);
+  p.enable_prefix_caching = true;
+  PrefixCacheConfig pc;
+  pc.policy = EvictionPolicyKind::tiered;
+  PagedKVCacheManager manager(p, 7, 4, 64, pc);
+  SchedulerConfig sc;
+  sc.max_num_seqs = 4;
+  sc.watermark = 0;
+  sc.prefix_caching = true;
+  Scheduler scheduler(tiny_model(), manager, sc);
+  std::mt19937 rng(5);
+  const std::vector<TokenId> a = random_prompt(rng, 9), b = random_prompt(rng, 9),
+                             c = random_prompt(rng, 16);
+  auto run = [&](const std::vector<TokenId>& prompt, ReuseHint hint) {
+    Request r;
+    r.prompt = prompt;
+    r.max_new_tokens = 1;
+    r.reuse_hint = hint;
+    scheduler.add_request(std::move(r));
+    scheduler.run_to_completion();
+  };
+  run(a, a_hint);
+  run(b, b_hint);
+  EXPECT_EQ(manager.metrics().pages_cached, 4u);  // 2 full pages each
+  run(c, ReuseHint::unknown);
+  EXPECT_GT(manager.metrics().evictions, 0u);
+  EXPECT_EQ(scheduler.take_finished().size(), 3u);
+  auto cached = [&](const std::vector<TokenId>& prompt) {
+    const SeqId s = manager.claim(1)[0];
+    std::vector<std::uint32_t> tokens(prompt.begin(), prompt.end());
+    const std::uint32_t n = manager.match_prefix(s, tokens);
+    manager.release(s);
+    return n;
+  };
+  const auto result = std::make_pair(cached(a), cached(b));
+  expect_clean(manager);
+  return result;
+}
+
+TEST(PrefixEngine, ReuseHintKeepsTheLikelyPromptCached) {
+  const auto [a_hinted, b_hinted] = cached_after_pressure(ReuseHint::likely, ReuseHint::unlikely);
+  EXPECT_EQ(a_hinted, 8u);
+  EXPECT_LT(b_hinted, 8u);
+  const auto [a_plain, b_plain] = cached_after_pressure(ReuseHint::unknown, ReuseHint::unknown);
+  EXPECT_LT(a_plain, 8u);
+  EXPECT_EQ(b_plain, 8u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Engine, PrefixEndToEnd,

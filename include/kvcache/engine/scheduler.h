@@ -38,6 +38,7 @@
 #include "kvcache/engine/model.h"
 #include "kvcache/engine/sampling.h"
 #include "kvcache/manager.h"
+#include "kvcache/prefix_cache.h"
 
 namespace kvcache::engine {
 
@@ -45,10 +46,16 @@ struct Request {
   std::uint64_t id = 0;  // the caller's id, echoed in the output
   std::vector<TokenId> prompt;
   std::uint32_t max_new_tokens = 16;
-  std::optional<TokenId> end_token;  // stop after emitting it
-  SamplingParams sampling;
+  std::optional<TokenId> end_token{};  // stop after emitting it
+  SamplingParams sampling{};
   int priority = 0;         // larger first when SchedulerConfig::use_priority
   double arrival_time = 0;  // on the scheduler's clock; for latency figures
+  // With prefix caching: whether a later request is expected to start with
+  // this one's tokens (e.g. `likely` for a chat turn that expects a
+  // follow-up), passed to the prefix cache when the request finishes
+  // (PagedKVCacheManager::release(seq, hint); the `tiered` policy acts on
+  // it). A preempted request is always released `likely`: it comes back.
+  ReuseHint reuse_hint = ReuseHint::unknown;
 };
 
 enum class FinishReason : std::uint8_t { max_tokens, end_token };
@@ -69,9 +76,9 @@ struct SchedulerConfig {
   std::uint32_t max_num_seqs = 64;     // running sequences; <= manager max_batch_size
   double watermark = 0.01;             // paged: fraction of pages kept free at admission
   bool use_priority = false;
-  bool prefix_caching = false;    // paged manager with prefix caching enabled
-  bool record_logits = false;     // keep the logits behind every sampled token (tests)
-  std::function<double()> clock;  // seconds; default: steady clock
+  bool prefix_caching = false;      // paged manager with prefix caching enabled
+  bool record_logits = false;       // keep the logits behind every sampled token (tests)
+  std::function<double()> clock{};  // seconds; default: steady clock
   // Throws InvalidArgument: zero budget / seqs, watermark outside [0, 1).
   void validate() const;
 };
