@@ -28,10 +28,11 @@ constexpr std::size_t kChunk = 32 * 1024;
 constexpr std::size_t kNoPrefetch = ~std::size_t{0};
 
 // Reads chunks order[b, e) (F FMAs per line); prefetches (prefetcht1) the
-// chunk `ahead` positions on, 4 lines per 4 lines read.
+// chunk `ahead` positions on, every `stride` bytes (64: every line, 128:
+// every other line, leaving its neighbour to the hardware).
 template <int F>
 float read_chunks(const char* base, const std::vector<std::uint32_t>& order, std::size_t b,
-                  std::size_t e, std::size_t ahead) {
+                  std::size_t e, std::size_t ahead, std::size_t stride) {
   __m512 acc[8];  // independent FMA chains: latency 4 x 1 FMA per cycle needs >= 4
   for (__m512& x : acc) x = _mm512_setzero_ps();
   const __m512i mask = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
@@ -42,7 +43,7 @@ float read_chunks(const char* base, const std::vector<std::uint32_t>& order, std
                         : nullptr;
     for (std::size_t i = 0; i < kChunk; i += 256) {
       if (q != nullptr) {
-        for (int l = 0; l < 4; ++l) _mm_prefetch(q + i + 64 * l, _MM_HINT_T1);
+        for (std::size_t o = 0; o < 256; o += stride) _mm_prefetch(q + i + o, _MM_HINT_T1);
       }
 #pragma GCC unroll 4
       for (int l = 0; l < 4; ++l) {
@@ -72,6 +73,7 @@ struct Config {
   int flops;  // F
   std::size_t ahead;
   bool resident;  // the same 16 chunks over and over (L2)
+  std::size_t stride = 64;
 };
 
 float run(const Config& c, const char* base, const std::vector<std::uint32_t>& seq,
@@ -86,9 +88,9 @@ float run(const Config& c, const char* base, const std::vector<std::uint32_t>& s
     b = 0;
   }
   switch (c.flops) {
-    case 0: return read_chunks<0>(base, *order, b, e, c.ahead);
-    case 2: return read_chunks<2>(base, *order, b, e, c.ahead);
-    default: return read_chunks<8>(base, *order, b, e, c.ahead);
+    case 0: return read_chunks<0>(base, *order, b, e, c.ahead, c.stride);
+    case 2: return read_chunks<2>(base, *order, b, e, c.ahead, c.stride);
+    default: return read_chunks<8>(base, *order, b, e, c.ahead, c.stride);
   }
 }
 
@@ -113,8 +115,10 @@ int main(int argc, char** argv) {
       {"shuffled F0 prefetch 2 ahead", true, 0, 2, false},
       {"shuffled F2", true, 2, kNoPrefetch, false},
       {"shuffled F2 prefetch 2 ahead", true, 2, 2, false},
+      {"shuffled F2 prefetch, every 2nd line", true, 2, 2, false, 128},
       {"shuffled F8", true, 8, kNoPrefetch, false},
       {"shuffled F8 prefetch 2 ahead", true, 8, 2, false},
+      {"shuffled F8 prefetch, every 2nd line", true, 8, 2, false, 128},
       {"L2-resident F2", false, 2, kNoPrefetch, true},
       {"L2-resident F8", false, 8, kNoPrefetch, true},
   };

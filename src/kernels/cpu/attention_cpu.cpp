@@ -603,25 +603,36 @@ class ItemRunner {
 
   void pump() const { pump(per_pump_); }
 
-  // Up to `lines` prefetches (K and V alternately) from the cursor.
+  // Up to `lines` prefetches (K and V alternately) from the cursor. The
+  // inner loop walks one run's lines with its K and V pointers hoisted (two
+  // prefetches, an add and a compare per line pair): with the cursor
+  // updated per line the pump cost MHA 25-40 % of its compute when the data
+  // was already cached.
   void pump(std::uint32_t lines) const {
     if (pump_.rows == nullptr) return;
     ++pump_calls_;
     const std::size_t bytes = run_bytes();
     const std::uint32_t runs = runs_per_row();
-    for (; lines >= 2 && pump_.i < pump_.i1; lines -= 2) {
+    std::size_t o = pump_.o;
+    while (lines >= 2 && pump_.i < pump_.i1) {
       const std::size_t off = pump_.run * c_.head_stride;
-      prefetch_l2(reinterpret_cast<const char*>(pump_.rows->k[pump_.i] + off) + pump_.o);
-      prefetch_l2(reinterpret_cast<const char*>(pump_.rows->v[pump_.i] + off) + pump_.o);
-      pump_.o += 64;
-      if (pump_.o >= bytes) {
-        pump_.o = 0;
+      const char* k = reinterpret_cast<const char*>(pump_.rows->k[pump_.i] + off);
+      const char* v = reinterpret_cast<const char*>(pump_.rows->v[pump_.i] + off);
+      const std::size_t end = std::min<std::size_t>(bytes, o + std::size_t{lines / 2} * 64);
+      lines -= static_cast<std::uint32_t>((end - o + 63) / 64 * 2);
+      for (; o < end; o += 64) {
+        prefetch_l2(k + o);
+        prefetch_l2(v + o);
+      }
+      if (o >= bytes) {
+        o = 0;
         if (++pump_.run == runs) {
           pump_.run = 0;
           ++pump_.i;
         }
       }
     }
+    pump_.o = o;
   }
 
   // NHD: a token's heads are one contiguous run; HND: one run per head.
