@@ -12,7 +12,10 @@
 //   build/bin/kvcache_bench --benchmark_filter=BM_PagedReadWithFma
 //
 // S > 1 interleaves S far-apart page streams line by line (more independent
-// misses in flight per core). AVX-512 only; skipped elsewhere.
+// misses in flight per core). P > 0 (with S = 1) prefetches (prefetcht1)
+// the K and V pages P positions ahead, one line per line read, spread over
+// the page as the attention kernel's pump does. AVX-512 only; skipped
+// elsewhere.
 #include <benchmark/benchmark.h>
 #include <sys/mman.h>
 
@@ -61,9 +64,10 @@ struct Pages {
 };
 
 #if defined(__x86_64__)
-template <int C, int S>
+template <int C, int S, int P>
 __attribute__((target("avx512f,fma"))) float read_pages(const Pages& p, std::size_t first,
                                                         std::size_t count) {
+  static_assert(P == 0 || S == 1, "prefetching is modelled for one stream");
   __m512 a[8];
   for (auto& x : a) x = _mm512_setzero_ps();
   const __m512 m = _mm512_set1_ps(0.999f);
@@ -76,7 +80,18 @@ __attribute__((target("avx512f,fma"))) float read_pages(const Pages& p, std::siz
       k[s] = p.k + page * kPageBytes;
       v[s] = p.v + page * kPageBytes;
     }
+    const char* k_ahead = nullptr;
+    const char* v_ahead = nullptr;
+    if (P > 0 && i + P < per) {
+      const std::size_t page = p.order[first + i + P];
+      k_ahead = p.k + page * kPageBytes;
+      v_ahead = p.v + page * kPageBytes;
+    }
     for (std::size_t o = 0; o < kPageBytes; o += 64) {
+      if (P > 0 && k_ahead != nullptr) {
+        _mm_prefetch(k_ahead + o, _MM_HINT_T1);
+        _mm_prefetch(v_ahead + o, _MM_HINT_T1);
+      }
 #pragma GCC unroll 8
       for (int s = 0; s < S; ++s) {
         const __m512 x = _mm512_loadu_ps(k[s] + o);
@@ -95,7 +110,7 @@ __attribute__((target("avx512f,fma"))) float read_pages(const Pages& p, std::siz
 }
 #endif
 
-template <int C, int S>
+template <int C, int S, int P = 0>
 void BM_PagedReadWithFma(benchmark::State& state) {
 #if defined(__x86_64__)
   if (!__builtin_cpu_supports("avx512f")) {
@@ -109,8 +124,8 @@ void BM_PagedReadWithFma(benchmark::State& state) {
   for (auto _ : state) {
     std::vector<std::thread> pool;
     for (std::size_t t = 1; t < threads; ++t)
-      pool.emplace_back([&, t] { sink[t] = read_pages<C, S>(pages, t * share, share); });
-    sink[0] = read_pages<C, S>(pages, 0, share);
+      pool.emplace_back([&, t] { sink[t] = read_pages<C, S, P>(pages, t * share, share); });
+    sink[0] = read_pages<C, S, P>(pages, 0, share);
     for (auto& th : pool) th.join();
     benchmark::DoNotOptimize(sink.data());
   }
@@ -151,6 +166,22 @@ BENCHMARK_TEMPLATE(BM_PagedReadWithFma, 32, 1)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_TEMPLATE(BM_PagedReadWithFma, 32, 4)
+    ->Arg(1)
+    ->Arg(2)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+// Prefetching two pages ahead (session 4: what the kernel's pump models).
+BENCHMARK_TEMPLATE(BM_PagedReadWithFma, 0, 1, 2)
+    ->Arg(1)
+    ->Arg(2)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_PagedReadWithFma, 4, 1, 2)
+    ->Arg(1)
+    ->Arg(2)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_PagedReadWithFma, 16, 1, 2)
     ->Arg(1)
     ->Arg(2)
     ->UseRealTime()
