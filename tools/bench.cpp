@@ -366,7 +366,7 @@ nlohmann::json bench_attention(const AttentionArgs& a) {
   // measured minutes apart do not compare.
   const std::size_t rounds = std::min<std::size_t>(repeats, kBenchRounds);
   const std::size_t per_round = (repeats + rounds - 1) / rounds;
-  const std::size_t stream_bytes = std::max(set_bytes * sets, set_bytes);
+  const std::size_t stream_bytes = set_bytes * sets;  // sets >= 1
   Buffer stream_buf(stream_bytes, huge);
   float sink = kernels::stream_read(stream_buf.p, stream_bytes, &pool);  // warm-up
   const std::vector<std::uint32_t> tokens(a.batch, a.context);

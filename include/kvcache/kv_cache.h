@@ -55,6 +55,22 @@ struct LayerCacheDesc {
   PageLayout layout = PageLayout::nhd;  // order of tokens and heads inside a block
 };
 
+// Elements between consecutive tokens of one head in a block:
+// n_kv_heads * head_dim (NHD) or head_dim (HND).
+template <CacheElement T>
+constexpr std::size_t token_stride(const LayerCacheDesc<T>& d) {
+  return d.layout == PageLayout::hnd ? std::size_t{d.head_dim}
+                                     : std::size_t{d.n_kv_heads} * d.head_dim;
+}
+
+// Elements between consecutive heads of one token in a block: head_dim (NHD)
+// or page_size * head_dim (HND).
+template <CacheElement T>
+constexpr std::size_t head_stride(const LayerCacheDesc<T>& d) {
+  return d.layout == PageLayout::hnd ? std::size_t{d.block_tokens} * d.head_dim
+                                     : std::size_t{d.head_dim};
+}
+
 // Behaviour common to both views; the derived types only add naming.
 template <CacheElement T>
 class LayerCacheBase {
@@ -70,18 +86,11 @@ class LayerCacheBase {
   // Tokens stored contiguously in one block (page_size, or max_seq_len).
   std::uint32_t page_size() const { return d_.block_tokens; }
   PageLayout layout() const { return d_.layout; }
-  // Elements between consecutive tokens of one head in a block:
-  // n_kv_heads * head_dim (NHD) or head_dim (HND).
-  std::size_t token_stride() const {
-    return d_.layout == PageLayout::hnd ? std::size_t{d_.head_dim}
-                                        : std::size_t{d_.n_kv_heads} * d_.head_dim;
-  }
-  // Elements between consecutive heads of one token in a block: head_dim
-  // (NHD) or page_size * head_dim (HND).
-  std::size_t head_stride() const {
-    return d_.layout == PageLayout::hnd ? std::size_t{d_.block_tokens} * d_.head_dim
-                                        : std::size_t{d_.head_dim};
-  }
+  // Elements between consecutive tokens of one head in a block (see the free
+  // functions above).
+  std::size_t token_stride() const { return kvcache::token_stride(d_); }
+  // Elements between consecutive heads of one token in a block.
+  std::size_t head_stride() const { return kvcache::head_stride(d_); }
 
   // Tokens already committed for batch entry b (excludes this step's new ones).
   std::uint32_t cache_length(std::uint32_t b) const { return d_.cache_lengths[b]; }

@@ -154,7 +154,7 @@ class Replayer {
   struct Active {
     SeqId seq;
     std::uint32_t remaining;
-    std::uint32_t salt;  // the request's index in the trace (also salts its decode tokens)
+    std::uint32_t index;  // the request's position in the trace (also salts its decode tokens)
   };
 
   void run_timed() {
@@ -196,7 +196,7 @@ class Replayer {
       for (Active& a : active) {
         if (a.remaining == 0) continue;
         ids.push_back(a.seq);
-        new_tokens.push_back(mix32((std::uint64_t{a.salt} << 32) | a.remaining) | 0x40000000u);
+        new_tokens.push_back(mix32((std::uint64_t{a.index} << 32) | a.remaining) | 0x40000000u);
       }
       if (!ids.empty()) {
         ones.assign(ids.size(), 1);
@@ -210,7 +210,7 @@ class Replayer {
       for (std::size_t i = 0; i < active.size();) {
         if (active[i].remaining > 0) --active[i].remaining;
         if (active[i].remaining == 0) {
-          const ReuseHint hint = hint_for(trace_[active[i].salt]);
+          const ReuseHint hint = hint_for(trace_[active[i].index]);
           timed(ns, [&] { manager_.release(active[i].seq, hint); });
           active[i] = active.back();
           active.pop_back();

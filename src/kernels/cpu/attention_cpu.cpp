@@ -838,9 +838,8 @@ void attention_cpu(DType dtype, const LayerCacheDesc<float>& k, const LayerCache
   c.n_kv = k.n_kv_heads;
   c.group = shape.group;
   c.dim = k.head_dim;
-  const bool hnd = k.layout == PageLayout::hnd;
-  c.token_stride = hnd ? std::size_t{k.head_dim} : std::size_t{k.n_kv_heads} * k.head_dim;
-  c.head_stride = hnd ? std::size_t{k.block_tokens} * k.head_dim : std::size_t{k.head_dim};
+  c.token_stride = token_stride(k);
+  c.head_stride = head_stride(k);
   c.q = q.data();
   c.out = out.data();
   c.n_q = n_q_heads;

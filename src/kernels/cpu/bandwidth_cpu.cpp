@@ -121,7 +121,7 @@ float paged_read(const LayerCacheDesc<float>& k, const LayerCacheDesc<float>& v,
   const bool hnd = k.layout == PageLayout::hnd && k.n_kv_heads > 1;
   const std::size_t run_elems = hnd ? k.head_dim : std::size_t{k.n_kv_heads} * k.head_dim;
   const std::size_t runs = hnd ? k.n_kv_heads : 1;
-  const std::size_t head_bytes = std::size_t{k.block_tokens} * k.head_dim * element_bytes;
+  const std::size_t head_bytes = head_stride(k) * element_bytes;
   const std::size_t w = workers(pool);
   std::vector<float> sums(w, 0.0f);
   on_threads(pool, [&](std::size_t i) {

@@ -276,9 +276,8 @@ void store_kv_cpu(DType dtype, const LayerCacheDesc<float>& k, const LayerCacheD
   c.batch = k.batch_size;
   c.n_kv = k.n_kv_heads;
   c.dim = k.head_dim;
-  const bool hnd = k.layout == PageLayout::hnd;
-  c.token_stride = hnd ? std::size_t{k.head_dim} : row;
-  c.head_stride = hnd ? std::size_t{k.block_tokens} * k.head_dim : std::size_t{k.head_dim};
+  c.token_stride = token_stride(k);
+  c.head_stride = head_stride(k);
   c.k_new = k_new.data();
   c.v_new = v_new.data();
   c.row_offsets = row_offsets.data();
