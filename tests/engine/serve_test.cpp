@@ -45,7 +45,9 @@ TEST(Serve, ReportsAreConsistentForEveryConfiguration) {
     EXPECT_EQ(r.generated_tokens, want_out);
     EXPECT_EQ(r.active_sequences_left, 0u);
     EXPECT_EQ(r.blocks_not_free, 0u);  // every block free or an evictable cache entry
-    if (mode != ServeMode::paged_prefix) EXPECT_EQ(r.blocks_cached, 0u);
+    if (mode != ServeMode::paged_prefix) {
+      EXPECT_EQ(r.blocks_cached, 0u);
+    }
     EXPECT_GE(r.prefill_tokens, mode == ServeMode::paged_prefix ? 1u : r.prompt_tokens);
     EXPECT_GT(r.elapsed_s, 0);
     EXPECT_GT(r.output_tokens_per_s, 0);
@@ -66,7 +68,9 @@ TEST(Serve, ReportsAreConsistentForEveryConfiguration) {
       EXPECT_EQ(r.prefix_hit_rate, 0);
     }
     if (mode == ServeMode::paged) paged_prefill = r.prefill_tokens;
-    if (mode == ServeMode::continuous) EXPECT_LE(r.peak_running, 4u);
+    if (mode == ServeMode::continuous) {
+      EXPECT_LE(r.peak_running, 4u);
+    }
     EXPECT_GE(r.overhead_s, 0);
   }
   // Prefix caching computes fewer prompt tokens than plain paging. (TTFT is
@@ -88,7 +92,9 @@ TEST(Workload, ChatWorkloadSharesTheSystemPromptAndIsDeterministic) {
   for (std::size_t i = 0; i < a.size(); ++i) {
     EXPECT_EQ(a[i].prompt, b[i].prompt);
     EXPECT_TRUE(std::equal(a[0].prompt.begin(), a[0].prompt.begin() + 48, a[i].prompt.begin()));
-    if (i) EXPECT_GE(a[i].arrival, a[i - 1].arrival);
+    if (i) {
+      EXPECT_GE(a[i].arrival, a[i - 1].arrival);
+    }
   }
 }
 
