@@ -10,21 +10,32 @@ from kv_helpers import make_manager, offsets_of, random_rows
 STRATEGIES = ["continuous", "paged"]
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
-def test_cpp_store_kv_is_seen_by_numpy_blocks(strategy):
-    m = make_manager(strategy, page_size=4)
-    ids = m.claim(2)
-    inputs = m.fetch(ids, [5, 3])
-    blocks = inputs.blocks  # taken BEFORE the C++ write
-    before = blocks.copy()
-    rng = np.random.default_rng(1)
+def fetch_two(m):
+    """Room for 5 + 3 new tokens of two new sequences."""
+    return m.fetch(m.claim(2), [5, 3])
+
+
+def store_token_rows(inputs, strategy, seed):
+    """Stores random K/V rows for fetch_two's tokens into layer 1 from C++ and
+    returns (k, v, page, row): where token 4 of entry 0 lives (second page
+    when paged, slot row 4 when continuous)."""
+    rng = np.random.default_rng(seed)
     k, v = random_rows(rng, 8, 2, 8), random_rows(rng, 8, 2, 8)
     kvcache.store_kv(inputs, 1, k, v, offsets_of([5, 3]))
-    # token 4 of entry 0 (second page when paged, slot row 4 when continuous)
     if strategy == "paged":
         page, row = inputs.lookup_table[0, 1], 0
     else:
         page, row = inputs.lookup_table[0], 4
+    return k, v, page, row
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_cpp_store_kv_is_seen_by_numpy_blocks(strategy):
+    m = make_manager(strategy, page_size=4)
+    inputs = fetch_two(m)
+    blocks = inputs.blocks  # taken BEFORE the C++ write
+    before = blocks.copy()
+    k, v, page, row = store_token_rows(inputs, strategy, seed=1)
     np.testing.assert_array_equal(blocks[page, 0, 1, row], k[4])
     np.testing.assert_array_equal(blocks[page, 1, 1, row], v[4])
     assert not np.array_equal(blocks, before)
@@ -37,16 +48,9 @@ def test_hnd_blocks_put_heads_before_tokens(strategy):
     assert m.params.page_layout == "hnd" and "hnd" in repr(m.params)
     tokens = 4 if strategy == "paged" else 64
     assert m.block_shape(3) == [3, 2, 2, 2, tokens, 8]  # [.., heads, tokens, head_dim]
-    ids = m.claim(2)
-    inputs = m.fetch(ids, [5, 3])
+    inputs = fetch_two(m)
     assert list(inputs.blocks.shape) == m.block_shape(m.total_blocks)
-    rng = np.random.default_rng(3)
-    k, v = random_rows(rng, 8, 2, 8), random_rows(rng, 8, 2, 8)
-    kvcache.store_kv(inputs, 1, k, v, offsets_of([5, 3]))
-    if strategy == "paged":
-        page, row = inputs.lookup_table[0, 1], 0
-    else:
-        page, row = inputs.lookup_table[0], 4
+    k, v, page, row = store_token_rows(inputs, strategy, seed=3)
     for head in range(2):  # token 4 of entry 0, each head
         np.testing.assert_array_equal(inputs.blocks[page, 0, 1, head, row], k[4, head])
         np.testing.assert_array_equal(inputs.blocks[page, 1, 1, head, row], v[4, head])
