@@ -89,6 +89,11 @@ void Scheduler::add_request(Request r) {
   if (r.prompt.empty()) throw InvalidArgument("request " + num(r.id) + ": empty prompt");
   if (r.max_new_tokens == 0) throw InvalidArgument("request " + num(r.id) + ": max_new_tokens 0");
   r.sampling.validate();
+  if (r.reuse_hint > ReuseHint::likely) {
+    throw InvalidArgument("request " + num(r.id) + ": reuse_hint " +
+                          num(static_cast<std::uint32_t>(r.reuse_hint)) +
+                          " is not unknown, unlikely or likely");
+  }
   const std::uint32_t vocab = model_.config().vocab_size;
   for (TokenId t : r.prompt) {
     if (t < 0 || static_cast<std::uint32_t>(t) >= vocab) {

@@ -176,6 +176,14 @@ TEST(Scheduler, RejectsBadRequestsAndQueuesNothing) {
   r.prompt = {1, 2};
   r.sampling.top_p = 0;
   EXPECT_THROW(s.add_request(r), InvalidArgument);
+  r.sampling.top_p = 1;
+  r.reuse_hint = static_cast<ReuseHint>(9);
+  try {
+    s.add_request(r);
+    ADD_FAILURE() << "a bad reuse_hint was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("reuse_hint 9"), std::string::npos) << e.what();
+  }
   EXPECT_FALSE(s.has_work());
   EXPECT_THROW(Scheduler(tiny_model(), *m, SchedulerConfig{.max_num_seqs = 999}), InvalidArgument);
 }
