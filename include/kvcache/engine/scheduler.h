@@ -117,8 +117,8 @@ class Scheduler {
 
   // Queues a request. Throws InvalidArgument (empty prompt, token outside the
   // vocabulary, max_new_tokens 0, bad sampling, a reuse_hint outside ReuseHint,
-  // prompt + max_new_tokens past
-  // the manager's max_seq_len or the whole paged pool). Nothing queued on throw.
+  // prompt + max_new_tokens past the manager's max_seq_len or the whole paged
+  // pool). Nothing queued on throw.
   void add_request(Request request);
 
   bool has_work() const { return !waiting_.empty() || !running_.empty(); }
