@@ -78,6 +78,11 @@ constexpr std::size_t kN = HWY_LANES(float);
 constexpr std::size_t kC = 2 * kN;
 static_assert(kTile % kN == 0, "a tile must hold whole score vectors");
 
+// 64-byte cache lines a chunk of kC elements of T spans (at least 1): what the
+// prefetch pump is told each time the loops consume one chunk of a row.
+template <class T>
+constexpr std::uint32_t kChunkLines = kC * sizeof(T) / 64 > 0 ? kC * sizeof(T) / 64 : 1;
+
 // bf16 chunks are split into even elements (lo) and odd elements (hi): one
 // 32-bit load, a shift and a mask, no lane shuffles. Query and accumulator
 // rows use the same element order ("layout"); outputs are put back in order.
@@ -184,11 +189,12 @@ HWY_INLINE VF ReduceTokens(DF df, VF* a) {
 // Scores of kQ query vectors (layout order, stride dimp, zero padded) against
 // kT key rows, kQ * kT == kN: lane j * kT + u = q_j . k_u. Each K chunk load
 // feeds 2 * kQ FMAs; one transpose-add tree per kN scores.
-template <int kQ, int kT, bool kTail, class T>
+template <int kQ, int kT, bool kTail, class T, class Pump>
 HWY_INLINE void ScoreChunks(DF df, const float* HWY_RESTRICT q, std::size_t dimp,
                             const T* const* kr, std::size_t d0, std::size_t d1, std::size_t dim,
-                            VF* a) {
+                            VF* a, const Pump& pump) {
   for (std::size_t d = d0; d < d1; d += kC) {
+    pump(kT * kChunkLines<T>);
 #pragma GCC unroll 16
     for (int u = 0; u < kT; ++u) {
       VF lo, hi;
@@ -202,16 +208,16 @@ HWY_INLINE void ScoreChunks(DF df, const float* HWY_RESTRICT q, std::size_t dimp
   }
 }
 
-template <int kQ, int kT, class T>
+template <int kQ, int kT, class T, class Pump>
 HWY_INLINE VF ScoreBlock(DF df, const float* q, std::size_t dimp, const T* const* kr,
-                         std::size_t dim) {
+                         std::size_t dim, const Pump& pump) {
   static_assert(kQ * kT == static_cast<int>(kN), "one score vector per block");
   VF a[kN];
 #pragma GCC unroll 16
   for (std::size_t u = 0; u < kN; ++u) a[u] = hn::Zero(df);
   const std::size_t full = dim / kC * kC;
-  ScoreChunks<kQ, kT, false>(df, q, dimp, kr, 0, full, dim, a);
-  if (full < dim) ScoreChunks<kQ, kT, true>(df, q, dimp, kr, full, full + kC, dim, a);
+  ScoreChunks<kQ, kT, false>(df, q, dimp, kr, 0, full, dim, a, pump);
+  if (full < dim) ScoreChunks<kQ, kT, true>(df, q, dimp, kr, full, full + kC, dim, a, pump);
   return ReduceTokens(df, a);
 }
 
@@ -228,6 +234,7 @@ HWY_INLINE void PvChunks(DF df, const float* const* p, float* const* acc, const 
 #pragma GCC unroll 16
       for (int i = 0; i < 2 * kCh; ++i) a[r][i] = hn::Load(df, acc[r] + d + i * kN);
     for (std::uint32_t t = 0; t < nt; ++t) {
+      pump(kCh * kChunkLines<T>);
       VF v[2 * kCh];
 #pragma GCC unroll 16
       for (int c = 0; c < kCh; ++c)
@@ -238,7 +245,6 @@ HWY_INLINE void PvChunks(DF df, const float* const* p, float* const* acc, const 
 #pragma GCC unroll 16
         for (int i = 0; i < 2 * kCh; ++i) a[r][i] = hn::MulAdd(pr, v[i], a[r][i]);
       }
-      pump();
     }
 #pragma GCC unroll 16
     for (int r = 0; r < kR; ++r)
@@ -499,33 +505,41 @@ class ItemRunner {
     }
   }
 
+  // Lines-consumed callback for the loops: the first pass over the tile's
+  // rows (K in the score loop, V in the PV loop) drives the pump; later
+  // query blocks re-read rows that are already cached.
+  auto pump_for(bool first_pass) const {
+    return [this, first_pass](std::uint32_t lines) {
+      if (first_pass) pump(lines);
+    };
+  }
+
   // Scores of query vectors [i, i + kQ) against the tile's rows, written to
   // their probability rows (kTile floats each).
   template <int kQ>
   void score_rows(DF df, const float* q, std::size_t dimp, const T* const* kp, std::uint32_t nt,
-                  float* pr) const {
+                  float* pr, bool first_pass) const {
     constexpr int kT = static_cast<int>(kN) / kQ;
     HWY_ALIGN float out[kN];
     for (std::uint32_t t = 0; t < nt; t += kT) {
       const T* kr[kT];
       for (int u = 0; u < kT; ++u) kr[u] = kp[std::min<std::uint32_t>(t + u, nt - 1)];
-      hn::Store(ScoreBlock<kQ, kT>(df, q, dimp, kr, c_.dim), df, out);
-      pump();
+      hn::Store(ScoreBlock<kQ, kT>(df, q, dimp, kr, c_.dim, pump_for(first_pass)), df, out);
       for (int j = 0; j < kQ; ++j)
         std::memcpy(pr + j * kTile + t, out + j * kT, kT * sizeof(float));
     }
   }
 
   template <int kR>
-  void pv_rows(DF df, float* pr, float* acc, std::size_t dimp, const T* const* vp,
-               std::uint32_t nt) const {
+  void pv_rows(DF df, float* pr, float* acc, std::size_t dimp, const T* const* vp, std::uint32_t nt,
+               bool first_pass) const {
     const float* p[kR];
     float* a[kR];
     for (int r = 0; r < kR; ++r) {
       p[r] = pr + r * kTile;
       a[r] = acc + r * dimp;
     }
-    PvRows<kR>(df, p, a, vp, nt, c_.dim, [this] { pump(); });
+    PvRows<kR>(df, p, a, vp, nt, c_.dim, pump_for(first_pass));
   }
 
   // One tile (tokens ta .. ta + rows.n) of one KV head h for the item's m query vectors
@@ -548,12 +562,14 @@ class ItemRunner {
     float* pr = s.probs.get();
     std::uint32_t i = 0;
     if constexpr (kN >= 4) {
-      for (; i + 4 <= m; i += 4) score_rows<4>(df, q + i * dimp, dimp, kp, nt, pr + i * kTile);
+      for (; i + 4 <= m; i += 4)
+        score_rows<4>(df, q + i * dimp, dimp, kp, nt, pr + i * kTile, i == 0);
     }
     if constexpr (kN >= 2) {
-      for (; i + 2 <= m; i += 2) score_rows<2>(df, q + i * dimp, dimp, kp, nt, pr + i * kTile);
+      for (; i + 2 <= m; i += 2)
+        score_rows<2>(df, q + i * dimp, dimp, kp, nt, pr + i * kTile, i == 0);
     }
-    for (; i < m; ++i) score_rows<1>(df, q + i * dimp, dimp, kp, nt, pr + i * kTile);
+    for (; i < m; ++i) score_rows<1>(df, q + i * dimp, dimp, kp, nt, pr + i * kTile, i == 0);
     for (std::uint32_t j = 0; j < m; ++j) {
       const std::uint32_t limit = first_limit + j / c_.group;
       const std::uint32_t nvalid = limit <= ta ? 0 : std::min(nt, limit - ta);
@@ -562,46 +578,44 @@ class ItemRunner {
     }
     i = 0;
     if constexpr (kAccRegs >= 16) {
-      for (; i + 8 <= m; i += 8) pv_rows<8>(df, pr + i * kTile, acc + i * dimp, dimp, vp, nt);
+      for (; i + 8 <= m; i += 8)
+        pv_rows<8>(df, pr + i * kTile, acc + i * dimp, dimp, vp, nt, i == 0);
     }
-    for (; i + 4 <= m; i += 4) pv_rows<4>(df, pr + i * kTile, acc + i * dimp, dimp, vp, nt);
-    for (; i + 2 <= m; i += 2) pv_rows<2>(df, pr + i * kTile, acc + i * dimp, dimp, vp, nt);
-    for (; i < m; ++i) pv_rows<1>(df, pr + i * kTile, acc + i * dimp, dimp, vp, nt);
+    for (; i + 4 <= m; i += 4) pv_rows<4>(df, pr + i * kTile, acc + i * dimp, dimp, vp, nt, i == 0);
+    for (; i + 2 <= m; i += 2) pv_rows<2>(df, pr + i * kTile, acc + i * dimp, dimp, vp, nt, i == 0);
+    for (; i < m; ++i) pv_rows<1>(df, pr + i * kTile, acc + i * dimp, dimp, vp, nt, i == 0);
   }
 
   // AttentionPrefetch::next_tile_l2. A head step's share of a tile ahead
   // (every head's K and V row pieces of tokens [i, i1)) is not issued at
-  // once: pump() issues a few lines from each iteration of the score and PV
-  // loops, as many per call as spread the share evenly over the number of
-  // calls the previous step made. A burst of ~256 prefetches per step
+  // once: the score and PV loops report each chunk of rows they consume and
+  // pump(lines) issues as many lines of the share, so prefetches leave at
+  // the rate the step reads (a step's share is as many lines as it reads
+  // when the item covers all heads). A burst of ~256 prefetches per step
   // stalled the core on Zen 4 until misses drained (compute and memory did
   // not overlap): spreading them took decode from 11.1 to 14.6 GB/s (MHA)
-  // and 7.1 to 12.0 (GQA 4) on one thread (docs/PERFORMANCE.md).
+  // and 7.1 to 12.0 (GQA 4) on one thread; matching the rate to the reads
+  // instead of spreading evenly over the loop iterations (the score loop
+  // had pumped 2 of MHA's 34 calls per step while reading half its rows)
+  // gained again (docs/PERFORMANCE.md, session 5).
   struct PumpCursor {
     const TileRows* rows = nullptr;
     std::uint32_t i = 0, i1 = 0;  // tile rows still to prefetch
     std::uint32_t run = 0;        // run (head) within the row: NHD 1 run, HND n_kv
     std::size_t o = 0;            // byte offset within the run
+    std::uint32_t credit = 0;     // lines reported but not yet issued (< 2)
   };
 
   void start_pump(const TileRows& rows, std::uint32_t i0, std::uint32_t i1) const {
-    pump_ = {&rows, i0, i1, 0, 0};
-    const std::size_t lines = 2 * std::size_t{i1 - i0} * runs_per_row() * ((run_bytes() + 63) / 64);
-    const std::size_t per = (lines + pump_calls_ - 1) / std::max<std::uint32_t>(1, pump_calls_);
-    per_pump_ = static_cast<std::uint32_t>(std::max<std::size_t>(2, per + (per & 1)));
-    pump_calls_ = 0;
+    pump_ = {&rows, i0, i1, 0, 0, 0};
   }
 
-  // Issues what the loops left, keeps the count of calls for the next step.
+  // Issues what the loops left.
   void finish_pump() const {
     if (pump_.rows == nullptr) return;
-    const std::uint32_t calls = pump_calls_;
     pump(~0u);
-    pump_calls_ = std::max<std::uint32_t>(1, calls);
     pump_.rows = nullptr;
   }
-
-  void pump() const { pump(per_pump_); }
 
   // Up to `lines` prefetches (K and V alternately) from the cursor. The
   // inner loop walks one run's lines with its K and V pointers hoisted (two
@@ -610,7 +624,7 @@ class ItemRunner {
   // was already cached.
   void pump(std::uint32_t lines) const {
     if (pump_.rows == nullptr) return;
-    ++pump_calls_;
+    lines = lines > ~0u - pump_.credit ? ~0u : lines + pump_.credit;
     const std::size_t bytes = run_bytes();
     const std::uint32_t runs = runs_per_row();
     std::size_t o = pump_.o;
@@ -633,6 +647,7 @@ class ItemRunner {
       }
     }
     pump_.o = o;
+    pump_.credit = std::min(lines, 1u);
   }
 
   // NHD: a token's heads are one contiguous run; HND: one run per head.
@@ -644,9 +659,7 @@ class ItemRunner {
 
   const AttentionCtx& c_;
   mutable PumpCursor pump_;
-  mutable std::uint32_t pump_calls_ = 32;  // pump() calls of the previous head step
-  mutable std::uint32_t per_pump_ = 8;     // lines per call in this step
-  std::vector<std::uint32_t> pos_;         // LayoutPos of each element (split layouts only)
+  std::vector<std::uint32_t> pos_;  // LayoutPos of each element (split layouts only)
 };
 
 // Combines a group's partials (max, sum, acc per query vector) into out.
