@@ -3,19 +3,22 @@
 //
 // Per work item: query vectors are pre-scaled into scratch; KV tokens are
 // walked in tiles of at most kTile tokens (rows addressed through the page
-// table one by one, so tiles span pages). For each KV head of the item, all
-// its query vectors (G query heads x the item's rows) are scored against the
-// tile in blocks of kQ queries x kT tokens (kQ * kT = kN lanes): each K load
-// feeds 2 * kQ FMAs and one transpose-add tree turns the kN partial-product
+// table one by one, so tiles span pages). Within a tile every KV head of the
+// item is processed together, token-major: the tile's K rows are scored a
+// few tokens at a time across all heads (blocks of kQ queries x kT tokens of
+// one head, kQ * kT = kN lanes, or with one query per head kN (token, head)
+// pairs), so the reads walk each page in address order; each K load feeds
+// 2 * kQ FMAs and one transpose-add tree turns the kN partial-product
 // vectors into one vector of kN scores. The online softmax runs on whole
-// score vectors, then the tile's V rows are accumulated (up to 8 query
-// vectors per V load). bf16 rows are read as u32 and split into even/odd f32
-// vectors (shift / mask, no shuffles); query and accumulator rows use that
-// element order and are put back in order on output. While one (tile, head)
-// step runs, rows ahead are prefetched (AttentionPrefetch: the next step into
-// L1, or whole tiles two ahead into L2, chosen per processor). Split items
-// write (max, sum, acc) partials merged afterwards. Prefill items (one KV
-// head, a block of query rows) take the query-lanes path of
+// score vectors per (head, query), then V rows are accumulated kPvTokens
+// tokens at a time across the heads (up to 8 query vectors per V load).
+// bf16 rows are read as u32 and split into even/odd f32 vectors (shift /
+// mask, no shuffles); query and accumulator rows use that element order and
+// are put back in order on output. While one tile runs, rows ahead are
+// prefetched (AttentionPrefetch: the next block into L1, or whole tiles two
+// ahead into L2 at the rate the loops read, chosen per processor). Split
+// items write (max, sum, acc) partials merged afterwards. Prefill items (one
+// KV head, a block of query rows) take the query-lanes path of
 // attention_prefill-inl.h instead where the target has the lanes for it.
 #include <algorithm>
 #include <atomic>
@@ -48,6 +51,9 @@ using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
 
 constexpr std::uint32_t kTile = 32;  // max KV tokens per tile (multiple of any lane count)
+// Tokens per PV step: each head's accumulators are loaded once per this many
+// tokens of V rows, read token by token across the heads.
+constexpr std::uint32_t kPvTokens = 4;
 // Tiles whose row pointers are kept: the current one and those ahead.
 constexpr std::uint32_t kRing = kPrefetchTilesAhead + 2;
 
@@ -186,13 +192,25 @@ HWY_INLINE VF ReduceTokens(DF df, VF* a) {
 #endif
 }
 
+// Where the query vectors of key row u start: the same for every row (the
+// rows are tokens of one KV head), or one pointer per row (rows of several
+// heads). Query j of row u is at that pointer + j * dimp.
+struct SharedQuery {
+  const float* q;
+  HWY_INLINE const float* operator()(int) const { return q; }
+};
+struct QueryPerRow {
+  const float* const* q;
+  HWY_INLINE const float* operator()(int u) const { return q[u]; }
+};
+
 // Scores of kQ query vectors (layout order, stride dimp, zero padded) against
 // kT key rows, kQ * kT == kN: lane j * kT + u = q_j . k_u. Each K chunk load
 // feeds 2 * kQ FMAs; one transpose-add tree per kN scores.
-template <int kQ, int kT, bool kTail, class T, class Pump>
-HWY_INLINE void ScoreChunks(DF df, const float* HWY_RESTRICT q, std::size_t dimp,
-                            const T* const* kr, std::size_t d0, std::size_t d1, std::size_t dim,
-                            VF* a, const Pump& pump) {
+template <int kQ, int kT, bool kTail, class T, class Query, class Pump>
+HWY_INLINE void ScoreChunks(DF df, const Query& q, std::size_t dimp, const T* const* kr,
+                            std::size_t d0, std::size_t d1, std::size_t dim, VF* a,
+                            const Pump& pump) {
   for (std::size_t d = d0; d < d1; d += kC) {
     pump(kT * kChunkLines<T>);
 #pragma GCC unroll 16
@@ -201,15 +219,15 @@ HWY_INLINE void ScoreChunks(DF df, const float* HWY_RESTRICT q, std::size_t dimp
       LoadChunkAt<kTail>(df, kr[u], d, dim, lo, hi);
 #pragma GCC unroll 16
       for (int j = 0; j < kQ; ++j) {
-        a[j * kT + u] = hn::MulAdd(hn::Load(df, q + j * dimp + d), lo, a[j * kT + u]);
-        a[j * kT + u] = hn::MulAdd(hn::Load(df, q + j * dimp + d + kN), hi, a[j * kT + u]);
+        a[j * kT + u] = hn::MulAdd(hn::Load(df, q(u) + j * dimp + d), lo, a[j * kT + u]);
+        a[j * kT + u] = hn::MulAdd(hn::Load(df, q(u) + j * dimp + d + kN), hi, a[j * kT + u]);
       }
     }
   }
 }
 
-template <int kQ, int kT, class T, class Pump>
-HWY_INLINE VF ScoreBlock(DF df, const float* q, std::size_t dimp, const T* const* kr,
+template <int kQ, int kT, class T, class Query, class Pump>
+HWY_INLINE VF ScoreBlock(DF df, const Query& q, std::size_t dimp, const T* const* kr,
                          std::size_t dim, const Pump& pump) {
   static_assert(kQ * kT == static_cast<int>(kN), "one score vector per block");
   VF a[kN];
@@ -380,23 +398,13 @@ class ItemRunner {
       const std::uint32_t ta = it.t0 + k * kTile;  // tile k's first token
       const TileRows* next = k + 1 < tiles ? &ring[(k + 1) % kRing] : nullptr;
       const TileRows* far = k + ahead < tiles ? &ring[(k + ahead) % kRing] : nullptr;
-      for (std::uint32_t hl = 0; hl < nh; ++hl) {
-        const std::uint32_t h = it.h0 + hl;
-        if (c_.prefetch == AttentionPrefetch::next_step_l1) {
-          // The rows of the next (tile, head) step, one step ahead, into L1.
-          if (hl + 1 < nh) {
-            prefetch_rows(cur, h + 1);
-          } else if (next != nullptr) {
-            prefetch_rows(*next, it.h0);
-          }
-        } else if (c_.prefetch == AttentionPrefetch::next_tile_l2 && far != nullptr) {
-          // Share hl of the rows of the tile `ahead` tiles on, into L2, issued
-          // a few lines at a time from inside the score and PV loops.
-          start_pump(*far, far->n * hl / nh, far->n * (hl + 1) / nh);
-        }
-        tile(cur, ta, h, hl * m_per_head, m_per_head, first_limit, s);
-        finish_pump();
+      if (c_.prefetch == AttentionPrefetch::next_tile_l2 && far != nullptr) {
+        // The rows of the tile `ahead` tiles on, into L2, issued from inside
+        // the score and PV loops as they consume this tile's rows.
+        start_pump(*far, 0, far->n);
       }
+      tile(cur, next, ta, it.h0, nh, m_per_head, first_limit, s);
+      finish_pump();
       if (k + ahead + 1 < tiles) fill_tile(it, k + ahead + 1, ring[(k + ahead + 1) % kRing]);
     }
     if (partial == nullptr) {
@@ -452,16 +460,6 @@ class ItemRunner {
            std::size_t{tok % c_.page} * c_.token_stride + std::size_t{h} * c_.head_stride;
   }
 
-  // Prefetches KV head h's K and V rows of a tile into L1.
-  void prefetch_rows(const TileRows& rows, std::uint32_t h) const {
-    const std::size_t bytes = std::size_t{c_.dim} * sizeof(T);
-    const std::size_t off = std::size_t{h} * c_.head_stride;
-    for (std::uint32_t i = 0; i < rows.n; ++i) {
-      prefetch_range_l1(rows.k[i] + off, bytes);
-      prefetch_range_l1(rows.v[i] + off, bytes);
-    }
-  }
-
   void load_queries(const WorkItem& it, Scratch& s) const {
     const std::uint32_t dim = c_.dim;
     const std::size_t q_row = std::size_t{c_.n_q} * dim;
@@ -514,22 +512,6 @@ class ItemRunner {
     };
   }
 
-  // Scores of query vectors [i, i + kQ) against the tile's rows, written to
-  // their probability rows (kTile floats each).
-  template <int kQ>
-  void score_rows(DF df, const float* q, std::size_t dimp, const T* const* kp, std::uint32_t nt,
-                  float* pr, bool first_pass) const {
-    constexpr int kT = static_cast<int>(kN) / kQ;
-    HWY_ALIGN float out[kN];
-    for (std::uint32_t t = 0; t < nt; t += kT) {
-      const T* kr[kT];
-      for (int u = 0; u < kT; ++u) kr[u] = kp[std::min<std::uint32_t>(t + u, nt - 1)];
-      hn::Store(ScoreBlock<kQ, kT>(df, q, dimp, kr, c_.dim, pump_for(first_pass)), df, out);
-      for (int j = 0; j < kQ; ++j)
-        std::memcpy(pr + j * kTile + t, out + j * kT, kT * sizeof(float));
-    }
-  }
-
   template <int kR>
   void pv_rows(DF df, float* pr, float* acc, std::size_t dimp, const T* const* vp, std::uint32_t nt,
                bool first_pass) const {
@@ -542,48 +524,167 @@ class ItemRunner {
     PvRows<kR>(df, p, a, vp, nt, c_.dim, pump_for(first_pass));
   }
 
-  // One tile (tokens ta .. ta + rows.n) of one KV head h for the item's m query vectors
-  // starting at state index base. K and V are read straight from the cache
-  // rows (no conversion pass); every row load serves a block of query vectors.
-  void tile(const TileRows& rows, std::uint32_t ta, std::uint32_t h, std::size_t base,
-            std::uint32_t m, std::uint32_t first_limit, Scratch& s) const {
+  // One tile (tokens ta .. ta + rows.n) of KV heads [h0, h0 + nh) for the
+  // item's m query vectors per head (state index hl * m + j). K and V are
+  // read straight from the cache rows, token by token across the heads (a
+  // few tokens' rows of every head before the next tokens), so the reads
+  // walk each page in address order: on Zen 4 that let the hardware
+  // prefetchers work beside the pump (docs/PERFORMANCE.md, session 5).
+  void tile(const TileRows& rows, const TileRows* next, std::uint32_t ta, std::uint32_t h0,
+            std::uint32_t nh, std::uint32_t m, std::uint32_t first_limit, Scratch& s) const {
     const DF df;
     const std::uint32_t nt = rows.n;
-    const std::size_t dimp = s.dimp;
-    const std::size_t off = std::size_t{h} * c_.head_stride;
-    const T* kp[kTile];
-    const T* vp[kTile];
-    for (std::uint32_t i = 0; i < nt; ++i) {
-      kp[i] = rows.k[i] + off;
-      vp[i] = rows.v[i] + off;
-    }
-    const float* q = s.qs.get() + base * dimp;
-    float* acc = s.acc.get() + base * dimp;
+    score_tile(df, rows, h0, nh, m, s);
     float* pr = s.probs.get();
-    std::uint32_t i = 0;
+    float* acc = s.acc.get();
+    for (std::uint32_t hl = 0; hl < nh; ++hl) {
+      for (std::uint32_t j = 0; j < m; ++j) {
+        const std::size_t idx = std::size_t{hl} * m + j;
+        const std::uint32_t limit = first_limit + j / c_.group;
+        const std::uint32_t nvalid = limit <= ta ? 0 : std::min(nt, limit - ta);
+        SoftmaxUpdate(df, pr + idx * kTile, nt, nvalid, s.mx[idx], s.l[idx], acc + idx * s.dimp,
+                      s.dimp);
+      }
+    }
+    pv_tile(df, rows, next, h0, nh, m, s);
+  }
+
+  // Query blocks of 4 where m allows (each K load feeds 4 queries), else 2;
+  // one query per head takes (token, head) pairs.
+  void score_tile(DF df, const TileRows& rows, std::uint32_t h0, std::uint32_t nh, std::uint32_t m,
+                  Scratch& s) const {
     if constexpr (kN >= 4) {
-      for (; i + 4 <= m; i += 4)
-        score_rows<4>(df, q + i * dimp, dimp, kp, nt, pr + i * kTile, i == 0);
+      if (m % 4 == 0) return score_heads<4>(df, rows, h0, nh, m, s);
     }
     if constexpr (kN >= 2) {
-      for (; i + 2 <= m; i += 2)
-        score_rows<2>(df, q + i * dimp, dimp, kp, nt, pr + i * kTile, i == 0);
+      if (m % 2 == 0) return score_heads<2>(df, rows, h0, nh, m, s);
     }
-    for (; i < m; ++i) score_rows<1>(df, q + i * dimp, dimp, kp, nt, pr + i * kTile, i == 0);
-    for (std::uint32_t j = 0; j < m; ++j) {
-      const std::uint32_t limit = first_limit + j / c_.group;
-      const std::uint32_t nvalid = limit <= ta ? 0 : std::min(nt, limit - ta);
-      SoftmaxUpdate(df, pr + j * kTile, nt, nvalid, s.mx[base + j], s.l[base + j], acc + j * dimp,
-                    dimp);
+    if (m == 1) return score_pairs(df, rows, h0, nh, s);
+    score_heads<1>(df, rows, h0, nh, m, s);
+  }
+
+  // Scores of every head's m query vectors (m a multiple of kQ) against the
+  // tile, kT tokens at a time: for each block of tokens, every head in turn.
+  template <int kQ>
+  void score_heads(DF df, const TileRows& rows, std::uint32_t h0, std::uint32_t nh, std::uint32_t m,
+                   Scratch& s) const {
+    constexpr int kT = static_cast<int>(kN) / kQ;
+    const std::uint32_t nt = rows.n;
+    const std::size_t dimp = s.dimp;
+    float* pr = s.probs.get();
+    HWY_ALIGN float out[kN];
+    for (std::uint32_t tb = 0; tb < nt; tb += kT) {
+      if (c_.prefetch == AttentionPrefetch::next_step_l1) {
+        if (tb + kT < nt) {
+          prefetch_tokens_l1(rows.k, tb + kT, std::min<std::uint32_t>(nt, tb + 2 * kT), h0, nh);
+        } else {
+          prefetch_tokens_l1(rows.v, 0, std::min(nt, kPvTokens), h0, nh);
+        }
+      }
+      for (std::uint32_t hl = 0; hl < nh; ++hl) {
+        const std::size_t off = std::size_t{h0 + hl} * c_.head_stride;
+        const T* kr[kT];
+        for (int u = 0; u < kT; ++u) kr[u] = rows.k[std::min<std::uint32_t>(tb + u, nt - 1)] + off;
+        for (std::uint32_t j = 0; j < m; j += kQ) {
+          const std::size_t idx = std::size_t{hl} * m + j;
+          const SharedQuery q{s.qs.get() + idx * dimp};
+          hn::Store(ScoreBlock<kQ, kT>(df, q, dimp, kr, c_.dim, pump_for(j == 0)), df, out);
+          for (int jj = 0; jj < kQ; ++jj)
+            std::memcpy(pr + (idx + jj) * kTile + tb, out + jj * kT, kT * sizeof(float));
+        }
+      }
     }
-    i = 0;
-    if constexpr (kAccRegs >= 16) {
-      for (; i + 8 <= m; i += 8)
-        pv_rows<8>(df, pr + i * kTile, acc + i * dimp, dimp, vp, nt, i == 0);
+  }
+
+  // One query vector per head (m == 1): kN (token, head) pairs per score
+  // block in token-major order, each with its head's query.
+  void score_pairs(DF df, const TileRows& rows, std::uint32_t h0, std::uint32_t nh,
+                   Scratch& s) const {
+    constexpr int kT = static_cast<int>(kN);
+    constexpr std::uint32_t kSkip = ~0u;
+    const std::uint32_t pairs = rows.n * nh;
+    float* pr = s.probs.get();
+    HWY_ALIGN float out[kN];
+    std::uint32_t tn = 0, hn_ = 0;  // the next pair to assign
+    for (std::uint32_t p0 = 0; p0 < pairs; p0 += kT) {
+      if (c_.prefetch == AttentionPrefetch::next_step_l1) {
+        if (p0 + kT < pairs) {
+          const std::uint32_t last = std::min(pairs, p0 + 2 * kT) - 1;
+          prefetch_tokens_l1(rows.k, (p0 + kT) / nh, last / nh + 1, h0, nh);
+        } else {
+          prefetch_tokens_l1(rows.v, 0, std::min(rows.n, kPvTokens), h0, nh);
+        }
+      }
+      const T* kr[kT];
+      const float* qp[kT];
+      std::uint32_t slot[kT];
+      for (int u = 0; u < kT; ++u) {
+        if (p0 + u < pairs) {
+          kr[u] = rows.k[tn] + std::size_t{h0 + hn_} * c_.head_stride;
+          qp[u] = s.qs.get() + std::size_t{hn_} * s.dimp;
+          slot[u] = hn_ * kTile + tn;
+          if (++hn_ == nh) {
+            hn_ = 0;
+            ++tn;
+          }
+        } else {  // past the last pair (u >= 1 here): repeat it, drop the score
+          kr[u] = kr[u - 1];
+          qp[u] = qp[u - 1];
+          slot[u] = kSkip;
+        }
+      }
+      hn::Store(ScoreBlock<1, kT>(df, QueryPerRow{qp}, s.dimp, kr, c_.dim, pump_for(true)), df,
+                out);
+      for (int u = 0; u < kT; ++u) {
+        if (slot[u] != kSkip) pr[slot[u]] = out[u];
+      }
     }
-    for (; i + 4 <= m; i += 4) pv_rows<4>(df, pr + i * kTile, acc + i * dimp, dimp, vp, nt, i == 0);
-    for (; i + 2 <= m; i += 2) pv_rows<2>(df, pr + i * kTile, acc + i * dimp, dimp, vp, nt, i == 0);
-    for (; i < m; ++i) pv_rows<1>(df, pr + i * kTile, acc + i * dimp, dimp, vp, nt, i == 0);
+  }
+
+  // acc += p . V over the tile, kPvTokens tokens at a time: for each group
+  // of tokens, every head in turn (accumulators reloaded per group).
+  void pv_tile(DF df, const TileRows& rows, const TileRows* next, std::uint32_t h0,
+               std::uint32_t nh, std::uint32_t m, Scratch& s) const {
+    const std::uint32_t nt = rows.n;
+    const std::size_t dimp = s.dimp;
+    for (std::uint32_t tg = 0; tg < nt; tg += kPvTokens) {
+      const std::uint32_t n = std::min(kPvTokens, nt - tg);
+      if (c_.prefetch == AttentionPrefetch::next_step_l1) {
+        if (tg + kPvTokens < nt) {
+          prefetch_tokens_l1(rows.v, tg + kPvTokens, std::min(nt, tg + 2 * kPvTokens), h0, nh);
+        } else if (next != nullptr) {
+          prefetch_tokens_l1(next->k, 0, std::min<std::uint32_t>(next->n, kN), h0, nh);
+        }
+      }
+      for (std::uint32_t hl = 0; hl < nh; ++hl) {
+        const std::size_t off = std::size_t{h0 + hl} * c_.head_stride;
+        const T* vp[kPvTokens];
+        for (std::uint32_t i = 0; i < n; ++i) vp[i] = rows.v[tg + i] + off;
+        float* pr = s.probs.get() + std::size_t{hl} * m * kTile + tg;
+        float* acc = s.acc.get() + std::size_t{hl} * m * dimp;
+        std::uint32_t i = 0;
+        if constexpr (kAccRegs >= 16) {
+          for (; i + 8 <= m; i += 8)
+            pv_rows<8>(df, pr + i * kTile, acc + i * dimp, dimp, vp, n, i == 0);
+        }
+        for (; i + 4 <= m; i += 4)
+          pv_rows<4>(df, pr + i * kTile, acc + i * dimp, dimp, vp, n, i == 0);
+        for (; i + 2 <= m; i += 2)
+          pv_rows<2>(df, pr + i * kTile, acc + i * dimp, dimp, vp, n, i == 0);
+        for (; i < m; ++i) pv_rows<1>(df, pr + i * kTile, acc + i * dimp, dimp, vp, n, i == 0);
+      }
+    }
+  }
+
+  // AttentionPrefetch::next_step_l1: tokens [t0, t1) of heads [h0, h0 + nh)
+  // into L1 (rows are head-0 pointers).
+  void prefetch_tokens_l1(const T* const* rows, std::uint32_t t0, std::uint32_t t1,
+                          std::uint32_t h0, std::uint32_t nh) const {
+    const std::size_t bytes = std::size_t{c_.dim} * sizeof(T);
+    for (std::uint32_t t = t0; t < t1; ++t) {
+      for (std::uint32_t hl = 0; hl < nh; ++hl)
+        prefetch_range_l1(rows[t] + std::size_t{h0 + hl} * c_.head_stride, bytes);
+    }
   }
 
   // AttentionPrefetch::next_tile_l2. A head step's share of a tile ahead
