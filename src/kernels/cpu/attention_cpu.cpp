@@ -86,6 +86,9 @@ static_assert(kTile % kN == 0, "a tile must hold whole score vectors");
 
 // 64-byte cache lines a chunk of kC elements of T spans (at least 1): what the
 // prefetch pump is told each time the loops consume one chunk of a row.
+// Lines the loops read between reports to the pump, at least.
+constexpr std::uint32_t kPumpLines = 16;
+
 template <class T>
 constexpr std::uint32_t kChunkLines = kC * sizeof(T) / 64 > 0 ? kC * sizeof(T) / 64 : 1;
 
@@ -211,8 +214,16 @@ template <int kQ, int kT, bool kTail, class T, class Query, class Pump>
 HWY_INLINE void ScoreChunks(DF df, const Query& q, std::size_t dimp, const T* const* kr,
                             std::size_t d0, std::size_t d1, std::size_t dim, VF* a,
                             const Pump& pump) {
+  // Report the lines read about kPumpLines at a time (the pump's per-call
+  // cost is ~20 instructions).
+  constexpr std::uint32_t kLines = kT * kChunkLines<T>;
+  constexpr std::uint32_t kEvery = kLines >= kPumpLines ? 1 : kPumpLines / kLines;
+  std::uint32_t n = 0;
   for (std::size_t d = d0; d < d1; d += kC) {
-    pump(kT * kChunkLines<T>);
+    if (++n == kEvery) {
+      pump(kEvery * kLines);
+      n = 0;
+    }
 #pragma GCC unroll 16
     for (int u = 0; u < kT; ++u) {
       VF lo, hi;
@@ -224,6 +235,7 @@ HWY_INLINE void ScoreChunks(DF df, const Query& q, std::size_t dimp, const T* co
       }
     }
   }
+  if (n != 0) pump(n * kLines);
 }
 
 template <int kQ, int kT, class T, class Query, class Pump>
@@ -245,6 +257,9 @@ template <int kR, int kCh, bool kTail, class T, class Pump>
 HWY_INLINE void PvChunks(DF df, const float* const* p, float* const* acc, const T* const* vr,
                          std::uint32_t nt, std::size_t d0, std::size_t d1, std::size_t dim,
                          const Pump& pump) {
+  // Few query vectors: memory-bound, the pump hears of every row (smooth);
+  // more: compute-bound, once per block of tokens (the pump's own cost).
+  constexpr bool kPumpPerToken = kR <= 2;
   for (std::size_t d = d0; d + kCh * kC <= d1; d += kCh * kC) {
     VF a[kR][2 * kCh];
 #pragma GCC unroll 16
@@ -252,7 +267,7 @@ HWY_INLINE void PvChunks(DF df, const float* const* p, float* const* acc, const 
 #pragma GCC unroll 16
       for (int i = 0; i < 2 * kCh; ++i) a[r][i] = hn::Load(df, acc[r] + d + i * kN);
     for (std::uint32_t t = 0; t < nt; ++t) {
-      pump(kCh * kChunkLines<T>);
+      if constexpr (kPumpPerToken) pump(kCh * kChunkLines<T>);
       VF v[2 * kCh];
 #pragma GCC unroll 16
       for (int c = 0; c < kCh; ++c)
@@ -268,6 +283,7 @@ HWY_INLINE void PvChunks(DF df, const float* const* p, float* const* acc, const 
     for (int r = 0; r < kR; ++r)
 #pragma GCC unroll 16
       for (int i = 0; i < 2 * kCh; ++i) hn::Store(a[r][i], df, acc[r] + d + i * kN);
+    if constexpr (!kPumpPerToken) pump(nt * kCh * kChunkLines<T>);
   }
 }
 
