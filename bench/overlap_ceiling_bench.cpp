@@ -110,6 +110,120 @@ __attribute__((target("avx512f,fma"))) float read_pages(const Pages& p, std::siz
 }
 #endif
 
+#if defined(__x86_64__)
+// The decode kernel's access order, modelled (session 5): tiles of 32 tokens
+// (two 32 KiB pages of 16 tokens x 8 heads x 256 bytes, K and V), 2 FMAs per
+// 64-byte line, the rows of the tile two ahead prefetched (prefetcht1) as
+// fast as the current tile's lines are read. kTokenMajor = false: head by
+// head, K rows in blocks of 16 tokens read column-wise (line l of every row,
+// then l + 1), then that head's V rows (the kernel before session 5);
+// true: K in blocks of 2 tokens x 8 heads read column-wise, V rows 4 tokens
+// at a time across the heads (the kernel since).
+template <bool kTokenMajor>
+__attribute__((target("avx512f,fma"))) float read_tiles(const Pages& p, std::size_t first,
+                                                        std::size_t count) {
+  constexpr std::size_t kRow = 256, kTokenBytes = 8 * kRow, kAhead = 2;
+  __m512 a[8];
+  for (auto& x : a) x = _mm512_setzero_ps();
+  const __m512 m = _mm512_set1_ps(0.999f);
+  const std::size_t tiles = count / 2;
+  for (std::size_t t = 0; t < tiles; ++t) {
+    const char* k[2];
+    const char* v[2];
+    const char* kf[2] = {nullptr, nullptr};
+    const char* vf[2] = {nullptr, nullptr};
+    for (int j = 0; j < 2; ++j) {
+      k[j] = p.k + p.order[first + 2 * t + j] * kPageBytes;
+      v[j] = p.v + p.order[first + 2 * t + j] * kPageBytes;
+      if (t + kAhead < tiles) {
+        kf[j] = p.k + p.order[first + 2 * (t + kAhead) + j] * kPageBytes;
+        vf[j] = p.v + p.order[first + 2 * (t + kAhead) + j] * kPageBytes;
+      }
+    }
+    std::size_t next = 0;  // line pairs (K, V) of the tile ahead issued
+    const auto pump = [&](std::size_t lines) {
+      for (std::size_t i = 0; i < lines / 2 && kf[0] != nullptr && next < 1024; ++i, ++next) {
+        const std::size_t j = next / 512, o = next % 512 * 64;
+        _mm_prefetch(kf[j] + o, _MM_HINT_T1);
+        _mm_prefetch(vf[j] + o, _MM_HINT_T1);
+      }
+    };
+    const auto row = [&](const char* const* page, int tok, int h) {
+      return page[tok / 16] + (tok % 16) * kTokenBytes + h * kRow;
+    };
+    const auto block = [&](const char* const* r) __attribute__((target("avx512f,fma"))) {  // 16 rows, column-wise
+      for (int l = 0; l < 4; ++l) {
+#pragma GCC unroll 16
+        for (int u = 0; u < 16; ++u) {
+          const __m512 x = _mm512_loadu_ps(r[u] + 64 * l);
+          a[u % 8] = _mm512_fmadd_ps(x, m, a[u % 8]);
+          a[(u + 1) % 8] = _mm512_fmadd_ps(x, m, a[(u + 1) % 8]);
+        }
+        pump(16);
+      }
+    };
+    const auto whole_row = [&](const char* r) __attribute__((target("avx512f,fma"))) {
+#pragma GCC unroll 4
+      for (int l = 0; l < 4; ++l) {
+        const __m512 x = _mm512_loadu_ps(r + 64 * l);
+        a[l] = _mm512_fmadd_ps(x, m, a[l]);
+        a[l + 4] = _mm512_fmadd_ps(x, m, a[l + 4]);
+      }
+      pump(4);
+    };
+    const char* r[16];
+    if constexpr (kTokenMajor) {
+      for (int tok = 0; tok < 32; tok += 2) {
+        for (int u = 0; u < 16; ++u) r[u] = row(k, tok + u / 8, u % 8);
+        block(r);
+      }
+      for (int tg = 0; tg < 32; tg += 4)
+        for (int h = 0; h < 8; ++h)
+          for (int tok = tg; tok < tg + 4; ++tok) whole_row(row(v, tok, h));
+    } else {
+      for (int h = 0; h < 8; ++h) {
+        for (int b = 0; b < 32; b += 16) {
+          for (int u = 0; u < 16; ++u) r[u] = row(k, b + u, h);
+          block(r);
+        }
+        for (int tok = 0; tok < 32; ++tok) whole_row(row(v, tok, h));
+      }
+    }
+    pump(2048);
+  }
+  __m512 sum = a[0];
+  for (int i = 1; i < 8; ++i) sum = _mm512_add_ps(sum, a[i]);
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, sum);
+  return std::accumulate(lanes, lanes + 16, 0.0f);
+}
+#endif
+
+template <bool kTokenMajor>
+void BM_TileReadOrder(benchmark::State& state) {
+#if defined(__x86_64__)
+  if (!__builtin_cpu_supports("avx512f")) {
+    state.SkipWithError("needs AVX-512");
+    return;
+  }
+  static const Pages pages;
+  const auto threads = static_cast<std::size_t>(state.range(0));
+  const std::size_t share = pages.order.size() / threads;
+  std::vector<float> sink(threads);
+  for (auto _ : state) {
+    std::vector<std::thread> pool;
+    for (std::size_t t = 1; t < threads; ++t)
+      pool.emplace_back([&, t] { sink[t] = read_tiles<kTokenMajor>(pages, t * share, share); });
+    sink[0] = read_tiles<kTokenMajor>(pages, 0, share);
+    for (auto& th : pool) th.join();
+    benchmark::DoNotOptimize(sink.data());
+  }
+  state.SetBytesProcessed(state.iterations() * std::int64_t(2 * kBytes));
+#else
+  state.SkipWithError("x86-64 only");
+#endif
+}
+
 template <int C, int S, int P = 0>
 void BM_PagedReadWithFma(benchmark::State& state) {
 #if defined(__x86_64__)
@@ -182,6 +296,18 @@ BENCHMARK_TEMPLATE(BM_PagedReadWithFma, 4, 1, 2)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_TEMPLATE(BM_PagedReadWithFma, 16, 1, 2)
+    ->Arg(1)
+    ->Arg(2)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
+// Head-major vs token-major tile reads (session 5).
+BENCHMARK_TEMPLATE(BM_TileReadOrder, false)
+    ->Arg(1)
+    ->Arg(2)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_TileReadOrder, true)
     ->Arg(1)
     ->Arg(2)
     ->UseRealTime()

@@ -33,12 +33,13 @@ namespace kvcache {
 // reference kernel ignores it.
 //  automatic:    next_tile_l2 on AMD processors, next_step_l1 elsewhere (what
 //                measured fastest on each; docs/PERFORMANCE.md, "Prefetch").
-//  next_step_l1: the rows of the next (tile, KV head) step into L1, one step
-//                ahead (best on a Sapphire Rapids Xeon).
+//  next_step_l1: the rows of the next block of tokens (all the item's KV
+//                heads) into L1, one block ahead (best on a Sapphire Rapids
+//                Xeon when the kernel still walked a tile head by head; not
+//                re-measured since the token-major order of session 5).
 //  next_tile_l2: whole rows (all heads) of the tile two tiles ahead into L2,
-//                in address order, spread over the current tile's heads
-//                (best on Zen 4: the head-strided row reads alone do not
-//                trigger its hardware prefetchers).
+//                in address order, issued as fast as the loops read the
+//                current tile (best on Zen 4 and Zen 5).
 //  none:         hardware prefetchers only.
 enum class AttentionPrefetch : std::uint8_t { automatic, next_step_l1, next_tile_l2, none };
 
