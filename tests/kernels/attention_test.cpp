@@ -179,7 +179,9 @@ TEST(AttentionFast, EveryPrefetchStrategy) {
                                      AttentionPrefetch::next_tile_l2, AttentionPrefetch::none}) {
     SCOPED_TRACE("prefetch " + std::to_string(static_cast<int>(pf)));
     EXPECT_NE(resolve_attention_prefetch(pf), AttentionPrefetch::automatic);
-    if (pf != AttentionPrefetch::automatic) EXPECT_EQ(resolve_attention_prefetch(pf), pf);
+    if (pf != AttentionPrefetch::automatic) {
+      EXPECT_EQ(resolve_attention_prefetch(pf), pf);
+    }
     for_dtypes([&](auto tag) {
       using T = decltype(tag);
       for (std::uint32_t page : {5u, 32u, 128u}) {

@@ -105,7 +105,9 @@ TEST(StoreKv, EveryPrefetchChoiceMatchesReference) {
        {StorePrefetch::automatic, StorePrefetch::next_row_l1, StorePrefetch::none}) {
     SCOPED_TRACE("prefetch " + std::to_string(static_cast<int>(pf)));
     EXPECT_NE(resolve_store_prefetch(pf), StorePrefetch::automatic);
-    if (pf != StorePrefetch::automatic) EXPECT_EQ(resolve_store_prefetch(pf), pf);
+    if (pf != StorePrefetch::automatic) {
+      EXPECT_EQ(resolve_store_prefetch(pf), pf);
+    }
     for_dtypes([&](auto tag) {
       using T = decltype(tag);
       check_store<T>({{5, 33}, {0, 1}, {17, 2}}, 3, 72, 7, 2, true, rng, pf);
