@@ -327,7 +327,7 @@ struct Scratch {
       rows = total;
       qs = Zeroed(total * dimp);
       acc = Zeroed(total * dimp);
-      probs = Zeroed(2 * total * kTile);  // two tiles in flight (the pipeline)
+      probs = Zeroed(total * kTile);
       mx.resize(total);
       l.resize(total);
     }
@@ -406,52 +406,22 @@ class ItemRunner {
     // Row pointers (KV head 0) of the tiles in flight: [k % kRing] is tile k;
     // head h's row is the pointer + h * head_stride. One page-table walk per tile.
     TileRows ring[kRing];
-    const bool pump = c_.prefetch == AttentionPrefetch::next_tile_l2;
-    const std::uint32_t ahead = pump ? kPrefetchTilesAhead : 1;
+    const std::uint32_t ahead =
+        c_.prefetch == AttentionPrefetch::next_tile_l2 ? kPrefetchTilesAhead : 1;
     for (std::uint32_t k = 0; k <= ahead && k < tiles; ++k) fill_tile(it, k, ring[k]);
-    // Software pipeline: iteration k scores tile k + 1 while it accumulates
-    // tile k's V rows (whose probabilities iteration k - 1 finished), a step
-    // of tokens of each in turn, so K and V rows stream side by side; then
-    // the softmax of tile k + 1 (after tile k's PV: it rescales acc).
-    // Iteration -1 only scores tile 0. Probability rows alternate between
-    // two buffers.
-    float* probs[2] = {s.probs.get(), s.probs.get() + total * kTile};
-    const std::uint32_t step = pipeline_step(m_per_head, nh);
-    const DF df;
-    for (std::int64_t k = -1; k < std::int64_t{tiles}; ++k) {
-      const bool has_pv = k >= 0;
-      const bool has_score = k + 1 < tiles;
-      const TileRows* pv = has_pv ? &ring[k % kRing] : nullptr;
-      const TileRows* sc = has_score ? &ring[(k + 1) % kRing] : nullptr;
-      const std::int64_t far = k + ahead;
-      if (pump && far < tiles) {
+    for (std::uint32_t k = 0; k < tiles; ++k) {
+      const TileRows& cur = ring[k % kRing];
+      const std::uint32_t ta = it.t0 + k * kTile;  // tile k's first token
+      const TileRows* next = k + 1 < tiles ? &ring[(k + 1) % kRing] : nullptr;
+      const TileRows* far = k + ahead < tiles ? &ring[(k + ahead) % kRing] : nullptr;
+      if (c_.prefetch == AttentionPrefetch::next_tile_l2 && far != nullptr) {
         // The rows of the tile `ahead` tiles on, into L2, issued from inside
-        // the score and PV loops as they consume this iteration's rows.
-        start_pump(ring[far % kRing], 0, ring[far % kRing].n);
+        // the score and PV loops as they consume this tile's rows.
+        start_pump(*far, 0, far->n);
       }
-      const std::uint32_t n_pv = has_pv ? pv->n : 0;
-      const std::uint32_t n_sc = has_score ? sc->n : 0;
-      float* pr_pv = probs[(k + 2) % 2];
-      float* pr_sc = probs[(k + 3) % 2];
-      for (std::uint32_t o = 0; o < std::max(n_pv, n_sc); o += step) {
-        if (c_.prefetch == AttentionPrefetch::next_step_l1) {
-          const std::uint32_t o1 = o + step;
-          if (o1 < n_sc) prefetch_tokens_l1(sc->k, o1, std::min(n_sc, o1 + step), it.h0, nh);
-          if (o1 < n_pv) prefetch_tokens_l1(pv->v, o1, std::min(n_pv, o1 + step), it.h0, nh);
-        }
-        if (o < n_sc)
-          score_range(df, *sc, o, std::min(n_sc, o + step), it.h0, nh, m_per_head, s, pr_sc);
-        if (o < n_pv)
-          pv_range(df, *pv, o, std::min(n_pv, o + step), it.h0, nh, m_per_head, s, pr_pv);
-      }
-      if (has_score) {
-        const std::uint32_t ta = it.t0 + static_cast<std::uint32_t>(k + 1) * kTile;
-        softmax_tile(df, ta, n_sc, nh, m_per_head, first_limit, s, pr_sc);
-      }
+      tile(cur, next, ta, it.h0, nh, m_per_head, first_limit, s);
       finish_pump();
-      if (far + 1 < tiles && far + 1 >= 0 && far + 1 > std::int64_t{ahead}) {
-        fill_tile(it, static_cast<std::uint32_t>(far + 1), ring[(far + 1) % kRing]);
-      }
+      if (k + ahead + 1 < tiles) fill_tile(it, k + ahead + 1, ring[(k + ahead + 1) % kRing]);
     }
     if (partial == nullptr) {
       write_output(it, s);
@@ -559,8 +529,8 @@ class ItemRunner {
   }
 
   template <int kR>
-  void pv_rows(DF df, const float* pr, float* acc, std::size_t dimp, const T* const* vp,
-               std::uint32_t nt, bool first_pass) const {
+  void pv_rows(DF df, float* pr, float* acc, std::size_t dimp, const T* const* vp, std::uint32_t nt,
+               bool first_pass) const {
     const float* p[kR];
     float* a[kR];
     for (int r = 0; r < kR; ++r) {
@@ -570,54 +540,67 @@ class ItemRunner {
     PvRows<kR>(df, p, a, vp, nt, c_.dim, pump_for(first_pass));
   }
 
-  // Token steps of the pipeline: enough tokens for whole score blocks
-  // (kN / kQ tokens of one head, or kN (token, head) pairs) and whole PV
-  // blocks (kPvTokens).
-  std::uint32_t pipeline_step(std::uint32_t m, std::uint32_t nh) const {
-    std::uint32_t score_tokens = 0;
-    if (m % 4 == 0 && kN >= 4) {
-      score_tokens = static_cast<std::uint32_t>(kN / 4);
-    } else if (m % 2 == 0 && kN >= 2) {
-      score_tokens = static_cast<std::uint32_t>(kN / 2);
-    } else if (m == 1) {
-      score_tokens = static_cast<std::uint32_t>((kN + nh - 1) / nh);
-    } else {
-      score_tokens = static_cast<std::uint32_t>(kN);
+  // One tile (tokens ta .. ta + rows.n) of KV heads [h0, h0 + nh) for the
+  // item's m query vectors per head (state index hl * m + j). K and V are
+  // read straight from the cache rows, token by token across the heads (a
+  // few tokens' rows of every head before the next tokens), so the reads
+  // walk each page in address order: on Zen 4 that let the hardware
+  // prefetchers work beside the pump (docs/PERFORMANCE.md, session 5).
+  void tile(const TileRows& rows, const TileRows* next, std::uint32_t ta, std::uint32_t h0,
+            std::uint32_t nh, std::uint32_t m, std::uint32_t first_limit, Scratch& s) const {
+    const DF df;
+    const std::uint32_t nt = rows.n;
+    score_tile(df, rows, h0, nh, m, s);
+    float* pr = s.probs.get();
+    float* acc = s.acc.get();
+    for (std::uint32_t hl = 0; hl < nh; ++hl) {
+      for (std::uint32_t j = 0; j < m; ++j) {
+        const std::size_t idx = std::size_t{hl} * m + j;
+        const std::uint32_t limit = first_limit + j / c_.group;
+        const std::uint32_t nvalid = limit <= ta ? 0 : std::min(nt, limit - ta);
+        SoftmaxUpdate(df, pr + idx * kTile, nt, nvalid, s.mx[idx], s.l[idx], acc + idx * s.dimp,
+                      s.dimp);
+      }
     }
-    const std::uint32_t step = (score_tokens + kPvTokens - 1) / kPvTokens * kPvTokens;
-    return std::min(step, kTile);
+    pv_tile(df, rows, next, h0, nh, m, s);
   }
 
-  // Scores of tokens [t0, t1) of the tile (t0 a multiple of the step) for
-  // every head's m query vectors into pr. Query blocks of 4 where m allows
-  // (each K load feeds 4 queries), else 2; one query per head takes
-  // (token, head) pairs.
-  void score_range(DF df, const TileRows& rows, std::uint32_t t0, std::uint32_t t1,
-                   std::uint32_t h0, std::uint32_t nh, std::uint32_t m, Scratch& s,
-                   float* pr) const {
+  // Query blocks of 4 where m allows (each K load feeds 4 queries), else 2;
+  // one query per head takes (token, head) pairs.
+  void score_tile(DF df, const TileRows& rows, std::uint32_t h0, std::uint32_t nh, std::uint32_t m,
+                  Scratch& s) const {
     if constexpr (kN >= 4) {
-      if (m % 4 == 0) return score_heads<4>(df, rows, t0, t1, h0, nh, m, s, pr);
+      if (m % 4 == 0) return score_heads<4>(df, rows, h0, nh, m, s);
     }
     if constexpr (kN >= 2) {
-      if (m % 2 == 0) return score_heads<2>(df, rows, t0, t1, h0, nh, m, s, pr);
+      if (m % 2 == 0) return score_heads<2>(df, rows, h0, nh, m, s);
     }
-    if (m == 1) return score_pairs(df, rows, t0, t1, h0, nh, s, pr);
-    score_heads<1>(df, rows, t0, t1, h0, nh, m, s, pr);
+    if (m == 1) return score_pairs(df, rows, h0, nh, s);
+    score_heads<1>(df, rows, h0, nh, m, s);
   }
 
-  // m a multiple of kQ: kT tokens at a time, every head in turn.
+  // Scores of every head's m query vectors (m a multiple of kQ) against the
+  // tile, kT tokens at a time: for each block of tokens, every head in turn.
   template <int kQ>
-  void score_heads(DF df, const TileRows& rows, std::uint32_t t0, std::uint32_t t1,
-                   std::uint32_t h0, std::uint32_t nh, std::uint32_t m, Scratch& s,
-                   float* pr) const {
+  void score_heads(DF df, const TileRows& rows, std::uint32_t h0, std::uint32_t nh, std::uint32_t m,
+                   Scratch& s) const {
     constexpr int kT = static_cast<int>(kN) / kQ;
+    const std::uint32_t nt = rows.n;
     const std::size_t dimp = s.dimp;
+    float* pr = s.probs.get();
     HWY_ALIGN float out[kN];
-    for (std::uint32_t tb = t0; tb < t1; tb += kT) {
+    for (std::uint32_t tb = 0; tb < nt; tb += kT) {
+      if (c_.prefetch == AttentionPrefetch::next_step_l1) {
+        if (tb + kT < nt) {
+          prefetch_tokens_l1(rows.k, tb + kT, std::min<std::uint32_t>(nt, tb + 2 * kT), h0, nh);
+        } else {
+          prefetch_tokens_l1(rows.v, 0, std::min(nt, kPvTokens), h0, nh);
+        }
+      }
       for (std::uint32_t hl = 0; hl < nh; ++hl) {
         const std::size_t off = std::size_t{h0 + hl} * c_.head_stride;
         const T* kr[kT];
-        for (int u = 0; u < kT; ++u) kr[u] = rows.k[std::min<std::uint32_t>(tb + u, t1 - 1)] + off;
+        for (int u = 0; u < kT; ++u) kr[u] = rows.k[std::min<std::uint32_t>(tb + u, nt - 1)] + off;
         for (std::uint32_t j = 0; j < m; j += kQ) {
           const std::size_t idx = std::size_t{hl} * m + j;
           const SharedQuery q{s.qs.get() + idx * dimp};
@@ -631,14 +614,23 @@ class ItemRunner {
 
   // One query vector per head (m == 1): kN (token, head) pairs per score
   // block in token-major order, each with its head's query.
-  void score_pairs(DF df, const TileRows& rows, std::uint32_t t0, std::uint32_t t1,
-                   std::uint32_t h0, std::uint32_t nh, Scratch& s, float* pr) const {
+  void score_pairs(DF df, const TileRows& rows, std::uint32_t h0, std::uint32_t nh,
+                   Scratch& s) const {
     constexpr int kT = static_cast<int>(kN);
     constexpr std::uint32_t kSkip = ~0u;
-    const std::uint32_t pairs = (t1 - t0) * nh;
+    const std::uint32_t pairs = rows.n * nh;
+    float* pr = s.probs.get();
     HWY_ALIGN float out[kN];
-    std::uint32_t tn = t0, hn_ = 0;  // the next pair to assign
+    std::uint32_t tn = 0, hn_ = 0;  // the next pair to assign
     for (std::uint32_t p0 = 0; p0 < pairs; p0 += kT) {
+      if (c_.prefetch == AttentionPrefetch::next_step_l1) {
+        if (p0 + kT < pairs) {
+          const std::uint32_t last = std::min(pairs, p0 + 2 * kT) - 1;
+          prefetch_tokens_l1(rows.k, (p0 + kT) / nh, last / nh + 1, h0, nh);
+        } else {
+          prefetch_tokens_l1(rows.v, 0, std::min(rows.n, kPvTokens), h0, nh);
+        }
+      }
       const T* kr[kT];
       const float* qp[kT];
       std::uint32_t slot[kT];
@@ -665,35 +657,26 @@ class ItemRunner {
     }
   }
 
-  // Online softmax of every (head, query) over the tile's scores in pr (the
-  // tile starts at token ta and has nt rows); turns them into probabilities.
-  void softmax_tile(DF df, std::uint32_t ta, std::uint32_t nt, std::uint32_t nh, std::uint32_t m,
-                    std::uint32_t first_limit, Scratch& s, float* pr) const {
-    float* acc = s.acc.get();
-    for (std::uint32_t hl = 0; hl < nh; ++hl) {
-      for (std::uint32_t j = 0; j < m; ++j) {
-        const std::size_t idx = std::size_t{hl} * m + j;
-        const std::uint32_t limit = first_limit + j / c_.group;
-        const std::uint32_t nvalid = limit <= ta ? 0 : std::min(nt, limit - ta);
-        SoftmaxUpdate(df, pr + idx * kTile, nt, nvalid, s.mx[idx], s.l[idx], acc + idx * s.dimp,
-                      s.dimp);
-      }
-    }
-  }
-
-  // acc += p . V for tokens [t0, t1) of the tile, kPvTokens tokens at a
-  // time: for each group of tokens, every head in turn (accumulators
-  // reloaded per group).
-  void pv_range(DF df, const TileRows& rows, std::uint32_t t0, std::uint32_t t1, std::uint32_t h0,
-                std::uint32_t nh, std::uint32_t m, Scratch& s, const float* probs) const {
+  // acc += p . V over the tile, kPvTokens tokens at a time: for each group
+  // of tokens, every head in turn (accumulators reloaded per group).
+  void pv_tile(DF df, const TileRows& rows, const TileRows* next, std::uint32_t h0,
+               std::uint32_t nh, std::uint32_t m, Scratch& s) const {
+    const std::uint32_t nt = rows.n;
     const std::size_t dimp = s.dimp;
-    for (std::uint32_t tg = t0; tg < t1; tg += kPvTokens) {
-      const std::uint32_t n = std::min(kPvTokens, t1 - tg);
+    for (std::uint32_t tg = 0; tg < nt; tg += kPvTokens) {
+      const std::uint32_t n = std::min(kPvTokens, nt - tg);
+      if (c_.prefetch == AttentionPrefetch::next_step_l1) {
+        if (tg + kPvTokens < nt) {
+          prefetch_tokens_l1(rows.v, tg + kPvTokens, std::min(nt, tg + 2 * kPvTokens), h0, nh);
+        } else if (next != nullptr) {
+          prefetch_tokens_l1(next->k, 0, std::min<std::uint32_t>(next->n, kN), h0, nh);
+        }
+      }
       for (std::uint32_t hl = 0; hl < nh; ++hl) {
         const std::size_t off = std::size_t{h0 + hl} * c_.head_stride;
         const T* vp[kPvTokens];
         for (std::uint32_t i = 0; i < n; ++i) vp[i] = rows.v[tg + i] + off;
-        const float* pr = probs + std::size_t{hl} * m * kTile + tg;
+        float* pr = s.probs.get() + std::size_t{hl} * m * kTile + tg;
         float* acc = s.acc.get() + std::size_t{hl} * m * dimp;
         std::uint32_t i = 0;
         if constexpr (kAccRegs >= 16) {
