@@ -64,6 +64,15 @@ struct Pages {
 };
 
 #if defined(__x86_64__)
+// Sum of every lane of the 8 accumulators (keeps the reads from being optimised away).
+__attribute__((target("avx512f"))) float sum_lanes(const __m512* a) {
+  __m512 s = a[0];
+  for (int i = 1; i < 8; ++i) s = _mm512_add_ps(s, a[i]);
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, s);
+  return std::accumulate(lanes, lanes + 16, 0.0f);
+}
+
 template <int C, int S, int P>
 __attribute__((target("avx512f,fma"))) float read_pages(const Pages& p, std::size_t first,
                                                         std::size_t count) {
@@ -102,11 +111,7 @@ __attribute__((target("avx512f,fma"))) float read_pages(const Pages& p, std::siz
       }
     }
   }
-  __m512 s = a[0];
-  for (int i = 1; i < 8; ++i) s = _mm512_add_ps(s, a[i]);
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, s);
-  return std::accumulate(lanes, lanes + 16, 0.0f);
+  return sum_lanes(a);
 }
 #endif
 
@@ -151,7 +156,8 @@ __attribute__((target("avx512f,fma"))) float read_tiles(const Pages& p, std::siz
     const auto row = [&](const char* const* page, int tok, int h) {
       return page[tok / 16] + (tok % 16) * kTokenBytes + h * kRow;
     };
-    const auto block = [&](const char* const* r) __attribute__((target("avx512f,fma"))) {  // 16 rows, column-wise
+    const auto block = [&](const char* const* r)
+        __attribute__((target("avx512f,fma"))) {  // 16 rows, column-wise
       for (int l = 0; l < 4; ++l) {
 #pragma GCC unroll 16
         for (int u = 0; u < 16; ++u) {
@@ -191,16 +197,14 @@ __attribute__((target("avx512f,fma"))) float read_tiles(const Pages& p, std::siz
     }
     pump(2048);
   }
-  __m512 sum = a[0];
-  for (int i = 1; i < 8; ++i) sum = _mm512_add_ps(sum, a[i]);
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, sum);
-  return std::accumulate(lanes, lanes + 16, 0.0f);
+  return sum_lanes(a);
 }
 #endif
 
-template <bool kTokenMajor>
-void BM_TileReadOrder(benchmark::State& state) {
+// Runs read(pages, first, count) on state.range(0) threads, each over its
+// share of the shuffled page order; bytes = the whole K and V buffers.
+template <class Read>
+void ReadOnThreads(benchmark::State& state, const Read& read) {
 #if defined(__x86_64__)
   if (!__builtin_cpu_supports("avx512f")) {
     state.SkipWithError("needs AVX-512");
@@ -213,12 +217,22 @@ void BM_TileReadOrder(benchmark::State& state) {
   for (auto _ : state) {
     std::vector<std::thread> pool;
     for (std::size_t t = 1; t < threads; ++t)
-      pool.emplace_back([&, t] { sink[t] = read_tiles<kTokenMajor>(pages, t * share, share); });
-    sink[0] = read_tiles<kTokenMajor>(pages, 0, share);
+      pool.emplace_back([&, t] { sink[t] = read(pages, t * share, share); });
+    sink[0] = read(pages, 0, share);
     for (auto& th : pool) th.join();
     benchmark::DoNotOptimize(sink.data());
   }
   state.SetBytesProcessed(state.iterations() * std::int64_t(2 * kBytes));
+#else
+  (void)read;
+  state.SkipWithError("x86-64 only");
+#endif
+}
+
+template <bool kTokenMajor>
+void BM_TileReadOrder(benchmark::State& state) {
+#if defined(__x86_64__)
+  ReadOnThreads(state, read_tiles<kTokenMajor>);
 #else
   state.SkipWithError("x86-64 only");
 #endif
@@ -227,23 +241,7 @@ void BM_TileReadOrder(benchmark::State& state) {
 template <int C, int S, int P = 0>
 void BM_PagedReadWithFma(benchmark::State& state) {
 #if defined(__x86_64__)
-  if (!__builtin_cpu_supports("avx512f")) {
-    state.SkipWithError("needs AVX-512");
-    return;
-  }
-  static const Pages pages;
-  const auto threads = static_cast<std::size_t>(state.range(0));
-  const std::size_t share = pages.order.size() / threads;
-  std::vector<float> sink(threads);
-  for (auto _ : state) {
-    std::vector<std::thread> pool;
-    for (std::size_t t = 1; t < threads; ++t)
-      pool.emplace_back([&, t] { sink[t] = read_pages<C, S, P>(pages, t * share, share); });
-    sink[0] = read_pages<C, S, P>(pages, 0, share);
-    for (auto& th : pool) th.join();
-    benchmark::DoNotOptimize(sink.data());
-  }
-  state.SetBytesProcessed(state.iterations() * std::int64_t(2 * kBytes));
+  ReadOnThreads(state, read_pages<C, S, P>);
 #else
   state.SkipWithError("x86-64 only");
 #endif

@@ -417,7 +417,7 @@ class ItemRunner {
       if (c_.prefetch == AttentionPrefetch::next_tile_l2 && far != nullptr) {
         // The rows of the tile `ahead` tiles on, into L2, issued from inside
         // the score and PV loops as they consume this tile's rows.
-        start_pump(*far, 0, far->n);
+        start_pump(*far);
       }
       tile(cur, next, ta, it.h0, nh, m_per_head, first_limit, s);
       finish_pump();
@@ -723,9 +723,7 @@ class ItemRunner {
     std::uint32_t credit = 0;     // lines reported but not yet issued (< 2)
   };
 
-  void start_pump(const TileRows& rows, std::uint32_t i0, std::uint32_t i1) const {
-    pump_ = {&rows, i0, i1, 0, 0, 0};
-  }
+  void start_pump(const TileRows& rows) const { pump_ = {&rows, 0, rows.n, 0, 0, 0}; }
 
   // Issues what the loops left.
   void finish_pump() const {
