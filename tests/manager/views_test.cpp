@@ -396,7 +396,8 @@ TEST(CollectionDescTest, RejectsBadDescs) {
   {
     OwnBuffer ob;
     ob.table[1] = 4;  // sentinel where entry 0 has committed tokens 4..5
-    EXPECT_THROW(PagedKVCacheCollection<float>{ob.desc()}, InvalidArgument);
+    KV_EXPECT_THROW(PagedKVCacheCollection<float>{ob.desc()}, InvalidArgument,
+                    "lookup_table[0][1] is the sentinel");
   }
   {
     OwnBuffer ob;
@@ -407,7 +408,8 @@ TEST(CollectionDescTest, RejectsBadDescs) {
   {
     OwnBuffer ob;
     ob.cache_lengths[0] = 9;  // above max_cache_length 8
-    EXPECT_THROW(PagedKVCacheCollection<float>{ob.desc()}, InvalidArgument);
+    KV_EXPECT_THROW(PagedKVCacheCollection<float>{ob.desc()}, InvalidArgument,
+                    "cache_lengths[0] = 9 exceeds max_cache_length 8");
   }
 }
 

@@ -109,6 +109,46 @@ HWY_INLINE std::size_t LayoutPos(std::size_t e) {
   }
 }
 
+// dst[0, dim rounded up to kC) = src[0, dim) * scale in the layout of T,
+// zero padded. Whole chunks are plain loops over the even / odd elements
+// (vectorized by the compiler: with the LayoutPos index table this scatter
+// was a third of a short decode call, docs/PERFORMANCE.md session 6).
+template <class T>
+HWY_INLINE void ToLayout(const float* src, std::size_t dim, float scale, float* dst) {
+  const std::size_t full = dim / kC * kC;
+  if constexpr (kSplitLayout<T>) {
+    for (std::size_t c = 0; c < full; c += kC) {
+      for (std::size_t i = 0; i < kN; ++i) {
+        dst[c + i] = src[c + 2 * i] * scale;
+        dst[c + kN + i] = src[c + 2 * i + 1] * scale;
+      }
+    }
+  } else {
+    for (std::size_t d = 0; d < full; ++d) dst[d] = src[d] * scale;
+  }
+  if (full < dim) {
+    std::fill(dst + full, dst + full + kC, 0.0f);
+    for (std::size_t d = full; d < dim; ++d) dst[full + LayoutPos<T>(d - full)] = src[d] * scale;
+  }
+}
+
+// dst[0, dim) = acc (layout of T) * scale, back in element order.
+template <class T>
+HWY_INLINE void FromLayout(const float* acc, std::size_t dim, float scale, float* dst) {
+  const std::size_t full = dim / kC * kC;
+  if constexpr (kSplitLayout<T>) {
+    for (std::size_t c = 0; c < full; c += kC) {
+      for (std::size_t i = 0; i < kN; ++i) {
+        dst[c + 2 * i] = acc[c + i] * scale;
+        dst[c + 2 * i + 1] = acc[c + kN + i] * scale;
+      }
+    }
+  } else {
+    for (std::size_t d = 0; d < full; ++d) dst[d] = acc[d] * scale;
+  }
+  for (std::size_t d = full; d < dim; ++d) dst[d] = acc[full + LayoutPos<T>(d - full)] * scale;
+}
+
 HWY_INLINE void LoadChunk(DF df, const float* p, VF& lo, VF& hi) {
   lo = hn::LoadU(df, p);
   hi = hn::LoadU(df, p + kN);
@@ -381,13 +421,7 @@ HWY_INLINE void SoftmaxUpdate(DF df, float* p, std::uint32_t nt, std::uint32_t n
 template <class T>
 class ItemRunner {
  public:
-  explicit ItemRunner(const AttentionCtx& c) : c_(c) {
-    if constexpr (kSplitLayout<T>) {
-      pos_.resize(c.dim);
-      for (std::uint32_t d = 0; d < c.dim; ++d)
-        pos_[d] = static_cast<std::uint32_t>(LayoutPos<T>(d));
-    }
-  }
+  explicit ItemRunner(const AttentionCtx& c) : c_(c) {}
 
   void run(const WorkItem& it, Scratch& s, float* partial) {
     const std::uint32_t dim = c_.dim;
@@ -484,13 +518,7 @@ class ItemRunner {
       for (std::uint32_t r = it.r0; r < it.r1; ++r) {
         for (std::uint32_t g = 0; g < c_.group; ++g, ++idx) {
           const float* src = c_.q + r * q_row + std::size_t{h * c_.group + g} * dim;
-          float* dst = s.qs.get() + idx * s.dimp;
-          std::fill(dst, dst + s.dimp, 0.0f);
-          if constexpr (kSplitLayout<T>) {
-            for (std::uint32_t d = 0; d < dim; ++d) dst[pos_[d]] = src[d] * c_.scale;
-          } else {
-            for (std::uint32_t d = 0; d < dim; ++d) dst[d] = src[d] * c_.scale;
-          }
+          ToLayout<T>(src, dim, c_.scale, s.qs.get() + idx * s.dimp);
         }
       }
     }
@@ -498,11 +526,7 @@ class ItemRunner {
 
   // dst[d] = acc[LayoutPos(d)] * scale for d < dim.
   void unlayout(const float* acc, float scale, float* dst) const {
-    if constexpr (kSplitLayout<T>) {
-      for (std::uint32_t d = 0; d < c_.dim; ++d) dst[d] = acc[pos_[d]] * scale;
-    } else {
-      for (std::uint32_t d = 0; d < c_.dim; ++d) dst[d] = acc[d] * scale;
-    }
+    FromLayout<T>(acc, c_.dim, scale, dst);
   }
 
   void write_output(const WorkItem& it, const Scratch& s) const {
@@ -774,7 +798,6 @@ class ItemRunner {
 
   const AttentionCtx& c_;
   mutable PumpCursor pump_;
-  std::vector<std::uint32_t> pos_;  // LayoutPos of each element (split layouts only)
 };
 
 // Combines a group's partials (max, sum, acc per query vector) into out.
