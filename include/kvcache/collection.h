@@ -61,7 +61,9 @@ class KVCacheCollectionBase {
   using CacheT = CacheType;
 
   KVCacheCollectionBase() = default;
-  // Validates `d` fully; throws InvalidArgument.
+  // Validates `d` fully; throws InvalidArgument. Cost: one pass over
+  // batch_size x lookup_stride table entries, no allocation unless it throws
+  // (engines build one view per step).
   explicit KVCacheCollectionBase(const CollectionDesc<T>& d) : d_(d) {
     detail::validate_collection_desc(d.blocks, d.cache_lengths, d.lookup_table, d.lookup_stride,
                                      d.batch_size, d.max_seq_length, d.max_cache_length,
