@@ -118,6 +118,28 @@ TEST(AttentionFast, AllDtypesHeadDimsAndGqaRatios) {
   });
 }
 
+// One query per KV head (MHA decode): heads are scored row by row and their
+// V rows accumulated two heads at a time, with a single-head path for an odd
+// last head and for head dims that are not whole chunks. Odd head counts,
+// every dtype, both strategies, decodes only (one query row per entry) and
+// the mixed batch.
+TEST(AttentionFast, MhaDecodeHeadPairsAndOddHeadCounts) {
+  std::mt19937 rng(5150);
+  for_dtypes([&](auto tag) {
+    using T = decltype(tag);
+    for (std::uint32_t n_kv : {1u, 3u, 5u, 8u}) {
+      for (std::uint32_t dim : {64u, 80u, 96u, 128u}) {
+        for (bool paged : {true, false}) {
+          Case c{{{300, 1}, {17, 1}, {1, 1}, {129, 1}}, paged, 16, n_kv, 1, dim, 1};
+          check_case<T>(c, rng);
+        }
+        Case mixed{mixed_batch(), true, 7, n_kv, 1, dim, 2};
+        check_case<T>(mixed, rng);
+      }
+    }
+  });
+}
+
 TEST(AttentionFast, PageSizesStrategiesAndThreads) {
   std::mt19937 rng(99);
   for_dtypes([&](auto tag) {

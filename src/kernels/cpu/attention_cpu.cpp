@@ -7,11 +7,12 @@
 // item is processed together, token-major: the tile's K rows are scored a
 // few tokens at a time across all heads (blocks of kQ queries x kT tokens of
 // one head, kQ * kT = kN lanes, or with one query per head kN (token, head)
-// pairs), so the reads walk each page in address order; each K load feeds
-// 2 * kQ FMAs and one transpose-add tree turns the kN partial-product
-// vectors into one vector of kN scores. The online softmax runs on whole
-// score vectors per (head, query), then V rows are accumulated kPvTokens
-// tokens at a time across the heads (up to 8 query vectors per V load).
+// pairs, each row read whole), so the reads walk each page in address order;
+// each K load feeds 2 * kQ FMAs and one transpose-add tree turns the kN
+// partial-product vectors into one vector of kN scores. The online softmax
+// runs on whole score vectors per (head, query), then V rows are accumulated
+// kPvTokens tokens at a time across the heads (up to 8 query vectors per V
+// load; with one query per head, two heads' accumulators in registers).
 // bf16 rows are read as u32 and split into even/odd f32 vectors (shift /
 // mask, no shuffles); query and accumulator rows use that element order and
 // are put back in order on output. While one tile runs, rows ahead are
@@ -149,6 +150,19 @@ HWY_INLINE void FromLayout(const float* acc, std::size_t dim, float scale, float
   for (std::size_t d = full; d < dim; ++d) dst[d] = acc[full + LayoutPos<T>(d - full)] * scale;
 }
 
+// GCC 12 stored a loaded bf16 chunk to the stack and read it back twice (as
+// the memory operands of the shift and the mask) in every unrolled PV and
+// score loop; an empty asm that takes the vector in a register keeps it
+// there (MHA decode from L2 +11 %, docs/PERFORMANCE.md session 7).
+template <class V>
+HWY_INLINE void KeepInRegister(V& v) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_SSSE3 && (HWY_COMPILER_GCC || HWY_COMPILER_CLANG)
+  asm("" : "+v"(v.raw));
+#else
+  (void)v;
+#endif
+}
+
 HWY_INLINE void LoadChunk(DF df, const float* p, VF& lo, VF& hi) {
   lo = hn::LoadU(df, p);
   hi = hn::LoadU(df, p + kN);
@@ -159,7 +173,8 @@ HWY_INLINE void LoadChunk(DF df, const hwy::float16_t* p, VF& lo, VF& hi) {
 }
 HWY_INLINE void LoadChunk(DF df, const hwy::bfloat16_t* p, VF& lo, VF& hi) {
   const hn::RebindToUnsigned<DF> du;
-  const auto w = hn::LoadU(du, reinterpret_cast<const std::uint32_t*>(p));
+  auto w = hn::LoadU(du, reinterpret_cast<const std::uint32_t*>(p));
+  KeepInRegister(w);
   lo = hn::BitCast(df, hn::ShiftLeft<16>(w));
   hi = hn::BitCast(df, hn::And(w, hn::Set(du, 0xFFFF0000u)));
 }
@@ -278,6 +293,33 @@ HWY_INLINE void ScoreChunks(DF df, const Query& q, std::size_t dimp, const T* co
   if (n != 0) pump(n * kLines);
 }
 
+// As ScoreChunks for one query vector per row (kQ == 1), but each row read
+// whole before the next: the (token, head) rows of a block are adjacent in an
+// NHD page, so the loads walk it in address order. Against chunk-major order
+// (chunk c of all kT rows, then c + 1): MHA from L2 +10-17 %, DRAM on one
+// thread 0.49-0.64 -> 0.60-0.65 of stream, two threads unchanged
+// (docs/PERFORMANCE.md session 7; session 6's row-major attempt, which also
+// unrolled the row, lost on one thread).
+template <int kT, bool kTail, class T, class Query, class Pump>
+HWY_INLINE void ScoreRows(DF df, const Query& q, const T* const* kr, std::size_t d0, std::size_t d1,
+                          std::size_t dim, VF* a, const Pump& pump) {
+  const std::uint32_t row_lines = static_cast<std::uint32_t>((d1 - d0) / kC) * kChunkLines<T>;
+#pragma GCC unroll 16
+  for (int u = 0; u < kT; ++u) {
+    VF b = hn::Zero(df);
+    const float* qu = q(u);
+    for (std::size_t d = d0; d < d1; d += kC) {
+      VF lo, hi;
+      LoadChunkAt<kTail>(df, kr[u], d, dim, lo, hi);
+      a[u] = hn::MulAdd(hn::Load(df, qu + d), lo, a[u]);
+      b = hn::MulAdd(hn::Load(df, qu + d + kN), hi, b);
+    }
+    a[u] = hn::Add(a[u], b);
+    if ((u & 3) == 3) pump(4 * row_lines);  // ~kPumpLines per report for dim 128 bf16
+  }
+  if constexpr (kT % 4 != 0) pump((kT % 4) * row_lines);
+}
+
 template <int kQ, int kT, class T, class Query, class Pump>
 HWY_INLINE VF ScoreBlock(DF df, const Query& q, std::size_t dimp, const T* const* kr,
                          std::size_t dim, const Pump& pump) {
@@ -286,8 +328,13 @@ HWY_INLINE VF ScoreBlock(DF df, const Query& q, std::size_t dimp, const T* const
 #pragma GCC unroll 16
   for (std::size_t u = 0; u < kN; ++u) a[u] = hn::Zero(df);
   const std::size_t full = dim / kC * kC;
-  ScoreChunks<kQ, kT, false>(df, q, dimp, kr, 0, full, dim, a, pump);
-  if (full < dim) ScoreChunks<kQ, kT, true>(df, q, dimp, kr, full, full + kC, dim, a, pump);
+  if constexpr (kQ == 1) {
+    ScoreRows<kT, false>(df, q, kr, 0, full, dim, a, pump);
+    if (full < dim) ScoreRows<kT, true>(df, q, kr, full, full + kC, dim, a, pump);
+  } else {
+    ScoreChunks<kQ, kT, false>(df, q, dimp, kr, 0, full, dim, a, pump);
+    if (full < dim) ScoreChunks<kQ, kT, true>(df, q, dimp, kr, full, full + kC, dim, a, pump);
+  }
   return ReduceTokens(df, a);
 }
 
@@ -325,6 +372,43 @@ HWY_INLINE void PvChunks(DF df, const float* const* p, float* const* acc, const 
       for (int i = 0; i < 2 * kCh; ++i) hn::Store(a[r][i], df, acc[r] + d + i * kN);
     if constexpr (!kPumpPerToken) pump(nt * kCh * kChunkLines<T>);
   }
+}
+
+// One query vector per head, kH heads at a time (each its own V rows, heads
+// side by side in a token's row): acc_h += sum_t p_h[t] * v_h,t over the
+// whole chunks of the row, kCh chunks per register block. vr[h][t] is head
+// h's row of token t.
+template <int kH, int kCh, class T, class Pump>
+HWY_INLINE std::size_t PvHeads(DF df, const float* const* p, float* const* acc,
+                               const T* const* const* vr, std::uint32_t nt, std::size_t d0,
+                               std::size_t full, const Pump& pump) {
+  std::size_t d = d0;
+  for (; d + kCh * kC <= full; d += kCh * kC) {
+    VF a[kH][2 * kCh];
+#pragma GCC unroll 16
+    for (int h = 0; h < kH; ++h)
+#pragma GCC unroll 16
+      for (int i = 0; i < 2 * kCh; ++i) a[h][i] = hn::Load(df, acc[h] + d + i * kN);
+    for (std::uint32_t t = 0; t < nt; ++t) {
+      pump(kH * kCh * kChunkLines<T>);
+#pragma GCC unroll 16
+      for (int h = 0; h < kH; ++h) {
+        const VF ph = hn::Set(df, p[h][t]);
+#pragma GCC unroll 16
+        for (int c = 0; c < kCh; ++c) {
+          VF lo, hi;
+          LoadChunk(df, vr[h][t] + d + c * kC, lo, hi);
+          a[h][2 * c] = hn::MulAdd(ph, lo, a[h][2 * c]);
+          a[h][2 * c + 1] = hn::MulAdd(ph, hi, a[h][2 * c + 1]);
+        }
+      }
+    }
+#pragma GCC unroll 16
+    for (int h = 0; h < kH; ++h)
+#pragma GCC unroll 16
+      for (int i = 0; i < 2 * kCh; ++i) hn::Store(a[h][i], df, acc[h] + d + i * kN);
+  }
+  return d;
 }
 
 // f32 accumulator registers a PV register block may use (32 vector registers
@@ -696,7 +780,11 @@ class ItemRunner {
           prefetch_tokens_l1(next->k, 0, std::min<std::uint32_t>(next->n, kN), h0, nh);
         }
       }
-      for (std::uint32_t hl = 0; hl < nh; ++hl) {
+      std::uint32_t hl = 0;
+      if (m == 1 && c_.dim % kC == 0) {
+        for (; hl + 2 <= nh; hl += 2) pv_head_pair(df, rows, tg, n, h0, hl, s);
+      }
+      for (; hl < nh; ++hl) {
         const std::size_t off = std::size_t{h0 + hl} * c_.head_stride;
         const T* vp[kPvTokens];
         for (std::uint32_t i = 0; i < n; ++i) vp[i] = rows.v[tg + i] + off;
@@ -714,6 +802,31 @@ class ItemRunner {
         for (; i < m; ++i) pv_rows<1>(df, pr + i * kTile, acc + i * dimp, dimp, vp, n, i == 0);
       }
     }
+  }
+
+  // One query per head (m == 1), dim a multiple of kC: heads hl and hl + 1
+  // (local) over tokens [tg, tg + n) of the tile, each token's two rows read
+  // side by side; the accumulators of both heads stay in registers.
+  void pv_head_pair(DF df, const TileRows& rows, std::uint32_t tg, std::uint32_t n,
+                    std::uint32_t h0, std::uint32_t hl, Scratch& s) const {
+    constexpr int kH = 2;
+    const T* vp[kH][kPvTokens];
+    const T* const* vr[kH];
+    const float* p[kH];
+    float* acc[kH];
+    for (int h = 0; h < kH; ++h) {
+      const std::size_t off = std::size_t{h0 + hl + h} * c_.head_stride;
+      for (std::uint32_t i = 0; i < n; ++i) vp[h][i] = rows.v[tg + i] + off;
+      vr[h] = vp[h];
+      p[h] = s.probs.get() + std::size_t{hl + h} * kTile + tg;
+      acc[h] = s.acc.get() + std::size_t{hl + h} * s.dimp;
+    }
+    const auto pump = pump_for(true);
+    constexpr int kChMax = kAccRegs / (2 * kH) > 0 ? kAccRegs / (2 * kH) : 1;
+    const std::size_t full = c_.dim;
+    std::size_t d = PvHeads<kH, kChMax>(df, p, acc, vr, n, 0, full, pump);
+    if constexpr (kChMax > 2) d = PvHeads<kH, 2>(df, p, acc, vr, n, d, full, pump);
+    if constexpr (kChMax > 1) d = PvHeads<kH, 1>(df, p, acc, vr, n, d, full, pump);
   }
 
   // AttentionPrefetch::next_step_l1: tokens [t0, t1) of heads [h0, h0 + nh)
