@@ -884,9 +884,15 @@ class ItemRunner {
       const std::size_t off = pump_.run * c_.head_stride;
       const char* k = reinterpret_cast<const char*>(pump_.rows->k[pump_.i] + off);
       const char* v = reinterpret_cast<const char*>(pump_.rows->v[pump_.i] + off);
-      const std::size_t end = std::min<std::size_t>(bytes, o + std::size_t{lines / 2} * 64);
-      lines -= static_cast<std::uint32_t>((end - o + 63) / 64 * 2);
-      for (; o < end; o += 64) {
+      // Every line: prefetching every second line (2 or 4 lines a step,
+      // leaving the rest to the hardware) halved DRAM decode on Zen 5.
+      constexpr std::size_t kStep = 64;
+      const std::size_t want = std::min<std::size_t>(bytes, o + std::size_t{lines / 2} * 64);
+      const std::size_t end =
+          std::min<std::size_t>(bytes, o + (want - o + kStep - 1) / kStep * kStep);
+      const std::uint32_t used = static_cast<std::uint32_t>((end - o + 63) / 64 * 2);
+      lines = lines > used ? lines - used : 0;
+      for (; o < end; o += kStep) {
         prefetch_l2(k + o);
         prefetch_l2(v + o);
       }
