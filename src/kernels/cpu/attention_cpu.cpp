@@ -886,13 +886,10 @@ class ItemRunner {
       const char* v = reinterpret_cast<const char*>(pump_.rows->v[pump_.i] + off);
       // Every line: prefetching every second line (2 or 4 lines a step,
       // leaving the rest to the hardware) halved DRAM decode on Zen 5.
-      constexpr std::size_t kStep = 64;
-      const std::size_t want = std::min<std::size_t>(bytes, o + std::size_t{lines / 2} * 64);
-      const std::size_t end =
-          std::min<std::size_t>(bytes, o + (want - o + kStep - 1) / kStep * kStep);
-      const std::uint32_t used = static_cast<std::uint32_t>((end - o + 63) / 64 * 2);
+      const std::size_t end = std::min<std::size_t>(bytes, o + std::size_t{lines / 2} * 64);
+      const auto used = static_cast<std::uint32_t>((end - o + 63) / 64 * 2);
       lines = lines > used ? lines - used : 0;
-      for (; o < end; o += kStep) {
+      for (; o < end; o += 64) {
         prefetch_l2(k + o);
         prefetch_l2(v + o);
       }
