@@ -187,6 +187,11 @@ TEST(AttentionFast, EveryCompiledSimdTarget) {
         Case c{{{300, 1}, {33, 3}, {0, 6}}, true, 7, 2, 4, dim, 2};
         c.attention_target = target;
         check_case<T>(c, rng);
+        // HND with one and two query vectors per head: the head-major loops.
+        Case h{{{300, 1}, {70, 2}, {0, 6}}, true, 7, 2, 1, dim, 2};
+        h.attention_target = target;
+        h.layout = PageLayout::hnd;
+        check_case<T>(h, rng);
       }
     });
   }
@@ -216,7 +221,8 @@ TEST(AttentionFast, EveryPrefetchStrategy) {
 }
 
 // HND pages ([heads][tokens][dim]): every dtype, page sizes 1 (where HND and
-// NHD coincide), odd, smaller and larger than the kernel's tile, GQA 1/4,
+// NHD coincide), odd, smaller and larger than the kernel's tile, GQA 1/2/4
+// (one or two query vectors per head take the head-major loops),
 // both strategies, 1 and 2 threads, every prefetch strategy, mixed batches
 // with long decodes (gathered tiles) and prefills (query-lanes path).
 TEST(AttentionFast, HndLayout) {
@@ -226,7 +232,7 @@ TEST(AttentionFast, HndLayout) {
     for (bool paged : {true, false}) {
       for (std::uint32_t page : {1u, 7u, 16u, 128u}) {
         if (!paged && page != 16) continue;
-        for (std::uint32_t group : {1u, 4u}) {
+        for (std::uint32_t group : {1u, 2u, 4u}) {
           for (std::size_t threads : {1u, 2u}) {
             Case c{{{900, 1}, {0, 37}, {129, 3}, {15, 1}, {300, 2}},
                    paged,
@@ -248,6 +254,34 @@ TEST(AttentionFast, HndLayout) {
   c.layout = PageLayout::hnd;
   c.prefetch = AttentionPrefetch::none;
   check_case<BFloat16>(c, rng);
+}
+
+// The head-major loops (HND, one or two query vectors per head) under every
+// prefetch strategy: contexts long enough for tiles ahead, pages that split
+// the kernel's tile into several segments (5), fill it (16 / 32) or hold
+// several tiles (48, 128), head dims with and without a padded chunk.
+TEST(AttentionFast, HndHeadMajorEveryPrefetch) {
+  std::mt19937 rng(1618);
+  for (const AttentionPrefetch pf : {AttentionPrefetch::next_step_l1,
+                                     AttentionPrefetch::next_tile_l2, AttentionPrefetch::none}) {
+    SCOPED_TRACE("prefetch " + std::to_string(static_cast<int>(pf)));
+    for_dtypes([&](auto tag) {
+      using T = decltype(tag);
+      for (std::uint32_t page : {5u, 16u, 48u}) {
+        for (std::uint32_t dim : {72u, 128u}) {
+          // rows 1 and 2 with GQA 1, rows 1 with GQA 2: m = 1, 2, 2.
+          Case c{{{1300, 1}, {97, 2}, {611, 1}, {0, 2}}, true, page, 3, 1, dim, 2};
+          c.layout = PageLayout::hnd;
+          c.prefetch = pf;
+          check_case<T>(c, rng);
+          Case g{{{1031, 1}, {33, 1}}, true, page, 4, 2, dim, 1};
+          g.layout = PageLayout::hnd;
+          g.prefetch = pf;
+          check_case<T>(g, rng);
+        }
+      }
+    });
+  }
 }
 
 // The same logical K/V stored into an NHD and an HND cache give the same

@@ -7,7 +7,10 @@
 // item is processed together, token-major: the tile's K rows are scored a
 // few tokens at a time across all heads (blocks of kQ queries x kT tokens of
 // one head, kQ * kT = kN lanes, or with one query per head kN (token, head)
-// pairs, each row read whole), so the reads walk each page in address order;
+// pairs, each row read whole), so the reads walk each page in address order.
+// On HND pages with one or two query vectors per head the tile goes head by
+// head instead (each head's rows are adjacent there), V over the whole tile
+// per accumulator load;
 // each K load feeds 2 * kQ FMAs and one transpose-add tree turns the kN
 // partial-product vectors into one vector of kN scores. The online softmax
 // runs on whole score vectors per (head, query), then V rows are accumulated
@@ -514,6 +517,11 @@ class ItemRunner {
     const std::uint32_t nh = it.h1 - it.h0;
     const std::size_t total = std::size_t{nh} * m_per_head;
     s.ensure(total, dim);
+    // Head by head where a head's rows are adjacent (HND) and one or two
+    // query vectors per head keep a row's accumulators in registers over the
+    // whole tile; else token-major. Head-major GQA 4 (4-token PV groups) was
+    // 0.91 of token-major in DRAM, MHA 1.33x (docs/PERFORMANCE.md, session 9).
+    head_major_ = !heads_contiguous() && m_per_head <= 2;
     load_queries(it, s);
     std::fill(s.mx.begin(), s.mx.begin() + total, -std::numeric_limits<float>::infinity());
     std::fill(s.l.begin(), s.l.begin() + total, 0.0f);
@@ -535,7 +543,7 @@ class ItemRunner {
       if (c_.prefetch == AttentionPrefetch::next_tile_l2 && far != nullptr) {
         // The rows of the tile `ahead` tiles on, into L2, issued from inside
         // the score and PV loops as they consume this tile's rows.
-        start_pump(*far);
+        start_pump(*far, it.h0, nh);
       }
       tile(cur, next, ta, it.h0, nh, m_per_head, first_limit, s);
       finish_pump();
@@ -562,11 +570,15 @@ class ItemRunner {
     const T* k[kTile];
     const T* v[kTile];
     std::uint32_t n = 0;
+    // Page segments: rows [seg[j], seg[j + 1]) lie in one page (j < nseg).
+    std::uint8_t seg[kTile + 1];
+    std::uint32_t nseg = 0;
   };
 
   // rows = the K/V rows of tile k: tokens [t0 + k * kTile, + kTile) of the item.
   void fill_tile(const WorkItem& it, std::uint32_t k, TileRows& rows) const {
     rows.n = 0;
+    rows.nseg = 0;
     const std::uint32_t ta = it.t0 + k * kTile;
     append_rows(it.b, ta, tile_end(ta, it.t1), rows);
   }
@@ -576,6 +588,7 @@ class ItemRunner {
   void append_rows(std::uint32_t b, std::uint32_t ta, std::uint32_t tb, TileRows& rows) const {
     std::uint32_t tok = ta;
     while (tok < tb) {
+      rows.seg[rows.nseg++] = static_cast<std::uint8_t>(rows.n);
       const std::uint32_t run_end = static_cast<std::uint32_t>(
           std::min<std::uint64_t>(tb, (std::uint64_t{tok} / c_.page + 1) * c_.page));
       const T* kr = row(c_.k, b, tok, 0);
@@ -586,6 +599,7 @@ class ItemRunner {
         ++rows.n;
       }
     }
+    rows.seg[rows.nseg] = static_cast<std::uint8_t>(rows.n);
   }
 
   const T* row(const LayerRef& ref, std::uint32_t b, std::uint32_t tok, std::uint32_t h) const {
@@ -670,7 +684,11 @@ class ItemRunner {
                       s.dimp);
       }
     }
-    pv_tile(df, rows, next, h0, nh, m, s);
+    if (head_major()) {
+      pv_tile_head_major(df, rows, next, h0, nh, m, s);
+    } else {
+      pv_tile(df, rows, next, h0, nh, m, s);
+    }
   }
 
   // Query blocks of 4 where m allows (each K load feeds 4 queries), else 2;
@@ -683,41 +701,75 @@ class ItemRunner {
     if constexpr (kN >= 2) {
       if (m % 2 == 0) return score_heads<2>(df, rows, h0, nh, m, s);
     }
-    if (m == 1) return score_pairs(df, rows, h0, nh, s);
+    if (m == 1 && !head_major()) return score_pairs(df, rows, h0, nh, s);
     score_heads<1>(df, rows, h0, nh, m, s);
   }
 
   // Scores of every head's m query vectors (m a multiple of kQ) against the
-  // tile, kT tokens at a time: for each block of tokens, every head in turn.
+  // tile, kT tokens at a time: token-major (for each block of tokens, every
+  // head in turn) for NHD pages, head-major (every block of one head, then
+  // the next head) where a head's rows are adjacent (HND).
   template <int kQ>
   void score_heads(DF df, const TileRows& rows, std::uint32_t h0, std::uint32_t nh, std::uint32_t m,
                    Scratch& s) const {
-    constexpr int kT = static_cast<int>(kN) / kQ;
+    constexpr std::uint32_t kT = kN / kQ;
     const std::uint32_t nt = rows.n;
-    const std::size_t dimp = s.dimp;
-    float* pr = s.probs.get();
-    HWY_ALIGN float out[kN];
+    const bool step_l1 = c_.prefetch == AttentionPrefetch::next_step_l1;
+    if (head_major()) {
+      for (std::uint32_t hl = 0; hl < nh; ++hl) {
+        for (std::uint32_t tb = 0; tb < nt; tb += kT) {
+          if (step_l1) prefetch_next_score_block_head_major(rows, tb + kT, h0, hl, nh);
+          score_block<kQ>(df, rows, tb, h0, hl, m, s);
+        }
+      }
+      return;
+    }
     for (std::uint32_t tb = 0; tb < nt; tb += kT) {
-      if (c_.prefetch == AttentionPrefetch::next_step_l1) {
+      if (step_l1) {
         if (tb + kT < nt) {
           prefetch_tokens_l1(rows.k, tb + kT, std::min<std::uint32_t>(nt, tb + 2 * kT), h0, nh);
         } else {
           prefetch_tokens_l1(rows.v, 0, std::min(nt, kPvTokens), h0, nh);
         }
       }
-      for (std::uint32_t hl = 0; hl < nh; ++hl) {
-        const std::size_t off = std::size_t{h0 + hl} * c_.head_stride;
-        const T* kr[kT];
-        for (int u = 0; u < kT; ++u) kr[u] = rows.k[std::min<std::uint32_t>(tb + u, nt - 1)] + off;
-        for (std::uint32_t j = 0; j < m; j += kQ) {
-          const std::size_t idx = std::size_t{hl} * m + j;
-          const SharedQuery q{s.qs.get() + idx * dimp};
-          hn::Store(ScoreBlock<kQ, kT>(df, q, dimp, kr, c_.dim, pump_for(j == 0)), df, out);
-          for (int jj = 0; jj < kQ; ++jj)
-            std::memcpy(pr + (idx + jj) * kTile + tb, out + jj * kT, kT * sizeof(float));
-        }
-      }
+      for (std::uint32_t hl = 0; hl < nh; ++hl) score_block<kQ>(df, rows, tb, h0, hl, m, s);
     }
+  }
+
+  // Scores of head h0 + hl's m query vectors against tokens [tb, tb + kT)
+  // of the tile (rows past the tile repeat its last row; their scores land
+  // in the probs padding).
+  template <int kQ>
+  void score_block(DF df, const TileRows& rows, std::uint32_t tb, std::uint32_t h0,
+                   std::uint32_t hl, std::uint32_t m, Scratch& s) const {
+    constexpr int kT = static_cast<int>(kN) / kQ;
+    const std::uint32_t nt = rows.n;
+    const std::size_t dimp = s.dimp;
+    const std::size_t off = std::size_t{h0 + hl} * c_.head_stride;
+    const T* kr[kT];
+    for (int u = 0; u < kT; ++u) kr[u] = rows.k[std::min<std::uint32_t>(tb + u, nt - 1)] + off;
+    HWY_ALIGN float out[kN];
+    float* pr = s.probs.get();
+    for (std::uint32_t j = 0; j < m; j += kQ) {
+      const std::size_t idx = std::size_t{hl} * m + j;
+      const SharedQuery q{s.qs.get() + idx * dimp};
+      hn::Store(ScoreBlock<kQ, kT>(df, q, dimp, kr, c_.dim, pump_for(j == 0)), df, out);
+      for (int jj = 0; jj < kQ; ++jj)
+        std::memcpy(pr + (idx + jj) * kTile + tb, out + jj * kT, kT * sizeof(float));
+    }
+  }
+
+  // AttentionPrefetch::next_step_l1, head-major score loop: the K rows of
+  // the block starting at token tb of head h0 + hl, or at the head's end the
+  // next head's first block, or after the last head the first V rows.
+  void prefetch_next_score_block_head_major(const TileRows& rows, std::uint32_t tb,
+                                            std::uint32_t h0, std::uint32_t hl,
+                                            std::uint32_t nh) const {
+    const std::uint32_t nt = rows.n;
+    constexpr auto kBlock = static_cast<std::uint32_t>(kN);
+    if (tb < nt) return prefetch_tokens_l1(rows.k, tb, std::min(nt, tb + kBlock), h0 + hl, 1);
+    if (hl + 1 < nh) return prefetch_tokens_l1(rows.k, 0, std::min(nt, kBlock), h0 + hl + 1, 1);
+    prefetch_tokens_l1(rows.v, 0, std::min(nt, kBlock), h0, 1);
   }
 
   // One query vector per head (m == 1): kN (token, head) pairs per score
@@ -788,20 +840,48 @@ class ItemRunner {
         const std::size_t off = std::size_t{h0 + hl} * c_.head_stride;
         const T* vp[kPvTokens];
         for (std::uint32_t i = 0; i < n; ++i) vp[i] = rows.v[tg + i] + off;
-        float* pr = s.probs.get() + std::size_t{hl} * m * kTile + tg;
-        float* acc = s.acc.get() + std::size_t{hl} * m * dimp;
-        std::uint32_t i = 0;
-        if constexpr (kAccRegs >= 16) {
-          for (; i + 8 <= m; i += 8)
-            pv_rows<8>(df, pr + i * kTile, acc + i * dimp, dimp, vp, n, i == 0);
-        }
-        for (; i + 4 <= m; i += 4)
-          pv_rows<4>(df, pr + i * kTile, acc + i * dimp, dimp, vp, n, i == 0);
-        for (; i + 2 <= m; i += 2)
-          pv_rows<2>(df, pr + i * kTile, acc + i * dimp, dimp, vp, n, i == 0);
-        for (; i < m; ++i) pv_rows<1>(df, pr + i * kTile, acc + i * dimp, dimp, vp, n, i == 0);
+        pv_head(df, s.probs.get() + std::size_t{hl} * m * kTile + tg,
+                s.acc.get() + std::size_t{hl} * m * dimp, dimp, vp, n, m);
       }
     }
+  }
+
+  // acc += p . V over the tile head by head, all the tile's tokens per
+  // accumulator load: a head's rows are adjacent in an HND page, so each
+  // head's V is read in address order.
+  void pv_tile_head_major(DF df, const TileRows& rows, const TileRows* next, std::uint32_t h0,
+                          std::uint32_t nh, std::uint32_t m, Scratch& s) const {
+    const std::uint32_t nt = rows.n;
+    const std::size_t dimp = s.dimp;
+    const T* vp[kTile];
+    for (std::uint32_t hl = 0; hl < nh; ++hl) {
+      if (c_.prefetch == AttentionPrefetch::next_step_l1) {
+        if (hl + 1 < nh) {
+          prefetch_tokens_l1(rows.v, 0, std::min<std::uint32_t>(nt, kN), h0 + hl + 1, 1);
+        } else if (next != nullptr) {
+          prefetch_tokens_l1(next->k, 0, std::min<std::uint32_t>(next->n, kN), h0, 1);
+        }
+      }
+      const std::size_t off = std::size_t{h0 + hl} * c_.head_stride;
+      for (std::uint32_t i = 0; i < nt; ++i) vp[i] = rows.v[i] + off;
+      pv_head(df, s.probs.get() + std::size_t{hl} * m * kTile,
+              s.acc.get() + std::size_t{hl} * m * dimp, dimp, vp, nt, m);
+    }
+  }
+
+  // One head's m query vectors (probabilities pr, stride kTile; accumulators
+  // acc, stride dimp) over its V rows vp[0, n): up to 8 query vectors per V
+  // load.
+  void pv_head(DF df, float* pr, float* acc, std::size_t dimp, const T* const* vp, std::uint32_t n,
+               std::uint32_t m) const {
+    std::uint32_t i = 0;
+    if constexpr (kAccRegs >= 16) {
+      for (; i + 8 <= m; i += 8)
+        pv_rows<8>(df, pr + i * kTile, acc + i * dimp, dimp, vp, n, i == 0);
+    }
+    for (; i + 4 <= m; i += 4) pv_rows<4>(df, pr + i * kTile, acc + i * dimp, dimp, vp, n, i == 0);
+    for (; i + 2 <= m; i += 2) pv_rows<2>(df, pr + i * kTile, acc + i * dimp, dimp, vp, n, i == 0);
+    for (; i < m; ++i) pv_rows<1>(df, pr + i * kTile, acc + i * dimp, dimp, vp, n, i == 0);
   }
 
   // One query per head (m == 1), dim a multiple of kC: heads hl and hl + 1
@@ -858,9 +938,15 @@ class ItemRunner {
     std::uint32_t run = 0;        // run (head) within the row: NHD 1 run, HND n_kv
     std::size_t o = 0;            // byte offset within the run
     std::uint32_t credit = 0;     // lines reported but not yet issued (< 2)
+    // Head-major walk (pump_head_major): K rows of heads [h0, h0 + nh) head
+    // by head, then V rows likewise (phase 0 K, 1 V, 2 done); there `i` is
+    // the head (from h0) and `run` the tile's page segment.
+    std::uint32_t h0 = 0, nh = 0, phase = 0;
   };
 
-  void start_pump(const TileRows& rows) const { pump_ = {&rows, 0, rows.n, 0, 0, 0}; }
+  void start_pump(const TileRows& rows, std::uint32_t h0, std::uint32_t nh) const {
+    pump_ = {&rows, 0, rows.n, 0, 0, 0, h0, nh, 0};
+  }
 
   // Issues what the loops left.
   void finish_pump() const {
@@ -876,6 +962,7 @@ class ItemRunner {
   // was already cached.
   void pump(std::uint32_t lines) const {
     if (pump_.rows == nullptr) return;
+    if (head_major()) return pump_head_major(lines);
     lines = lines > ~0u - pump_.credit ? ~0u : lines + pump_.credit;
     const std::size_t bytes = run_bytes();
     const std::uint32_t runs = runs_per_row();
@@ -905,8 +992,47 @@ class ItemRunner {
     pump_.credit = std::min(lines, 1u);
   }
 
+  // HND (heads not contiguous within a token): up to `lines` prefetches in
+  // the order the head-major loops read, K of every head, then V; a head's
+  // rows of one page are adjacent, so the prefetches walk each page's runs
+  // in address order.
+  void pump_head_major(std::uint32_t lines) const {
+    PumpCursor& c = pump_;
+    const TileRows& rows = *c.rows;
+    const std::size_t row_bytes = std::size_t{c_.dim} * sizeof(T);
+    std::size_t o = c.o;
+    while (lines > 0 && c.phase < 2) {
+      // The range of head c.i's rows in page segment c.run: adjacent.
+      const std::uint32_t seg = c.run;
+      const std::uint32_t head = c.i;
+      const std::uint32_t r0 = rows.seg[seg];
+      const std::size_t bytes = (rows.seg[seg + 1] - r0) * row_bytes;
+      const T* first = c.phase == 0 ? rows.k[r0] : rows.v[r0];
+      const char* r =
+          reinterpret_cast<const char*>(first + std::size_t{c.h0 + head} * c_.head_stride);
+      const std::size_t end = std::min<std::size_t>(bytes, o + std::size_t{lines} * 64);
+      const auto used = static_cast<std::uint32_t>((end - o + 63) / 64);
+      lines = lines > used ? lines - used : 0;
+      for (; o < end; o += 64) prefetch_l2(r + o);
+      if (o >= bytes) {
+        o = 0;
+        if (++c.run == rows.nseg) {
+          c.run = 0;
+          if (++c.i == c.nh) {
+            c.i = 0;
+            ++c.phase;
+          }
+        }
+      }
+    }
+    c.o = o;
+  }
+
   // NHD: a token's heads are one contiguous run; HND: one run per head.
   bool heads_contiguous() const { return c_.head_stride == c_.dim; }
+  // Whether the tile loops go head by head rather than token-major (set per
+  // item by run()).
+  bool head_major() const { return head_major_; }
   std::uint32_t runs_per_row() const { return heads_contiguous() ? 1 : c_.n_kv; }
   std::size_t run_bytes() const {
     return (heads_contiguous() ? std::size_t{c_.n_kv} : 1) * c_.dim * sizeof(T);
@@ -914,6 +1040,7 @@ class ItemRunner {
 
   const AttentionCtx& c_;
   mutable PumpCursor pump_;
+  bool head_major_ = false;
 };
 
 // Combines a group's partials (max, sum, acc per query vector) into out.
