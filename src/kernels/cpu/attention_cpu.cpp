@@ -920,112 +920,126 @@ class ItemRunner {
     }
   }
 
-  // AttentionPrefetch::next_tile_l2. A head step's share of a tile ahead
-  // (every head's K and V row pieces of tokens [i, i1)) is not issued at
-  // once: the score and PV loops report each chunk of rows they consume and
-  // pump(lines) issues as many lines of the share, so prefetches leave at
-  // the rate the step reads (a step's share is as many lines as it reads
-  // when the item covers all heads). A burst of ~256 prefetches per step
+  // AttentionPrefetch::next_tile_l2. The tile kPrefetchTilesAhead on is
+  // not issued at once: the score and PV loops report the lines they
+  // consume and pump(lines) issues as many lines of the far tile, so
+  // prefetches leave at the rate the loops read. A burst of ~256 prefetches per step
   // stalled the core on Zen 4 until misses drained (compute and memory did
   // not overlap): spreading them took decode from 11.1 to 14.6 GB/s (MHA)
   // and 7.1 to 12.0 (GQA 4) on one thread; matching the rate to the reads
   // instead of spreading evenly over the loop iterations (the score loop
   // had pumped 2 of MHA's 34 calls per step while reading half its rows)
   // gained again (docs/PERFORMANCE.md, session 5).
+  //
+  // The pump walks the far tile as a sequence of ranges: one row's K and V
+  // runs side by side (token-major loops: K and V lines alternately), or
+  // one head's rows of one page segment, all K ranges before the V ones
+  // (head-major loops). PumpCursor says which range is next; range_ holds
+  // the lines of the current one still to issue.
   struct PumpCursor {
     const TileRows* rows = nullptr;
-    std::uint32_t i = 0, i1 = 0;  // tile rows still to prefetch
-    std::uint32_t run = 0;        // run (head) within the row: NHD 1 run, HND n_kv
-    std::size_t o = 0;            // byte offset within the run
-    std::uint32_t credit = 0;     // lines reported but not yet issued (< 2)
-    // Head-major walk (pump_head_major): K rows of heads [h0, h0 + nh) head
-    // by head, then V rows likewise (phase 0 K, 1 V, 2 done); there `i` is
-    // the head (from h0) and `run` the tile's page segment.
-    std::uint32_t h0 = 0, nh = 0, phase = 0;
+    std::uint32_t h0 = 0, nh = 0;  // the item's heads
+    // Token-major: row, run within the row (NHD: the item's heads, one run;
+    // HND: one per head). Head-major: head (from h0), page segment.
+    std::uint32_t outer = 0, inner = 0;
+    std::uint32_t phase = 0;  // head-major: 0 K, 1 V
+    bool done = true;
+  };
+  struct PumpRange {
+    const char* p = nullptr;    // next line (K, or the head-major range)
+    const char* q = nullptr;    // token-major: the V line beside p; else null
+    const char* end = nullptr;  // end of p's range (whole lines)
   };
 
   void start_pump(const TileRows& rows, std::uint32_t h0, std::uint32_t nh) const {
-    pump_ = {&rows, 0, rows.n, 0, 0, 0, h0, nh, 0};
+    pump_ = {&rows, h0, nh, 0, 0, 0, rows.n == 0};
+    next_pump_range();
   }
 
   // Issues what the loops left.
   void finish_pump() const {
-    if (pump_.rows == nullptr) return;
     pump(~0u);
-    pump_.rows = nullptr;
+    pump_.done = true;
+    range_ = {};
   }
 
-  // Up to `lines` prefetches (K and V alternately) from the cursor. The
-  // inner loop walks one run's lines with its K and V pointers hoisted (two
-  // prefetches, an add and a compare per line pair): with the cursor
-  // updated per line the pump cost MHA 25-40 % of its compute when the data
-  // was already cached.
-  void pump(std::uint32_t lines) const {
-    if (pump_.rows == nullptr) return;
-    if (head_major()) return pump_head_major(lines);
-    lines = lines > ~0u - pump_.credit ? ~0u : lines + pump_.credit;
-    const std::size_t bytes = run_bytes();
-    const std::uint32_t runs = runs_per_row();
-    std::size_t o = pump_.o;
-    while (lines >= 2 && pump_.i < pump_.i1) {
-      const std::size_t off = pump_.run * c_.head_stride;
-      const char* k = reinterpret_cast<const char*>(pump_.rows->k[pump_.i] + off);
-      const char* v = reinterpret_cast<const char*>(pump_.rows->v[pump_.i] + off);
-      // Every line: prefetching every second line (2 or 4 lines a step,
-      // leaving the rest to the hardware) halved DRAM decode on Zen 5.
-      const std::size_t end = std::min<std::size_t>(bytes, o + std::size_t{lines / 2} * 64);
-      const auto used = static_cast<std::uint32_t>((end - o + 63) / 64 * 2);
-      lines = lines > used ? lines - used : 0;
-      for (; o < end; o += 64) {
-        prefetch_l2(k + o);
-        prefetch_l2(v + o);
-      }
-      if (o >= bytes) {
-        o = 0;
-        if (++pump_.run == runs) {
-          pump_.run = 0;
-          ++pump_.i;
-        }
-      }
+  // Up to `lines` prefetches from the current range on. Inlined into the
+  // loops: per call a compare or two and the prefetches; finding the next
+  // range is out of line, once per range. The pump that found its place
+  // anew on every call (out of line) took 27 % of MHA's time from L2 with
+  // head-major loops, and cost token-major MHA 17-26 % there
+  // (docs/PERFORMANCE.md, session 9).
+  HWY_INLINE void pump(std::uint32_t lines) const {
+    if (head_major_) {
+      pump_ranges<false>(lines);
+    } else {
+      pump_ranges<true>(lines);
     }
-    pump_.o = o;
-    pump_.credit = std::min(lines, 1u);
   }
 
-  // HND (heads not contiguous within a token): up to `lines` prefetches in
-  // the order the head-major loops read, K of every head, then V; a head's
-  // rows of one page are adjacent, so the prefetches walk each page's runs
-  // in address order.
-  void pump_head_major(std::uint32_t lines) const {
+  // kPair: each range is a K run with its V run beside it (range_.q).
+  template <bool kPair>
+  HWY_INLINE void pump_ranges(std::uint32_t lines) const {
+    while (range_.p != nullptr) {
+      const std::size_t avail = static_cast<std::size_t>(range_.end - range_.p) / 64;
+      if constexpr (kPair) {
+        const std::size_t n = std::min<std::size_t>((std::size_t{lines} + 1) / 2, avail);
+        for (std::size_t i = 0; i < n; ++i) {
+          prefetch_l2(range_.p + 64 * i);
+          prefetch_l2(range_.q + 64 * i);
+        }
+        range_.p += 64 * n;
+        range_.q += 64 * n;
+        lines = lines > 2 * n ? lines - static_cast<std::uint32_t>(2 * n) : 0;
+      } else {
+        const std::size_t n = std::min<std::size_t>(lines, avail);
+        for (std::size_t i = 0; i < n; ++i) prefetch_l2(range_.p + 64 * i);
+        range_.p += 64 * n;
+        lines -= static_cast<std::uint32_t>(n);
+      }
+      if (lines == 0) return;
+      next_pump_range();
+    }
+  }
+
+  // Loads the next range into range_ (p == nullptr once the tile is done)
+  // and advances the cursor.
+  void next_pump_range() const {
     PumpCursor& c = pump_;
+    if (c.done) {
+      range_ = {};
+      return;
+    }
     const TileRows& rows = *c.rows;
     const std::size_t row_bytes = std::size_t{c_.dim} * sizeof(T);
-    std::size_t o = c.o;
-    while (lines > 0 && c.phase < 2) {
-      // The range of head c.i's rows in page segment c.run: adjacent.
-      const std::uint32_t seg = c.run;
-      const std::uint32_t head = c.i;
-      const std::uint32_t r0 = rows.seg[seg];
-      const std::size_t bytes = (rows.seg[seg + 1] - r0) * row_bytes;
+    if (head_major()) {
+      const std::uint32_t r0 = rows.seg[c.inner];
       const T* first = c.phase == 0 ? rows.k[r0] : rows.v[r0];
-      const char* r =
-          reinterpret_cast<const char*>(first + std::size_t{c.h0 + head} * c_.head_stride);
-      const std::size_t end = std::min<std::size_t>(bytes, o + std::size_t{lines} * 64);
-      const auto used = static_cast<std::uint32_t>((end - o + 63) / 64);
-      lines = lines > used ? lines - used : 0;
-      for (; o < end; o += 64) prefetch_l2(r + o);
-      if (o >= bytes) {
-        o = 0;
-        if (++c.run == rows.nseg) {
-          c.run = 0;
-          if (++c.i == c.nh) {
-            c.i = 0;
-            ++c.phase;
-          }
+      const std::size_t bytes = (rows.seg[c.inner + 1] - r0) * row_bytes;
+      range_.p =
+          reinterpret_cast<const char*>(first + std::size_t{c.h0 + c.outer} * c_.head_stride);
+      range_.q = nullptr;
+      range_.end = range_.p + (bytes + 63) / 64 * 64;
+      if (++c.inner == rows.nseg) {
+        c.inner = 0;
+        if (++c.outer == c.nh) {
+          c.outer = 0;
+          c.done = ++c.phase == 2;
         }
       }
+      return;
     }
-    c.o = o;
+    // NHD: the item's heads of the row, one run; HND: head h0 + inner.
+    const bool nhd = heads_contiguous();
+    const std::size_t off = std::size_t{c.h0 + (nhd ? 0 : c.inner)} * c_.head_stride;
+    const std::size_t bytes = nhd ? c.nh * row_bytes : row_bytes;
+    range_.p = reinterpret_cast<const char*>(rows.k[c.outer] + off);
+    range_.q = reinterpret_cast<const char*>(rows.v[c.outer] + off);
+    range_.end = range_.p + (bytes + 63) / 64 * 64;
+    if (nhd || ++c.inner == c.nh) {
+      c.inner = 0;
+      c.done = ++c.outer == rows.n;
+    }
   }
 
   // NHD: a token's heads are one contiguous run; HND: one run per head.
@@ -1033,13 +1047,10 @@ class ItemRunner {
   // Whether the tile loops go head by head rather than token-major (set per
   // item by run()).
   bool head_major() const { return head_major_; }
-  std::uint32_t runs_per_row() const { return heads_contiguous() ? 1 : c_.n_kv; }
-  std::size_t run_bytes() const {
-    return (heads_contiguous() ? std::size_t{c_.n_kv} : 1) * c_.dim * sizeof(T);
-  }
 
   const AttentionCtx& c_;
   mutable PumpCursor pump_;
+  mutable PumpRange range_;
   bool head_major_ = false;
 };
 
