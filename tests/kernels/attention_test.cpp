@@ -187,7 +187,7 @@ TEST(AttentionFast, EveryCompiledSimdTarget) {
         Case c{{{300, 1}, {33, 3}, {0, 6}}, true, 7, 2, 4, dim, 2};
         c.attention_target = target;
         check_case<T>(c, rng);
-        // HND with one and two query vectors per head: the head-major loops.
+        // HND (the head-major loops) with one and two query vectors per head.
         Case h{{{300, 1}, {70, 2}, {0, 6}}, true, 7, 2, 1, dim, 2};
         h.attention_target = target;
         h.layout = PageLayout::hnd;
@@ -221,8 +221,7 @@ TEST(AttentionFast, EveryPrefetchStrategy) {
 }
 
 // HND pages ([heads][tokens][dim]): every dtype, page sizes 1 (where HND and
-// NHD coincide), odd, smaller and larger than the kernel's tile, GQA 1/2/4
-// (one or two query vectors per head take the head-major loops),
+// NHD coincide), odd, smaller and larger than the kernel's tile, GQA 1/2/4,
 // both strategies, 1 and 2 threads, every prefetch strategy, mixed batches
 // with long decodes (gathered tiles) and prefills (query-lanes path).
 TEST(AttentionFast, HndLayout) {
@@ -256,8 +255,8 @@ TEST(AttentionFast, HndLayout) {
   check_case<BFloat16>(c, rng);
 }
 
-// The head-major loops (HND, one or two query vectors per head) under every
-// prefetch strategy: contexts long enough for tiles ahead, pages that split
+// The head-major loops (HND pages; 1, 2, 3 and 4 query vectors per head)
+// under every prefetch strategy: contexts long enough for tiles ahead, pages that split
 // the kernel's tile into several segments (5), fill it (16 / 32) or hold
 // several tiles (48, 128), head dims with and without a padded chunk.
 TEST(AttentionFast, HndHeadMajorEveryPrefetch) {
@@ -269,15 +268,17 @@ TEST(AttentionFast, HndHeadMajorEveryPrefetch) {
       using T = decltype(tag);
       for (std::uint32_t page : {5u, 16u, 48u}) {
         for (std::uint32_t dim : {72u, 128u}) {
-          // rows 1 and 2 with GQA 1, rows 1 with GQA 2: m = 1, 2, 2.
-          Case c{{{1300, 1}, {97, 2}, {611, 1}, {0, 2}}, true, page, 3, 1, dim, 2};
+          // m (query vectors per head) = rows x GQA: 1, 2, 3 here, then 2, 4.
+          Case c{{{1300, 1}, {97, 2}, {611, 3}, {0, 2}}, true, page, 3, 1, dim, 2};
           c.layout = PageLayout::hnd;
           c.prefetch = pf;
           check_case<T>(c, rng);
-          Case g{{{1031, 1}, {33, 1}}, true, page, 4, 2, dim, 1};
-          g.layout = PageLayout::hnd;
-          g.prefetch = pf;
-          check_case<T>(g, rng);
+          for (std::uint32_t group : {2u, 4u}) {
+            Case g{{{1031, 1}, {33, 1}}, true, page, 4, group, dim, 1};
+            g.layout = PageLayout::hnd;
+            g.prefetch = pf;
+            check_case<T>(g, rng);
+          }
         }
       }
     });

@@ -8,9 +8,9 @@
 // few tokens at a time across all heads (blocks of kQ queries x kT tokens of
 // one head, kQ * kT = kN lanes, or with one query per head kN (token, head)
 // pairs, each row read whole), so the reads walk each page in address order.
-// On HND pages with one or two query vectors per head the tile goes head by
-// head instead (each head's rows are adjacent there), V over the whole tile
-// per accumulator load;
+// On HND pages the tile goes head by head instead (each head's rows are
+// adjacent there; with one or two query vectors per head V over the whole
+// tile per accumulator load);
 // each K load feeds 2 * kQ FMAs and one transpose-add tree turns the kN
 // partial-product vectors into one vector of kN scores. The online softmax
 // runs on whole score vectors per (head, query), then V rows are accumulated
@@ -517,11 +517,11 @@ class ItemRunner {
     const std::uint32_t nh = it.h1 - it.h0;
     const std::size_t total = std::size_t{nh} * m_per_head;
     s.ensure(total, dim);
-    // Head by head where a head's rows are adjacent (HND) and one or two
-    // query vectors per head keep a row's accumulators in registers over the
-    // whole tile; else token-major. Head-major GQA 4 (4-token PV groups) was
-    // 0.91 of token-major in DRAM, MHA 1.33x (docs/PERFORMANCE.md, session 9).
-    head_major_ = !heads_contiguous() && m_per_head <= 2;
+    // Head by head where a head's rows are adjacent (HND), else token-major.
+    // DRAM, 2 threads, against token-major on the same HND pages: MHA 1.30x,
+    // GQA 2 1.28x, GQA 4 1.08x; GQA 8 1.12x of NHD (docs/PERFORMANCE.md,
+    // session 9).
+    head_major_ = !heads_contiguous();
     load_queries(it, s);
     std::fill(s.mx.begin(), s.mx.begin() + total, -std::numeric_limits<float>::infinity());
     std::fill(s.l.begin(), s.l.begin() + total, 0.0f);
@@ -846,9 +846,8 @@ class ItemRunner {
     }
   }
 
-  // acc += p . V over the tile head by head, all the tile's tokens per
-  // accumulator load: a head's rows are adjacent in an HND page, so each
-  // head's V is read in address order.
+  // acc += p . V over the tile head by head: a head's rows are adjacent in
+  // an HND page, so each head's V is read in address order.
   void pv_tile_head_major(DF df, const TileRows& rows, const TileRows* next, std::uint32_t h0,
                           std::uint32_t nh, std::uint32_t m, Scratch& s) const {
     const std::uint32_t nt = rows.n;
@@ -864,8 +863,16 @@ class ItemRunner {
       }
       const std::size_t off = std::size_t{h0 + hl} * c_.head_stride;
       for (std::uint32_t i = 0; i < nt; ++i) vp[i] = rows.v[i] + off;
-      pv_head(df, s.probs.get() + std::size_t{hl} * m * kTile,
-              s.acc.get() + std::size_t{hl} * m * dimp, dimp, vp, nt, m);
+      // One or two query vectors keep a row's accumulators in registers over
+      // the whole tile; more take kPvTokens-token groups (the chunks of a row
+      // are read in turns then, and 32-token groups read 0.93 of 4-token ones
+      // in DRAM for GQA 4).
+      const std::uint32_t group = m <= 2 ? nt : kPvTokens;
+      for (std::uint32_t tg = 0; tg < nt; tg += group) {
+        pv_head(df, s.probs.get() + std::size_t{hl} * m * kTile + tg,
+                s.acc.get() + std::size_t{hl} * m * dimp, dimp, vp + tg, std::min(group, nt - tg),
+                m);
+      }
     }
   }
 
