@@ -32,9 +32,10 @@ CacheStrategy parse_strategy(std::string_view name);
 //  nhd: [tokens][n_kv_heads][head_dim], the seeds' layout: one token's heads
 //       are contiguous (a token's new K row is one copy).
 //  hnd: [n_kv_heads][tokens][head_dim]: one head's tokens are contiguous, so
-//       attention walks each page in address order (faster decode on
-//       processors whose prefetchers do not follow head-strided reads; see
-//       docs/PERFORMANCE.md). The views, kernels, managers and Python arrays
+//       the CPU attention goes head by head and reads each page in address
+//       order; measured faster for decode than NHD on the Zen 5 machine of
+//       docs/PERFORMANCE.md (session 9: MHA 1.07x, GQA 4/8 1.03-1.12x of
+//       NHD from DRAM). The views, kernels, managers and Python arrays
 //       follow the layout; code that uses view.ptr() / load() / store() works
 //       for both.
 enum class PageLayout : std::uint8_t { nhd, hnd };
