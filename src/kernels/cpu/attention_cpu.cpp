@@ -508,7 +508,7 @@ HWY_INLINE void SoftmaxUpdate(DF df, float* p, std::uint32_t nt, std::uint32_t n
 template <class T>
 class ItemRunner {
  public:
-  explicit ItemRunner(const AttentionCtx& c) : c_(c) {}
+  explicit ItemRunner(const AttentionCtx& c) : c_(c), head_major_(!heads_contiguous()) {}
 
   void run(const WorkItem& it, Scratch& s, float* partial) {
     const std::uint32_t dim = c_.dim;
@@ -517,11 +517,6 @@ class ItemRunner {
     const std::uint32_t nh = it.h1 - it.h0;
     const std::size_t total = std::size_t{nh} * m_per_head;
     s.ensure(total, dim);
-    // Head by head where a head's rows are adjacent (HND), else token-major.
-    // DRAM, 2 threads, against token-major on the same HND pages: MHA 1.30x,
-    // GQA 2 1.28x, GQA 4 1.08x; GQA 8 1.12x of NHD (docs/PERFORMANCE.md,
-    // session 9).
-    head_major_ = !heads_contiguous();
     load_queries(it, s);
     std::fill(s.mx.begin(), s.mx.begin() + total, -std::numeric_limits<float>::infinity());
     std::fill(s.l.begin(), s.l.begin() + total, 0.0f);
@@ -946,8 +941,8 @@ class ItemRunner {
   struct PumpCursor {
     const TileRows* rows = nullptr;
     std::uint32_t h0 = 0, nh = 0;  // the item's heads
-    // Token-major: row, run within the row (NHD: the item's heads, one run;
-    // HND: one per head). Head-major: head (from h0), page segment.
+    // Token-major: the row (inner unused). Head-major: head (from h0), page
+    // segment.
     std::uint32_t outer = 0, inner = 0;
     std::uint32_t phase = 0;  // head-major: 0 K, 1 V
     bool done = true;
@@ -977,7 +972,7 @@ class ItemRunner {
   // head-major loops, and cost token-major MHA 17-26 % there
   // (docs/PERFORMANCE.md, session 9).
   HWY_INLINE void pump(std::uint32_t lines) const {
-    if (head_major_) {
+    if (head_major()) {
       pump_ranges<false>(lines);
     } else {
       pump_ranges<true>(lines);
@@ -1036,29 +1031,27 @@ class ItemRunner {
       }
       return;
     }
-    // NHD: the item's heads of the row, one run; HND: head h0 + inner.
-    const bool nhd = heads_contiguous();
-    const std::size_t off = std::size_t{c.h0 + (nhd ? 0 : c.inner)} * c_.head_stride;
-    const std::size_t bytes = nhd ? c.nh * row_bytes : row_bytes;
+    // Token-major (NHD): the item's heads of row `outer` are one run.
+    const std::size_t off = std::size_t{c.h0} * c_.head_stride;
+    const std::size_t bytes = c.nh * row_bytes;
     range_.p = reinterpret_cast<const char*>(rows.k[c.outer] + off);
     range_.q = reinterpret_cast<const char*>(rows.v[c.outer] + off);
     range_.end = range_.p + (bytes + 63) / 64 * 64;
-    if (nhd || ++c.inner == c.nh) {
-      c.inner = 0;
-      c.done = ++c.outer == rows.n;
-    }
+    c.done = ++c.outer == rows.n;
   }
 
   // NHD: a token's heads are one contiguous run; HND: one run per head.
   bool heads_contiguous() const { return c_.head_stride == c_.dim; }
-  // Whether the tile loops go head by head rather than token-major (set per
-  // item by run()).
+  // Whether the tile loops go head by head rather than token-major: where a
+  // head's rows are adjacent (HND). DRAM, 2 threads, against token-major on
+  // the same HND pages: MHA 1.30x, GQA 2 1.28x, GQA 4 1.08x; GQA 8 1.12x of
+  // NHD (docs/PERFORMANCE.md, session 9).
   bool head_major() const { return head_major_; }
 
   const AttentionCtx& c_;
   mutable PumpCursor pump_;
   mutable PumpRange range_;
-  bool head_major_ = false;
+  const bool head_major_;  // fixed by the layout; read in the inlined pump
 };
 
 // Combines a group's partials (max, sum, acc per query vector) into out.
