@@ -639,11 +639,16 @@ class ItemRunner {
   // Lines-consumed callback for the loops: the first pass over the tile's
   // rows (K in the score loop, V in the PV loop) drives the pump; later
   // query blocks re-read rows that are already cached.
-  auto pump_for(bool first_pass) const {
-    return [this, first_pass](std::uint32_t lines) {
-      if (first_pass) pump(lines);
-    };
-  }
+  // A functor rather than a lambda so that it is inlined into the loops (GCC
+  // 12 called the lambda out of line: 6 % of MHA's time from L2).
+  struct LinesRead {
+    const ItemRunner* runner;
+    bool first_pass;
+    HWY_INLINE void operator()(std::uint32_t lines) const {
+      if (first_pass) runner->pump(lines);
+    }
+  };
+  LinesRead pump_for(bool first_pass) const { return {this, first_pass}; }
 
   template <int kR>
   void pv_rows(DF df, float* pr, float* acc, std::size_t dimp, const T* const* vp, std::uint32_t nt,
