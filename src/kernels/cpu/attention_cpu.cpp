@@ -318,9 +318,9 @@ HWY_INLINE void ScoreRows(DF df, const Query& q, const T* const* kr, std::size_t
       b = hn::MulAdd(hn::Load(df, qu + d + kN), hi, b);
     }
     a[u] = hn::Add(a[u], b);
-    if ((u & 3) == 3) pump(4 * row_lines);  // ~kPumpLines per report for dim 128 bf16
+    pump(row_lines);
   }
-  if constexpr (kT % 4 != 0) pump((kT % 4) * row_lines);
+
 }
 
 template <int kQ, int kT, class T, class Query, class Pump>
