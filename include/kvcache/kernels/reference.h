@@ -37,7 +37,7 @@ namespace kvcache {
 //                heads) into L1, one block ahead (best on a Sapphire Rapids
 //                Xeon when the kernel still walked a tile head by head; not
 //                re-measured since the token-major order of session 5).
-//  next_tile_l2: whole rows (all heads) of the tile two tiles ahead into L2,
+//  next_tile_l2: whole rows (all heads) of the next tile into L2,
 //                in address order, issued as fast as the loops read the
 //                current tile (best on Zen 4 and Zen 5).
 //  none:         hardware prefetchers only.

@@ -19,8 +19,8 @@
 // bf16 rows are read as u32 and split into even/odd f32 vectors (shift /
 // mask, no shuffles); query and accumulator rows use that element order and
 // are put back in order on output. While one tile runs, rows ahead are
-// prefetched (AttentionPrefetch: the next block into L1, or whole tiles two
-// ahead into L2 at the rate the loops read, chosen per processor). Split
+// prefetched (AttentionPrefetch: the next block into L1, or the next whole
+// tile into L2 at the rate the loops read, chosen per processor). Split
 // items write (max, sum, acc) partials merged afterwards. Prefill items (one
 // KV head, a block of query rows) take the query-lanes path of
 // attention_prefill-inl.h instead where the target has the lanes for it.
@@ -347,9 +347,9 @@ template <int kR, int kCh, bool kTail, class T, class Pump>
 HWY_INLINE void PvChunks(DF df, const float* const* p, float* const* acc, const T* const* vr,
                          std::uint32_t nt, std::size_t d0, std::size_t d1, std::size_t dim,
                          const Pump& pump) {
-  // Few query vectors: memory-bound, the pump hears of every row (smooth);
-  // more: compute-bound, once per block of tokens (the pump's own cost).
-  constexpr bool kPumpPerToken = kR <= 2;
+  // The pump hears of every row read, however many query vectors share it
+  // (told once per block of tokens, 32-token groups had read 0.93 of 4-token
+  // ones for GQA 4 in DRAM; docs/PERFORMANCE.md, sessions 9 and 10).
   for (std::size_t d = d0; d + kCh * kC <= d1; d += kCh * kC) {
     VF a[kR][2 * kCh];
 #pragma GCC unroll 16
@@ -357,7 +357,7 @@ HWY_INLINE void PvChunks(DF df, const float* const* p, float* const* acc, const 
 #pragma GCC unroll 16
       for (int i = 0; i < 2 * kCh; ++i) a[r][i] = hn::Load(df, acc[r] + d + i * kN);
     for (std::uint32_t t = 0; t < nt; ++t) {
-      if constexpr (kPumpPerToken) pump(kCh * kChunkLines<T>);
+      pump(kCh * kChunkLines<T>);
       VF v[2 * kCh];
 #pragma GCC unroll 16
       for (int c = 0; c < kCh; ++c)
@@ -373,7 +373,6 @@ HWY_INLINE void PvChunks(DF df, const float* const* p, float* const* acc, const 
     for (int r = 0; r < kR; ++r)
 #pragma GCC unroll 16
       for (int i = 0; i < 2 * kCh; ++i) hn::Store(a[r][i], df, acc[r] + d + i * kN);
-    if constexpr (!kPumpPerToken) pump(nt * kCh * kChunkLines<T>);
   }
 }
 
@@ -863,11 +862,10 @@ class ItemRunner {
       }
       const std::size_t off = std::size_t{h0 + hl} * c_.head_stride;
       for (std::uint32_t i = 0; i < nt; ++i) vp[i] = rows.v[i] + off;
-      // One or two query vectors keep a row's accumulators in registers over
+      // Up to four query vectors keep a row's accumulators in registers over
       // the whole tile; more take kPvTokens-token groups (the chunks of a row
-      // are read in turns then, and 32-token groups read 0.93 of 4-token ones
-      // in DRAM for GQA 4).
-      const std::uint32_t group = m <= 2 ? nt : kPvTokens;
+      // are read in turns then). GQA 4 from L2 1.12x of 4-token groups.
+      const std::uint32_t group = m <= 4 ? nt : kPvTokens;
       for (std::uint32_t tg = 0; tg < nt; tg += group) {
         pv_head(df, s.probs.get() + std::size_t{hl} * m * kTile + tg,
                 s.acc.get() + std::size_t{hl} * m * dimp, dimp, vp + tg, std::min(group, nt - tg),

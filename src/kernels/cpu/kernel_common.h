@@ -81,9 +81,11 @@ inline bool running_on_amd() {
 #endif
 }
 
-// Tiles ahead that AttentionPrefetch::next_tile_l2 prefetches (measured on
-// Zen 4: 2 beat 1 and 3 for MHA, all equal for GQA 4).
-inline constexpr std::uint32_t kPrefetchTilesAhead = 2;
+// Tiles ahead that AttentionPrefetch::next_tile_l2 prefetches. Zen 4
+// (session 5): 2 beat 1 and 3 for MHA, all equal for GQA 4. Zen 5 with the
+// pump told of every row read (session 10): 1 is 1.04x of 2 for HND MHA and
+// GQA 4 in DRAM, NHD 0.95-1.03x; 3 is 0.96x.
+inline constexpr std::uint32_t kPrefetchTilesAhead = 1;
 
 struct StoreCtx {
   void* k_blocks = nullptr;
