@@ -35,9 +35,9 @@ CacheStrategy parse_strategy(std::string_view name);
 //       the CPU attention goes head by head and reads each page in address
 //       order; measured faster for decode than NHD on the Zen 5 machine of
 //       docs/PERFORMANCE.md (session 10, 16-token pages: MHA 1.14x, GQA 4
-//       0.96x of NHD from DRAM; session 9: GQA 8 1.12x). The views, kernels, managers and Python arrays
-//       follow the layout; code that uses view.ptr() / load() / store() works
-//       for both.
+//       0.96x of NHD from DRAM; session 9: GQA 8 1.12x). The views,
+//       kernels, managers and Python arrays follow the layout; code that uses
+//       view.ptr() / load() / store() works for both.
 enum class PageLayout : std::uint8_t { nhd, hnd };
 
 std::string_view layout_name(PageLayout l);

@@ -318,9 +318,8 @@ HWY_INLINE void ScoreRows(DF df, const Query& q, const T* const* kr, std::size_t
       b = hn::MulAdd(hn::Load(df, qu + d + kN), hi, b);
     }
     a[u] = hn::Add(a[u], b);
-    pump(row_lines);
+    pump(row_lines);  // every row: DRAM 1.11x of every 4 rows for HND MHA (session 10)
   }
-
 }
 
 template <int kQ, int kT, class T, class Query, class Pump>
