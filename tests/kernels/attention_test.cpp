@@ -158,11 +158,14 @@ TEST(AttentionFast, PageSizesStrategiesAndThreads) {
 
 // Head dims that are not multiples of any vector width (row padding in the
 // kernel's scratch), pages that do not divide the kernel's tile, GQA decode.
+// The last partial chunk of a row is read with masked loads on AVX-512: 57
+// (odd) and 120 leave more than one vector's worth in it (the second masked
+// load), 8 is nothing but a partial chunk.
 TEST(AttentionFast, OddHeadDimsAndPagesWithGqa) {
   std::mt19937 rng(4242);
   for_dtypes([&](auto tag) {
     using T = decltype(tag);
-    for (std::uint32_t dim : {8u, 36u, 72u, 100u}) {
+    for (std::uint32_t dim : {8u, 36u, 57u, 72u, 100u, 120u}) {
       for (std::uint32_t page : {1u, 7u, 48u, 512u}) {
         Case c{{{600, 1}, {33, 4}, {0, 5}, {77, 2}}, true, page, 2, 4, dim, 2};
         check_case<T>(c, rng);
