@@ -58,6 +58,11 @@ constexpr std::uint32_t kTile = 32;  // max KV tokens per tile (multiple of any 
 // Tokens per PV step: each head's accumulators are loaded once per this many
 // tokens of V rows, read token by token across the heads.
 constexpr std::uint32_t kPvTokens = 4;
+// On NHD pages, query vectors per head from which the tile loops go head by
+// head (a head's rows 256 bytes apart in a page, but its queries and
+// accumulators stay in L1). DRAM, 2 threads, against token-major: GQA 8
+// 1.09x, GQA 4 0.93-1.05x, MHA 0.93x (docs/PERFORMANCE.md, session 11).
+constexpr std::uint32_t kNhdHeadMajorVectors = 8;
 // Tiles whose row pointers are kept: the current one and those ahead.
 constexpr std::uint32_t kRing = kPrefetchTilesAhead + 2;
 
@@ -538,7 +543,7 @@ HWY_INLINE void SoftmaxUpdate(DF df, float* p, std::uint32_t nt, std::uint32_t n
 template <class T>
 class ItemRunner {
  public:
-  explicit ItemRunner(const AttentionCtx& c) : c_(c), head_major_(!heads_contiguous()) {}
+  explicit ItemRunner(const AttentionCtx& c) : c_(c) {}
 
   void run(const WorkItem& it, Scratch& s, float* partial) {
     const std::uint32_t dim = c_.dim;
@@ -546,6 +551,9 @@ class ItemRunner {
     const std::uint32_t m_per_head = nrows * c_.group;
     const std::uint32_t nh = it.h1 - it.h0;
     const std::size_t total = std::size_t{nh} * m_per_head;
+    head_major_ = !heads_contiguous() || m_per_head >= kNhdHeadMajorVectors;
+    // NHD rows hold only the item's heads when it has them all (decode).
+    pump_pairs_ = heads_contiguous() && std::size_t{nh} * dim != c_.token_stride;
     s.ensure(total, dim);
     load_queries(it, s);
     std::fill(s.mx.begin(), s.mx.begin() + total, -std::numeric_limits<float>::infinity());
@@ -967,28 +975,36 @@ class ItemRunner {
   // had pumped 2 of MHA's 34 calls per step while reading half its rows)
   // gained again (docs/PERFORMANCE.md, session 5).
   //
-  // The pump walks the far tile as a sequence of ranges: one row's K and V
-  // runs side by side (token-major loops: K and V lines alternately), or
-  // one head's rows of one page segment, all K ranges before the V ones
-  // (head-major loops). PumpCursor says which range is next; range_ holds
-  // the lines of the current one still to issue.
+  // The pump walks the far tile as a sequence of ranges, all K ranges
+  // before the V ones, each a page segment's rows of one unit: one head on
+  // HND pages, all heads on NHD pages (a segment of whole token rows is one
+  // run there). In DRAM, 2 threads, NHD decode against K and V lines
+  // alternately row by row (what an item with only some of the heads
+  // still uses, range_.q the V line beside range_.p): MHA 1.04x, GQA 4
+  // 1.12x, GQA 8 1.19x (docs/PERFORMANCE.md, session 11). PumpCursor says
+  // which range is next; range_ holds the lines of the current one still
+  // to issue.
   struct PumpCursor {
     const TileRows* rows = nullptr;
-    std::uint32_t h0 = 0, nh = 0;  // the item's heads
-    // Token-major: the row (inner unused). Head-major: head (from h0), page
-    // segment.
+    std::uint32_t h0 = 0;        // the item's first head
+    std::uint32_t units = 0;     // runs per page segment (heads on HND, 1 on NHD)
+    std::size_t unit_bytes = 0;  // bytes of one row of a unit
+    // Segments: unit (from h0), page segment. Pairs: the row (inner unused).
     std::uint32_t outer = 0, inner = 0;
-    std::uint32_t phase = 0;  // head-major: 0 K, 1 V
+    std::uint32_t phase = 0;  // segments: 0 K, 1 V
     bool done = true;
   };
   struct PumpRange {
-    const char* p = nullptr;    // next line (K, or the head-major range)
-    const char* q = nullptr;    // token-major: the V line beside p; else null
+    const char* p = nullptr;    // next line
+    const char* q = nullptr;    // pairs: the V line beside p; else null
     const char* end = nullptr;  // end of p's range (whole lines)
   };
 
   void start_pump(const TileRows& rows, std::uint32_t h0, std::uint32_t nh) const {
-    pump_ = {&rows, h0, nh, 0, 0, 0, rows.n == 0};
+    const std::size_t row_bytes = std::size_t{c_.dim} * sizeof(T);
+    const bool whole_rows = heads_contiguous();
+    pump_ = {&rows, h0, whole_rows ? 1 : nh, whole_rows ? nh * row_bytes : row_bytes, 0,
+             0,     0,  rows.n == 0};
     next_pump_range();
   }
 
@@ -1006,10 +1022,10 @@ class ItemRunner {
   // head-major loops, and cost token-major MHA 17-26 % there
   // (docs/PERFORMANCE.md, session 9).
   HWY_INLINE void pump(std::uint32_t lines) const {
-    if (head_major()) {
-      pump_ranges<false>(lines);
-    } else {
+    if (pump_pairs_) {
       pump_ranges<true>(lines);
+    } else {
+      pump_ranges<false>(lines);
     }
   }
 
@@ -1047,27 +1063,26 @@ class ItemRunner {
       return;
     }
     const TileRows& rows = *c.rows;
-    const std::size_t row_bytes = std::size_t{c_.dim} * sizeof(T);
-    if (head_major()) {
+    if (!pump_pairs_) {
       const std::uint32_t r0 = rows.seg[c.inner];
       const T* first = c.phase == 0 ? rows.k[r0] : rows.v[r0];
-      const std::size_t bytes = (rows.seg[c.inner + 1] - r0) * row_bytes;
+      const std::size_t bytes = (rows.seg[c.inner + 1] - r0) * c.unit_bytes;
       range_.p =
           reinterpret_cast<const char*>(first + std::size_t{c.h0 + c.outer} * c_.head_stride);
       range_.q = nullptr;
       range_.end = range_.p + (bytes + 63) / 64 * 64;
       if (++c.inner == rows.nseg) {
         c.inner = 0;
-        if (++c.outer == c.nh) {
+        if (++c.outer == c.units) {
           c.outer = 0;
           c.done = ++c.phase == 2;
         }
       }
       return;
     }
-    // Token-major (NHD): the item's heads of row `outer` are one run.
+    // Pairs (NHD, some of the heads): the item's heads of row `outer` are one run.
     const std::size_t off = std::size_t{c.h0} * c_.head_stride;
-    const std::size_t bytes = c.nh * row_bytes;
+    const std::size_t bytes = c.unit_bytes;
     range_.p = reinterpret_cast<const char*>(rows.k[c.outer] + off);
     range_.q = reinterpret_cast<const char*>(rows.v[c.outer] + off);
     range_.end = range_.p + (bytes + 63) / 64 * 64;
@@ -1077,15 +1092,18 @@ class ItemRunner {
   // NHD: a token's heads are one contiguous run; HND: one run per head.
   bool heads_contiguous() const { return c_.head_stride == c_.dim; }
   // Whether the tile loops go head by head rather than token-major: where a
-  // head's rows are adjacent (HND). DRAM, 2 threads, against token-major on
-  // the same HND pages: MHA 1.30x, GQA 2 1.28x, GQA 4 1.08x; GQA 8 1.12x of
-  // NHD (docs/PERFORMANCE.md, session 9).
+  // head's rows are adjacent (HND), and on NHD pages from
+  // kNhdHeadMajorVectors query vectors per head on. DRAM, 2 threads, against
+  // token-major on the same HND pages: MHA 1.30x, GQA 2 1.28x, GQA 4 1.08x;
+  // GQA 8 1.12x of NHD (docs/PERFORMANCE.md, session 9).
   bool head_major() const { return head_major_; }
 
   const AttentionCtx& c_;
   mutable PumpCursor pump_;
   mutable PumpRange range_;
-  const bool head_major_;  // fixed by the layout; read in the inlined pump
+  // Per item; read in the inlined loops and pump.
+  bool head_major_ = false;
+  bool pump_pairs_ = false;  // pump K and V lines of a row alternately
 };
 
 // Combines a group's partials (max, sum, acc per query vector) into out.
