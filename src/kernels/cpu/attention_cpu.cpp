@@ -901,28 +901,22 @@ class ItemRunner {
       }
       const std::size_t off = std::size_t{h0 + hl} * c_.head_stride;
       for (std::uint32_t i = 0; i < nt; ++i) vp[i] = rows.v[i] + off;
-      // Up to four query vectors keep a row's accumulators in registers over
-      // the whole tile; more take kPvTokens-token groups (the chunks of a row
-      // are read in turns then). GQA 4 from L2 1.12x of 4-token groups.
-      const std::uint32_t group = m <= 4 ? nt : kPvTokens;
-      for (std::uint32_t tg = 0; tg < nt; tg += group) {
-        pv_head(df, s.probs.get() + std::size_t{hl} * m * kTile + tg,
-                s.acc.get() + std::size_t{hl} * m * dimp, dimp, vp + tg, std::min(group, nt - tg),
-                m);
-      }
+      // Blocks of up to four query vectors keep their accumulators in
+      // registers over the whole tile, each block reading the tile's V rows
+      // (from L1 after the first). From L2, against 4-token groups: GQA 4
+      // 1.12x; GQA 8 1.23x of 8 query vectors per V load (DRAM, 2 threads:
+      // HND 1.15x, NHD 1.07x; docs/PERFORMANCE.md, session 11).
+      pv_head(df, s.probs.get() + std::size_t{hl} * m * kTile,
+              s.acc.get() + std::size_t{hl} * m * dimp, dimp, vp, nt, m);
     }
   }
 
   // One head's m query vectors (probabilities pr, stride kTile; accumulators
-  // acc, stride dimp) over its V rows vp[0, n): up to 8 query vectors per V
+  // acc, stride dimp) over its V rows vp[0, n): up to 4 query vectors per V
   // load.
   void pv_head(DF df, float* pr, float* acc, std::size_t dimp, const T* const* vp, std::uint32_t n,
                std::uint32_t m) const {
     std::uint32_t i = 0;
-    if constexpr (kAccRegs >= 16) {
-      for (; i + 8 <= m; i += 8)
-        pv_rows<8>(df, pr + i * kTile, acc + i * dimp, dimp, vp, n, i == 0);
-    }
     for (; i + 4 <= m; i += 4) pv_rows<4>(df, pr + i * kTile, acc + i * dimp, dimp, vp, n, i == 0);
     for (; i + 2 <= m; i += 2) pv_rows<2>(df, pr + i * kTile, acc + i * dimp, dimp, vp, n, i == 0);
     for (; i < m; ++i) pv_rows<1>(df, pr + i * kTile, acc + i * dimp, dimp, vp, n, i == 0);
