@@ -34,6 +34,7 @@
 #include "commands.h"
 #include "kvcache/kernels/attention.h"
 #include "kvcache/kernels/bandwidth.h"
+#include "kvcache/kernels/isa.h"
 #include "kvcache/kvcache.h"
 
 namespace kvcache::tools {
@@ -52,6 +53,7 @@ struct Common {
   std::string strategy = "paged";
   std::string layout = "nhd";
   std::string huge_pages = "on";
+  std::string isa = "auto";   // instruction set of the fast kernels (select_isa)
   std::uint32_t repeats = 0;  // 0: automatic
   bool json = false;
 };
@@ -413,6 +415,7 @@ nlohmann::json bench_attention(const AttentionArgs& a) {
       {"resident", a.resident},
       {"prefetch", prefetch_name(resolve_attention_prefetch(prefetch))},
       {"huge_pages", a.huge_pages},
+      {"isa", active_isa()},
       {"anon_huge_kb", anon_huge_kb()},
       {"sets", sets},
       {"working_set_bytes", set_bytes * sets},
@@ -493,6 +496,7 @@ nlohmann::json bench_store(const StoreArgs& a) {
           {"rope", a.rope},
           {"prefetch", row_l1 ? "row-l1" : "none"},
           {"huge_pages", a.huge_pages},
+          {"isa", active_isa()},
           {"median_s", med},
           {"bytes_moved", bytes},
           {"gbps", bytes / med / 1e9},
@@ -506,6 +510,12 @@ void print(const nlohmann::json& j, bool json) {
     return;
   }
   for (const auto& [key, value] : j.items()) std::cout << key << ": " << value << '\n';
+}
+
+std::string isa_choices() {
+  std::string out;
+  for (const std::string& name : available_isas()) out += (out.empty() ? "" : ", ") + name;
+  return out;
 }
 
 void add_common(CLI::App* cmd, Common& a) {
@@ -522,6 +532,9 @@ void add_common(CLI::App* cmd, Common& a) {
       ->capture_default_str();
   cmd->add_option("--huge-pages", a.huge_pages,
                   "on | off: madvise 2 MiB pages for cache and buffers")
+      ->capture_default_str();
+  cmd->add_option("--isa", a.isa,
+                  "Instruction set of the fast kernels: auto, or one of " + isa_choices())
       ->capture_default_str();
   cmd->add_option("--repeats", a.repeats, "Timed calls (0: automatic)")->capture_default_str();
   cmd->add_flag("--json", a.json, "Print one JSON object");
@@ -547,6 +560,7 @@ void add_bench_command(CLI::App& app) {
                 "Decode prefetch: auto | step-l1 | tile-l2 | none (AttentionPrefetch)")
       ->capture_default_str();
   a->callback([attn] {
+    select_isa(attn->isa);
     print(visit_dtype(parse_dtype(attn->dtype),
                       [&](auto tag) { return bench_attention<decltype(tag)>(*attn); }),
           attn->json);
@@ -562,6 +576,7 @@ void add_bench_command(CLI::App& app) {
                 "Input prefetch: auto | row-l1 | none (StorePrefetch)")
       ->capture_default_str();
   s->callback([store] {
+    select_isa(store->isa);
     print(visit_dtype(parse_dtype(store->dtype),
                       [&](auto tag) { return bench_store<decltype(tag)>(*store); }),
           store->json);

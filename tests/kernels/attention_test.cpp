@@ -19,9 +19,9 @@
 #include <string>
 #include <vector>
 
-#include "hwy/targets.h"
 #include "kernel_test_util.h"
 #include "kvcache/error.h"
+#include "kvcache/kernels/isa.h"
 #include "kvcache/kernels/reference.h"
 #include "kvcache/thread_pool.h"
 
@@ -42,7 +42,7 @@ struct Case {
   std::uint32_t group = 1;
   std::uint32_t dim = 64;
   std::size_t threads = 1;
-  std::int64_t attention_target = 0;  // Highway target forced for attention (0: best)
+  std::string isa = "auto";  // instruction set the fast kernels run (select_isa)
   AttentionPrefetch prefetch = AttentionPrefetch::automatic;
   PageLayout layout = PageLayout::nhd;
   std::string name() const {
@@ -78,13 +78,13 @@ void check_case(const Case& c, std::mt19937& rng) {
                         std::span<const std::uint32_t>(ref.row_offsets), std::span(out_ref));
   });
   test::with_collection(fast, [&](const auto& col) {
-    if (c.attention_target != 0) hwy::SetSupportedTargetsForTest(c.attention_target);
+    select_isa(c.isa);
     store_kv(col.get_key_cache(L), col.get_value_cache(L), std::span(k_new), std::span(v_new),
              std::span<const std::uint32_t>(fast.row_offsets), {}, &pool);
     attention(col.get_key_cache(L), col.get_value_cache(L), std::span(q), n_q,
               std::span<const std::uint32_t>(fast.row_offsets), std::span(out_fast),
               {.prefetch = c.prefetch}, &pool);
-    if (c.attention_target != 0) hwy::SetSupportedTargetsForTest(0);
+    select_isa("auto");
   });
   ASSERT_EQ(0, std::memcmp(ref.blocks.data(), fast.blocks.data(), ref.blocks.size() * sizeof(T)))
       << "store_kv differs from store_kv_reference";
@@ -180,19 +180,19 @@ TEST(AttentionFast, OddHeadDimsAndPagesWithGqa) {
 // (store_kv byte for byte: f16 must round exactly on every target).
 TEST(AttentionFast, EveryCompiledSimdTarget) {
   std::mt19937 rng(31);
-  hwy::SetSupportedTargetsForTest(0);
-  const std::vector<std::int64_t> targets = hwy::SupportedAndGeneratedTargets();
-  for (const std::int64_t target : targets) {
-    SCOPED_TRACE(hwy::TargetName(target));
+  const std::vector<std::string> isas = available_isas();
+  ASSERT_GE(isas.size(), 1u);
+  for (const std::string& isa : isas) {
+    SCOPED_TRACE(isa);
     for_dtypes([&](auto tag) {
       using T = decltype(tag);
       for (std::uint32_t dim : {36u, 128u}) {
         Case c{{{300, 1}, {33, 3}, {0, 6}}, true, 7, 2, 4, dim, 2};
-        c.attention_target = target;
+        c.isa = isa;
         check_case<T>(c, rng);
         // HND (the head-major loops) with one and two query vectors per head.
         Case h{{{300, 1}, {70, 2}, {0, 6}}, true, 7, 2, 1, dim, 2};
-        h.attention_target = target;
+        h.isa = isa;
         h.layout = PageLayout::hnd;
         check_case<T>(h, rng);
       }

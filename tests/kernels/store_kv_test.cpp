@@ -11,9 +11,9 @@
 #include <limits>
 #include <random>
 
-#include "hwy/targets.h"
 #include "kernel_test_util.h"
 #include "kvcache/kernels/attention.h"
+#include "kvcache/kernels/isa.h"
 #include "kvcache/kernels/reference.h"
 #include "kvcache/thread_pool.h"
 
@@ -143,17 +143,16 @@ TEST(StoreKv, LargeCallWithUnalignedRowsMatchesReference) {
 
 TEST(StoreKv, SpecialValuesOnEveryCompiledSimdTarget) {
   std::mt19937 rng(8);
-  hwy::SetSupportedTargetsForTest(0);
-  for (const std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
-    SCOPED_TRACE(hwy::TargetName(target));
-    hwy::SetSupportedTargetsForTest(target);
+  for (const std::string& isa : available_isas()) {
+    SCOPED_TRACE(isa);
+    select_isa(isa);
     for_dtypes([&](auto tag) {
       using T = decltype(tag);
       check_store<T>({{5, 40}, {0, 3}, {70, 1}}, 3, 64, 16, 1, true, rng);
       check_store<T>({{5, 40}, {0, 3}}, 2, 36, 7, 2, true, rng);
     });
   }
-  hwy::SetSupportedTargetsForTest(0);
+  select_isa("auto");
 }
 
 }  // namespace
