@@ -974,10 +974,12 @@ class ItemRunner {
   // HND pages, all heads on NHD pages (a segment of whole token rows is one
   // run there). In DRAM, 2 threads, NHD decode against K and V lines
   // alternately row by row (what an item with only some of the heads
-  // still uses, range_.q the V line beside range_.p): MHA 1.04x, GQA 4
-  // 1.12x, GQA 8 1.19x (docs/PERFORMANCE.md, session 11). PumpCursor says
-  // which range is next; range_ holds the lines of the current one still
-  // to issue.
+  // still uses, range_.q the V line beside range_.p): MHA 0.98-1.09x, GQA 2
+  // 1.12x, GQA 4 1.09x, GQA 8 1.19x (docs/PERFORMANCE.md, session 11). The
+  // same walk in address order on HND pages (every head of a page, then the
+  // next page) measured 0.95-0.97x: it wants the order the loops read in.
+  // PumpCursor says which range is next; range_ holds the lines of the
+  // current one still to issue.
   struct PumpCursor {
     const TileRows* rows = nullptr;
     std::uint32_t h0 = 0;        // the item's first head
