@@ -997,10 +997,12 @@ class ItemRunner {
   };
 
   void start_pump(const TileRows& rows, std::uint32_t h0, std::uint32_t nh) const {
+    // NHD: one unit, the item's heads of a row; HND: one unit per head.
     const std::size_t row_bytes = std::size_t{c_.dim} * sizeof(T);
-    const bool whole_rows = heads_contiguous();
-    pump_ = {&rows, h0, whole_rows ? 1 : nh, whole_rows ? nh * row_bytes : row_bytes, 0,
-             0,     0,  rows.n == 0};
+    const bool nhd = heads_contiguous();
+    const std::uint32_t units = nhd ? 1 : nh;
+    const std::size_t unit_bytes = nhd ? nh * row_bytes : row_bytes;
+    pump_ = {&rows, h0, units, unit_bytes, 0, 0, 0, rows.n == 0};
     next_pump_range();
   }
 
