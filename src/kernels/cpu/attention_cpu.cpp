@@ -63,6 +63,10 @@ constexpr std::uint32_t kPvTokens = 4;
 // accumulators stay in L1). DRAM, 2 threads, against token-major: GQA 8
 // 1.09x, GQA 4 0.93-1.05x, MHA 0.93x (docs/PERFORMANCE.md, session 11).
 constexpr std::uint32_t kNhdHeadMajorVectors = 8;
+// The online softmax's share of a tile's time, before it has been measured,
+// and the most it is taken to be (see ItemRunner::time_softmax).
+constexpr float kSoftmaxShareGuess = 0.1f;
+constexpr float kSoftmaxShareMax = 0.25f;
 // Tiles whose row pointers are kept: the current one and those ahead.
 constexpr std::uint32_t kRing = kPrefetchTilesAhead + 2;
 
@@ -555,6 +559,7 @@ class ItemRunner {
     // NHD rows hold only the item's heads when it has them all (decode).
     pump_pairs_ = heads_contiguous() && std::size_t{nh} * dim != c_.token_stride;
     s.ensure(total, dim);
+    last_softmax_start_ = 0;
     load_queries(it, s);
     std::fill(s.mx.begin(), s.mx.begin() + total, -std::numeric_limits<float>::infinity());
     std::fill(s.l.begin(), s.l.begin() + total, 0.0f);
@@ -576,7 +581,7 @@ class ItemRunner {
       if (c_.prefetch == AttentionPrefetch::next_tile_l2 && far != nullptr) {
         // The rows of the tile `ahead` tiles on, into L2, issued from inside
         // the score and PV loops as they consume this tile's rows.
-        start_pump(*far, it.h0, nh);
+        start_pump(*far, it.h0, nh, nh * m_per_head);
       }
       tile(cur, next, ta, it.h0, nh, m_per_head, first_limit, s);
       finish_pump();
@@ -711,6 +716,8 @@ class ItemRunner {
     const DF df;
     const std::uint32_t nt = rows.n;
     score_tile(df, rows, h0, nh, m, s);
+    const bool pumping = pump_active_;
+    const std::uint64_t softmax_start = pumping ? ticks() : 0;
     float* pr = s.probs.get();
     float* acc = s.acc.get();
     for (std::uint32_t hl = 0; hl < nh; ++hl) {
@@ -720,8 +727,10 @@ class ItemRunner {
         const std::uint32_t nvalid = limit <= ta ? 0 : std::min(nt, limit - ta);
         SoftmaxUpdate(df, pr + idx * kTile, nt, nvalid, s.mx[idx], s.l[idx], acc + idx * s.dimp,
                       s.dimp);
+        pump_lines(softmax_pump_lines_);
       }
     }
+    if (pumping) time_softmax(softmax_start, ticks());
     if (head_major()) {
       pv_tile_head_major(df, rows, next, h0, nh, m, s);
     } else {
@@ -996,21 +1005,68 @@ class ItemRunner {
     const char* end = nullptr;  // end of p's range (whole lines)
   };
 
-  void start_pump(const TileRows& rows, std::uint32_t h0, std::uint32_t nh) const {
+  // Starts pumping the tile `rows` (heads [h0, h0 + nh)) while the current
+  // tile runs with `softmax_calls` softmax updates.
+  void start_pump(const TileRows& rows, std::uint32_t h0, std::uint32_t nh,
+                  std::uint32_t softmax_calls) const {
     // NHD: one unit, the item's heads of a row; HND: one unit per head.
     const std::size_t row_bytes = std::size_t{c_.dim} * sizeof(T);
     const bool nhd = heads_contiguous();
     const std::uint32_t units = nhd ? 1 : nh;
     const std::size_t unit_bytes = nhd ? nh * row_bytes : row_bytes;
     pump_ = {&rows, h0, units, unit_bytes, 0, 0, 0, rows.n == 0};
+    // The softmax sends out its share of the tile's time in lines, the loops
+    // the rest in step with what they read.
+    const auto lines = static_cast<float>(pump_tile_lines(rows, unit_bytes, units));
+    softmax_pump_lines_ =
+        static_cast<std::uint32_t>(lines * softmax_share_ / static_cast<float>(softmax_calls));
+    pump_scale_ = static_cast<std::uint32_t>((1.0f - softmax_share_) * kPumpOne);
+    pump_frac_ = 0;
+    pump_active_ = true;
     next_pump_range();
+  }
+
+  // With this tile's softmax run over [start, end), updates the estimate of
+  // the softmax's share of a tile's time: its time against that since the
+  // previous tile's softmax began (averaged with the estimate so far).
+  void time_softmax(std::uint64_t start, std::uint64_t end) const {
+    if (last_softmax_start_ != 0 && start > last_softmax_start_) {
+      const float share =
+          static_cast<float>(end - start) / static_cast<float>(start - last_softmax_start_);
+      softmax_share_ = std::min(kSoftmaxShareMax, 0.5f * (softmax_share_ + share));
+    }
+    last_softmax_start_ = start;
+  }
+
+  // Lines the pump issues for a tile: each range rounded up to whole lines.
+  std::uint32_t pump_tile_lines(const TileRows& rows, std::size_t unit_bytes,
+                                std::uint32_t units) const {
+    std::size_t lines = 0;
+    if (pump_pairs_) {
+      lines = std::size_t{rows.n} * 2 * ((unit_bytes + 63) / 64);
+    } else {
+      for (std::uint32_t j = 0; j < rows.nseg; ++j)
+        lines += ((rows.seg[j + 1] - rows.seg[j]) * unit_bytes + 63) / 64;
+      lines *= 2 * std::size_t{units};
+    }
+    return static_cast<std::uint32_t>(lines);
   }
 
   // Issues what the loops left.
   void finish_pump() const {
-    pump(~0u);
+    pump_lines(~0u);
     pump_.done = true;
     range_ = {};
+    softmax_pump_lines_ = 0;
+    pump_active_ = false;
+  }
+
+  // The loops' reports of `lines` read: pump_scale_ / kPumpOne as many
+  // prefetches (the softmax issues the rest).
+  HWY_INLINE void pump(std::uint32_t lines) const {
+    const std::uint64_t owed = std::uint64_t{lines} * pump_scale_ + pump_frac_;
+    pump_lines(static_cast<std::uint32_t>(owed / kPumpOne));
+    pump_frac_ = static_cast<std::uint32_t>(owed % kPumpOne);
   }
 
   // Up to `lines` prefetches from the current range on. Inlined into the
@@ -1019,7 +1075,7 @@ class ItemRunner {
   // anew on every call (out of line) took 27 % of MHA's time from L2 with
   // head-major loops, and cost token-major MHA 17-26 % there
   // (docs/PERFORMANCE.md, session 9).
-  HWY_INLINE void pump(std::uint32_t lines) const {
+  HWY_INLINE void pump_lines(std::uint32_t lines) const {
     if (pump_pairs_) {
       pump_ranges<true>(lines);
     } else {
@@ -1099,6 +1155,16 @@ class ItemRunner {
   const AttentionCtx& c_;
   mutable PumpCursor pump_;
   mutable PumpRange range_;
+  // Pacing (start_pump): prefetches per line the loops read, in 1/kPumpOne,
+  // the fraction owed, lines per softmax update, and the softmax's share of
+  // a tile's time with the tick its last timed run began (0: none yet in
+  // this item).
+  static constexpr std::uint32_t kPumpOne = 1u << 16;
+  mutable std::uint32_t pump_scale_ = kPumpOne, pump_frac_ = 0;
+  mutable std::uint32_t softmax_pump_lines_ = 0;
+  mutable bool pump_active_ = false;
+  mutable float softmax_share_ = kSoftmaxShareGuess;
+  mutable std::uint64_t last_softmax_start_ = 0;
   // Per item; read in the inlined loops and pump.
   bool head_major_ = false;
   bool pump_pairs_ = false;  // pump K and V lines of a row alternately

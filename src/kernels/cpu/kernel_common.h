@@ -3,6 +3,7 @@
 // SIMD code.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -39,6 +40,16 @@ inline void prefetch_l2(const void* p) {
 inline void prefetch_range_l1(const void* p, std::size_t bytes) {
   const char* c = static_cast<const char*>(p);
   for (std::size_t o = 0; o < bytes; o += 64) prefetch_l1(c + o);
+}
+
+// A cheap monotonic tick count: the time-stamp counter on x86 (~40 cycles a
+// read on the Zen 5 VM), elsewhere steady_clock. For ratios of times only.
+inline std::uint64_t ticks() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  return __builtin_ia32_rdtsc();
+#else
+  return static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+#endif
 }
 
 // One layer's K or V memory, element type erased.
