@@ -67,6 +67,8 @@ constexpr std::uint32_t kNhdHeadMajorVectors = 8;
 // and the most it is taken to be (see ItemRunner::time_softmax).
 constexpr float kSoftmaxShareGuess = 0.1f;
 constexpr float kSoftmaxShareMax = 0.25f;
+// One pumping tile in this many is timed for the softmax's share.
+constexpr std::uint32_t kTimedTileEvery = 8;
 // Tiles whose row pointers are kept: the current one and those ahead.
 constexpr std::uint32_t kRing = kPrefetchTilesAhead + 2;
 
@@ -559,7 +561,6 @@ class ItemRunner {
     // NHD rows hold only the item's heads when it has them all (decode).
     pump_pairs_ = heads_contiguous() && std::size_t{nh} * dim != c_.token_stride;
     s.ensure(total, dim);
-    last_softmax_start_ = 0;
     load_queries(it, s);
     std::fill(s.mx.begin(), s.mx.begin() + total, -std::numeric_limits<float>::infinity());
     std::fill(s.l.begin(), s.l.begin() + total, 0.0f);
@@ -715,9 +716,13 @@ class ItemRunner {
             std::uint32_t nh, std::uint32_t m, std::uint32_t first_limit, Scratch& s) const {
     const DF df;
     const std::uint32_t nt = rows.n;
+    // One pumping tile in kTimedTileEvery is timed (the TSC costs ~40 cycles
+    // a read; timing every tile took MHA from L2 to 0.94x).
+    const bool timed = pump_active_ && ++pumped_tiles_ % kTimedTileEvery == 0;
+    std::uint64_t t[3] = {};
+    if (timed) t[0] = ticks();
     score_tile(df, rows, h0, nh, m, s);
-    const bool pumping = pump_active_;
-    const std::uint64_t softmax_start = pumping ? ticks() : 0;
+    if (timed) t[1] = ticks();
     float* pr = s.probs.get();
     float* acc = s.acc.get();
     for (std::uint32_t hl = 0; hl < nh; ++hl) {
@@ -730,12 +735,13 @@ class ItemRunner {
         pump_lines(softmax_pump_lines_);
       }
     }
-    if (pumping) time_softmax(softmax_start, ticks());
+    if (timed) t[2] = ticks();
     if (head_major()) {
       pv_tile_head_major(df, rows, next, h0, nh, m, s);
     } else {
       pv_tile(df, rows, next, h0, nh, m, s);
     }
+    if (timed) time_softmax(t[2] - t[1], ticks() - t[0]);
   }
 
   // Query blocks of 4 where m allows (each K load feeds 4 queries), else 2;
@@ -989,6 +995,20 @@ class ItemRunner {
   // next page) measured 0.95-0.97x: it wants the order the loops read in.
   // PumpCursor says which range is next; range_ holds the lines of the
   // current one still to issue.
+  //
+  // The online softmax reads nothing, so with every prefetch tied to the
+  // lines the loops read, memory idled through it. The softmax now sends
+  // out its share s of the tile's time in prefetches (s measured on one
+  // tile in kTimedTileEvery), and the loops (1 - s) per line they read.
+  // DRAM, 2 threads, against the session-11 pump: HND GQA 4 1.07-1.11x,
+  // NHD GQA 4 1.02-1.04x, f16 GQA 4 1.04-1.09x, MHA 1.02-1.05x; from L2 MHA
+  // 0.90x, GQA 4 0.97x (the scaling in every report). Measured and
+  // dropped: the same lines sent out early in the loops, with no softmax
+  // share (0.94-0.96x: the idle time moves, it does not shrink); the loops'
+  // share taken out at range ends instead of per report, as skipped or
+  // repeated lines (1.02-1.04x for HND GQA 4 against 1.07-1.10x, MHA none);
+  // a walk at a stride under 64 bytes (the same); see docs/PERFORMANCE.md,
+  // session 12.
   struct PumpCursor {
     const TileRows* rows = nullptr;
     std::uint32_t h0 = 0;        // the item's first head
@@ -1026,16 +1046,12 @@ class ItemRunner {
     next_pump_range();
   }
 
-  // With this tile's softmax run over [start, end), updates the estimate of
-  // the softmax's share of a tile's time: its time against that since the
-  // previous tile's softmax began (averaged with the estimate so far).
-  void time_softmax(std::uint64_t start, std::uint64_t end) const {
-    if (last_softmax_start_ != 0 && start > last_softmax_start_) {
-      const float share =
-          static_cast<float>(end - start) / static_cast<float>(start - last_softmax_start_);
-      softmax_share_ = std::min(kSoftmaxShareMax, 0.5f * (softmax_share_ + share));
-    }
-    last_softmax_start_ = start;
+  // Averages a timed tile's softmax share (its softmax took `softmax` ticks
+  // of the tile's `whole`) into the estimate.
+  void time_softmax(std::uint64_t softmax, std::uint64_t whole) const {
+    if (whole == 0) return;
+    const float share = static_cast<float>(softmax) / static_cast<float>(whole);
+    softmax_share_ = std::min(kSoftmaxShareMax, 0.5f * (softmax_share_ + share));
   }
 
   // Lines the pump issues for a tile: each range rounded up to whole lines.
@@ -1062,7 +1078,9 @@ class ItemRunner {
   }
 
   // The loops' reports of `lines` read: pump_scale_ / kPumpOne as many
-  // prefetches (the softmax issues the rest).
+  // prefetches (the softmax issues the rest). Branching around the scaling
+  // where it is 1 grew the loops (MHA from L2 0.75x); a countdown that
+  // skipped every n-th report cost 0.92x.
   HWY_INLINE void pump(std::uint32_t lines) const {
     const std::uint64_t owed = std::uint64_t{lines} * pump_scale_ + pump_frac_;
     pump_lines(static_cast<std::uint32_t>(owed / kPumpOne));
@@ -1156,15 +1174,14 @@ class ItemRunner {
   mutable PumpCursor pump_;
   mutable PumpRange range_;
   // Pacing (start_pump): prefetches per line the loops read, in 1/kPumpOne,
-  // the fraction owed, lines per softmax update, and the softmax's share of
-  // a tile's time with the tick its last timed run began (0: none yet in
-  // this item).
+  // the fraction owed, lines per softmax update, whether a far tile is being
+  // pumped, the softmax's share of a tile's time, and the tiles pumped.
   static constexpr std::uint32_t kPumpOne = 1u << 16;
   mutable std::uint32_t pump_scale_ = kPumpOne, pump_frac_ = 0;
   mutable std::uint32_t softmax_pump_lines_ = 0;
   mutable bool pump_active_ = false;
   mutable float softmax_share_ = kSoftmaxShareGuess;
-  mutable std::uint64_t last_softmax_start_ = 0;
+  mutable std::uint32_t pumped_tiles_ = 0;
   // Per item; read in the inlined loops and pump.
   bool head_major_ = false;
   bool pump_pairs_ = false;  // pump K and V lines of a row alternately
