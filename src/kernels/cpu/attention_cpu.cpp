@@ -1000,9 +1000,9 @@ class ItemRunner {
   // lines the loops read, memory idled through it. The softmax now sends
   // out its share s of the tile's time in prefetches (s measured on one
   // tile in kTimedTileEvery), and the loops (1 - s) per line they read.
-  // DRAM, 2 threads, against the session-11 pump: HND GQA 4 1.07-1.11x,
-  // NHD GQA 4 1.02-1.04x, f16 GQA 4 1.04-1.09x, MHA 1.02-1.05x; from L2 MHA
-  // 0.90x, GQA 4 0.97x (the scaling in every report). Measured and
+  // DRAM, 2 threads, against the session-11 pump: HND GQA 4 1.10x, NHD GQA
+  // 4 1.03x, f16 GQA 4 1.05-1.11x, MHA 1.00-1.07x, HND GQA 8 0.97x; from L2
+  // MHA 0.90-0.94x, GQA 4 0.97x (the scaling in every report). Measured and
   // dropped: the same lines sent out early in the loops, with no softmax
   // share (0.94-0.96x: the idle time moves, it does not shrink); the loops'
   // share taken out at range ends instead of per report, as skipped or
