@@ -42,12 +42,12 @@ void select_isa(std::string_view name) {
   IsaChoice& c = isa_choice();
   const std::lock_guard<std::mutex> lock(c.mutex);
   std::int64_t chosen = name == "auto" ? 0 : -1;
-  std::string choices = "auto";
   for (const std::int64_t t : c.targets) {
-    choices += std::string(", ") + hwy::TargetName(t);
     if (name == hwy::TargetName(t)) chosen = t;
   }
   if (chosen < 0) {
+    std::string choices = "auto";
+    for (const std::int64_t t : c.targets) choices += std::string(", ") + hwy::TargetName(t);
     throw InvalidArgument("select_isa: instruction set '" + std::string(name) +
                           "' is not one this build and processor offer (" + choices + ")");
   }
