@@ -551,7 +551,13 @@ class ItemRunner {
  public:
   explicit ItemRunner(const AttentionCtx& c) : c_(c) {}
 
-  void run(const WorkItem& it, Scratch& s, float* partial) {
+  // Runs one item. `claim_next()` is called at most once, when the pump
+  // runs out of the item's tiles: it returns the item this runner will run
+  // next, or null, and the pump goes on into that item's first tiles so that
+  // memory does not idle across the boundary (only decode items over the
+  // same heads qualify).
+  template <class ClaimNext>
+  void run(const WorkItem& it, Scratch& s, float* partial, ClaimNext&& claim_next) {
     const std::uint32_t dim = c_.dim;
     const std::uint32_t nrows = it.r1 - it.r0;
     const std::uint32_t m_per_head = nrows * c_.group;
@@ -574,12 +580,28 @@ class ItemRunner {
     const std::uint32_t ahead =
         c_.prefetch == AttentionPrefetch::next_tile_l2 ? kPrefetchTilesAhead : 1;
     for (std::uint32_t k = 0; k <= ahead && k < tiles; ++k) fill_tile(it, k, ring[k]);
+    const bool pumping = c_.prefetch == AttentionPrefetch::next_tile_l2;
+    const WorkItem* following = nullptr;  // the runner's next item, once claimed
+    bool claimed = false;
     for (std::uint32_t k = 0; k < tiles; ++k) {
       const TileRows& cur = ring[k % kRing];
       const std::uint32_t ta = it.t0 + k * kTile;  // tile k's first token
       const TileRows* next = k + 1 < tiles ? &ring[(k + 1) % kRing] : nullptr;
       const TileRows* far = k + ahead < tiles ? &ring[(k + ahead) % kRing] : nullptr;
-      if (c_.prefetch == AttentionPrefetch::next_tile_l2 && far != nullptr) {
+      if (pumping && far == nullptr) {
+        // Past the item's end: the tile k + ahead - tiles of the next item.
+        if (!claimed) {
+          claimed = true;
+          following = claim_next();
+          if (following != nullptr && !continues_pump(it, *following)) following = nullptr;
+        }
+        const std::uint32_t j = k + ahead - tiles;
+        if (following != nullptr && std::uint64_t{j} * kTile < following->t1 - following->t0) {
+          fill_tile(*following, j, carry_);
+          far = &carry_;
+        }
+      }
+      if (pumping && far != nullptr) {
         // The rows of the tile `ahead` tiles on, into L2, issued from inside
         // the score and PV loops as they consume this tile's rows.
         start_pump(*far, it.h0, nh, nh * m_per_head);
@@ -599,6 +621,13 @@ class ItemRunner {
   }
 
  private:
+  // Whether the pump may run on from item `it` into `following`: a decode
+  // item over the same heads, so that the walk's unit is the same.
+  static bool continues_pump(const WorkItem& it, const WorkItem& following) {
+    return !following.prefill && following.h0 == it.h0 && following.h1 == it.h1 &&
+           following.t1 > following.t0;
+  }
+
   // Tiles may span pages (rows are addressed one by one).
   static std::uint32_t tile_end(std::uint32_t ta, std::uint32_t t1) {
     return static_cast<std::uint32_t>(std::min<std::uint64_t>(t1, std::uint64_t{ta} + kTile));
@@ -1184,6 +1213,8 @@ class ItemRunner {
   mutable std::uint32_t pumped_tiles_ = 0;
   // Per item; read in the inlined loops and pump.
   bool head_major_ = false;
+  // The next item's tile the pump walks past the current item's end.
+  TileRows carry_;
   bool pump_pairs_ = false;  // pump K and V lines of a row alternately
 };
 
@@ -1247,13 +1278,24 @@ void RunAttention(const AttentionCtx& c) {
     Scratch s;
     prefill::Buffers pb;
     ItemRunner<T> runner(c);
-    for (std::size_t i = next.fetch_add(1); i < n_items; i = next.fetch_add(1)) {
+    std::size_t i = next.fetch_add(1);
+    while (i < n_items) {
       const WorkItem& it = plan.items[i];
+      // The runner may claim its next item early, to prefetch into it.
+      std::size_t following = n_items;
+      bool claimed = false;
+      const auto claim_next = [&]() -> const WorkItem* {
+        claimed = true;
+        following = next.fetch_add(1);
+        return following < n_items ? &plan.items[following] : nullptr;
+      };
       if (it.prefill && (it.r1 - it.r0) * c.group <= prefill::max_query_vectors()) {
         prefill::RunItem<T>(c, it, pb);
       } else {
-        runner.run(it, s, i < plan.split_items ? partials.data() + i * stride : nullptr);
+        runner.run(it, s, i < plan.split_items ? partials.data() + i * stride : nullptr,
+                   claim_next);
       }
+      i = claimed ? following : next.fetch_add(1);
     }
   });
   if (plan.groups.empty()) return;
