@@ -223,6 +223,25 @@ TEST(AttentionFast, EveryPrefetchStrategy) {
   }
 }
 
+// With next_tile_l2 a runner claims its next item during its last tile and
+// the pump walks on into that item's first tile (ItemRunner::run). Many
+// decode items per thread, of other sequences and shorter than a tile or
+// just past one, with a prefill between them (the pump stops there), on
+// both layouts and 2 threads, against the reference.
+TEST(AttentionFast, PumpRunsOnAcrossItems) {
+  std::mt19937 rng(4242);
+  Case c{{{700, 1}, {5, 1}, {32, 1}, {33, 1}, {1, 1}, {30, 6}, {64, 2}, {95, 1}, {1, 4}},
+         true, 16, 2, 4, 64, 2};
+  c.prefetch = AttentionPrefetch::next_tile_l2;
+  for_dtypes([&](auto tag) {
+    using T = decltype(tag);
+    for (const PageLayout layout : {PageLayout::nhd, PageLayout::hnd}) {
+      c.layout = layout;
+      check_case<T>(c, rng);
+    }
+  });
+}
+
 // HND pages ([heads][tokens][dim]): every dtype, page sizes 1 (where HND and
 // NHD coincide), odd, smaller and larger than the kernel's tile, GQA 1/2/4,
 // both strategies, 1 and 2 threads, every prefetch strategy, mixed batches
