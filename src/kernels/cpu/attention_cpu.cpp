@@ -1219,9 +1219,10 @@ class ItemRunner {
   mutable std::uint32_t pumped_tiles_ = 0;
   // Per item; read in the inlined loops and pump.
   bool head_major_ = false;
-  // The next item's tile the pump walks past the current item's end.
-  TileRows carry_;
   bool pump_pairs_ = false;  // pump K and V lines of a row alternately
+  // Rows of the next item's tile that the pump walks past an item's end
+  // (last: the members above are read in the loops, at short offsets).
+  TileRows carry_;
 };
 
 // Combines a group's partials (max, sum, acc per query vector) into out.
