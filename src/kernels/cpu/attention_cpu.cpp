@@ -624,8 +624,7 @@ class ItemRunner {
   // Whether the pump may run on from item `it` into `following`: a decode
   // item over the same heads, so that the walk's unit is the same.
   static bool continues_pump(const WorkItem& it, const WorkItem& following) {
-    return !following.prefill && following.h0 == it.h0 && following.h1 == it.h1 &&
-           following.t1 > following.t0;
+    return !following.prefill && following.h0 == it.h0 && following.h1 == it.h1;
   }
 
   // Tiles may span pages (rows are addressed one by one).
