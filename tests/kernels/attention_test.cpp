@@ -277,7 +277,8 @@ TEST(AttentionFast, HndLayout) {
   check_case<BFloat16>(c, rng);
 }
 
-// The head-major loops (HND pages; 1, 2, 3 and 4 query vectors per head)
+// The head-major loops (HND pages; 1, 2, 3, 4, 8 and 12 query vectors per
+// head: from 8 the first block of 4 reports to the pump every 4 rows)
 // under every prefetch strategy: contexts long enough for tiles ahead, pages that split
 // the kernel's tile into several segments (5), fill it (16 / 32) or hold
 // several tiles (48, 128), head dims with and without a padded chunk.
@@ -290,13 +291,15 @@ TEST(AttentionFast, HndHeadMajorEveryPrefetch) {
       using T = decltype(tag);
       for (std::uint32_t page : {5u, 16u, 48u}) {
         for (std::uint32_t dim : {72u, 128u}) {
-          // m (query vectors per head) = rows x GQA: 1, 2, 3 here, then 2, 4.
+          // m (query vectors per head) = rows x GQA: 1, 2, 3 here, then
+          // 2, 4, 8 and (3 rows of GQA 4) 12.
           Case c{{{1300, 1}, {97, 2}, {611, 3}, {0, 2}}, true, page, 3, 1, dim, 2};
           c.layout = PageLayout::hnd;
           c.prefetch = pf;
           check_case<T>(c, rng);
-          for (std::uint32_t group : {2u, 4u}) {
-            Case g{{{1031, 1}, {33, 1}}, true, page, 4, group, dim, 1};
+          for (std::uint32_t group : {2u, 4u, 8u}) {
+            const std::uint32_t rows = group == 4 ? 3 : 1;
+            Case g{{{1031, 1}, {33, rows}}, true, page, 4, group, dim, 1};
             g.layout = PageLayout::hnd;
             g.prefetch = pf;
             check_case<T>(g, rng);

@@ -385,18 +385,15 @@ HWY_INLINE VF ScoreBlock(DF df, const Query& q, std::size_t dimp, const T* const
 
 // acc_r += sum_t p_r[t] * v_t for kR query vectors over chunks [d0, d1),
 // kCh chunks per register block, so each V chunk load feeds 2 * kR FMAs.
-template <int kR, int kCh, bool kTail, class T, class Pump>
+template <int kR, int kCh, bool kTail, std::uint32_t kEvery, class T, class Pump>
 HWY_INLINE void PvChunks(DF df, const float* const* p, float* const* acc, const T* const* vr,
                          std::uint32_t nt, std::size_t d0, std::size_t d1, std::size_t dim,
                          const Pump& pump) {
-  // The pump hears of every row read, however many query vectors share it
-  // (told once per block of tokens, 32-token groups had read 0.93 of 4-token
-  // ones for GQA 4 in DRAM; docs/PERFORMANCE.md, sessions 9 and 10): of each
-  // row with one query vector (told every 4 rows, MHA in DRAM read 0.94-0.96
-  // of it), every 4 rows with more (against every row: from L2 GQA 4
-  // 1.03-1.05x, GQA 8 1.08x; DRAM GQA 8 1.06x, GQA 4 unchanged; session 14).
+  // The pump hears of the rows read every kEvery rows, however many query
+  // vectors share them (told once per block of tokens, 32-token groups had
+  // read 0.93 of 4-token ones for GQA 4 in DRAM; docs/PERFORMANCE.md,
+  // sessions 9 and 10; kEvery: see kPvRowsPerReportMany).
   constexpr std::uint32_t kLines = kCh * kChunkLines<T>;
-  constexpr std::uint32_t kEvery = kR >= 2 ? 4 : 1;
   for (std::size_t d = d0; d + kCh * kC <= d1; d += kCh * kC) {
     VF a[kR][2 * kCh];
 #pragma GCC unroll 16
@@ -470,27 +467,36 @@ HWY_INLINE std::size_t PvHeads(DF df, const float* const* p, float* const* acc,
 constexpr int kAccRegs = kN >= 16 ? 16 : 8;
 
 // PV over the whole chunks [d0, d1 rounded down to kCh chunks); returns the end.
-template <int kR, int kCh, class T, class Pump>
+template <int kR, int kCh, std::uint32_t kEvery, class T, class Pump>
 HWY_INLINE std::size_t PvBlocks(DF df, const float* const* p, float* const* acc, const T* const* vr,
                                 std::uint32_t nt, std::size_t d0, std::size_t d1, std::size_t dim,
                                 const Pump& pump) {
   const std::size_t end = d0 + (d1 - d0) / (kCh * kC) * (kCh * kC);
-  PvChunks<kR, kCh, false>(df, p, acc, vr, nt, d0, end, dim, pump);
+  PvChunks<kR, kCh, false, kEvery>(df, p, acc, vr, nt, d0, end, dim, pump);
   return end;
 }
 
 // Register blocks as wide as the accumulator budget allows, then narrower
 // ones for what is left (enough independent FMA chains even for one query).
-template <int kR, class T, class Pump>
+// V rows read between the PV loop's reports to the pump where an HND head
+// has at least kPvManyQueries query vectors (its first block of 4 reports;
+// every row elsewhere). Against every row, HND GQA 8: from L2 1.06-1.08x,
+// DRAM 1.04-1.06x; the same read 0.95-0.97x for NHD GQA 8 and 0.96-0.98x
+// for GQA 4 in DRAM (though 1.03-1.05x from L2), and every 4 rows cost MHA
+// 0.94-0.96x in DRAM (docs/PERFORMANCE.md, session 14).
+constexpr std::uint32_t kPvManyQueries = 8;
+constexpr std::uint32_t kPvRowsPerReportMany = 4;
+
+template <int kR, std::uint32_t kEvery, class T, class Pump>
 HWY_INLINE void PvRows(DF df, const float* const* p, float* const* acc, const T* const* vr,
                        std::uint32_t nt, std::size_t dim, const Pump& pump) {
   constexpr int kChMax = kAccRegs / (2 * kR) > 0 ? kAccRegs / (2 * kR) : 1;
   const std::size_t full = dim / kC * kC;
-  std::size_t d = PvBlocks<kR, kChMax>(df, p, acc, vr, nt, 0, full, dim, pump);
-  if constexpr (kChMax > 4) d = PvBlocks<kR, 4>(df, p, acc, vr, nt, d, full, dim, pump);
-  if constexpr (kChMax > 2) d = PvBlocks<kR, 2>(df, p, acc, vr, nt, d, full, dim, pump);
-  if constexpr (kChMax > 1) d = PvBlocks<kR, 1>(df, p, acc, vr, nt, d, full, dim, pump);
-  if (full < dim) PvChunks<kR, 1, true>(df, p, acc, vr, nt, full, full + kC, dim, pump);
+  std::size_t d = PvBlocks<kR, kChMax, kEvery>(df, p, acc, vr, nt, 0, full, dim, pump);
+  if constexpr (kChMax > 4) d = PvBlocks<kR, 4, kEvery>(df, p, acc, vr, nt, d, full, dim, pump);
+  if constexpr (kChMax > 2) d = PvBlocks<kR, 2, kEvery>(df, p, acc, vr, nt, d, full, dim, pump);
+  if constexpr (kChMax > 1) d = PvBlocks<kR, 1, kEvery>(df, p, acc, vr, nt, d, full, dim, pump);
+  if (full < dim) PvChunks<kR, 1, true, kEvery>(df, p, acc, vr, nt, full, full + kC, dim, pump);
 }
 
 // Per-worker buffers. Query and accumulator rows are dimp long (dim rounded
@@ -732,7 +738,7 @@ class ItemRunner {
   };
   LinesRead pump_for(bool first_pass) const { return {this, first_pass}; }
 
-  template <int kR>
+  template <int kR, std::uint32_t kEvery = 1>
   void pv_rows(DF df, float* pr, float* acc, std::size_t dimp, const T* const* vp, std::uint32_t nt,
                bool first_pass) const {
     const float* p[kR];
@@ -741,7 +747,7 @@ class ItemRunner {
       p[r] = pr + r * kTile;
       a[r] = acc + r * dimp;
     }
-    PvRows<kR>(df, p, a, vp, nt, c_.dim, pump_for(first_pass));
+    PvRows<kR, kEvery>(df, p, a, vp, nt, c_.dim, pump_for(first_pass));
   }
 
   // One tile (tokens ta .. ta + rows.n) of KV heads [h0, h0 + nh) for the
@@ -970,6 +976,10 @@ class ItemRunner {
   void pv_head(DF df, float* pr, float* acc, std::size_t dimp, const T* const* vp, std::uint32_t n,
                std::uint32_t m) const {
     std::uint32_t i = 0;
+    if (m >= kPvManyQueries && !heads_contiguous()) {
+      pv_rows<4, kPvRowsPerReportMany>(df, pr, acc, dimp, vp, n, true);
+      i = 4;
+    }
     for (; i + 4 <= m; i += 4) pv_rows<4>(df, pr + i * kTile, acc + i * dimp, dimp, vp, n, i == 0);
     for (; i + 2 <= m; i += 2) pv_rows<2>(df, pr + i * kTile, acc + i * dimp, dimp, vp, n, i == 0);
     for (; i < m; ++i) pv_rows<1>(df, pr + i * kTile, acc + i * dimp, dimp, vp, n, i == 0);
