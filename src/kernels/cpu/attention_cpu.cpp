@@ -476,8 +476,6 @@ HWY_INLINE std::size_t PvBlocks(DF df, const float* const* p, float* const* acc,
   return end;
 }
 
-// Register blocks as wide as the accumulator budget allows, then narrower
-// ones for what is left (enough independent FMA chains even for one query).
 // V rows read between the PV loop's reports to the pump where an HND head
 // has at least kPvManyQueries query vectors (its first block of 4 reports;
 // every row elsewhere). Against every row, HND GQA 8: from L2 1.06-1.08x,
@@ -487,6 +485,9 @@ HWY_INLINE std::size_t PvBlocks(DF df, const float* const* p, float* const* acc,
 constexpr std::uint32_t kPvManyQueries = 8;
 constexpr std::uint32_t kPvRowsPerReportMany = 4;
 
+// Register blocks as wide as the accumulator budget allows, then narrower
+// ones for what is left (enough independent FMA chains even for one query);
+// the pump is told every kEvery rows.
 template <int kR, std::uint32_t kEvery, class T, class Pump>
 HWY_INLINE void PvRows(DF df, const float* const* p, float* const* acc, const T* const* vr,
                        std::uint32_t nt, std::size_t dim, const Pump& pump) {
