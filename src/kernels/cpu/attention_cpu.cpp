@@ -594,10 +594,9 @@ class ItemRunner {
     // Row pointers (KV head 0) of the tiles in flight: [k % kRing] is tile k;
     // head h's row is the pointer + h * head_stride. One page-table walk per tile.
     TileRows ring[kRing];
-    const std::uint32_t ahead =
-        c_.prefetch == AttentionPrefetch::next_tile_l2 ? kPrefetchTilesAhead : 1;
-    for (std::uint32_t k = 0; k <= ahead && k < tiles; ++k) fill_tile(it, k, ring[k]);
     const bool pumping = c_.prefetch == AttentionPrefetch::next_tile_l2;
+    const std::uint32_t ahead = pumping ? kPrefetchTilesAhead : 1;
+    for (std::uint32_t k = 0; k <= ahead && k < tiles; ++k) fill_tile(it, k, ring[k]);
     const WorkItem* following = nullptr;  // the runner's next item, once claimed
     bool claimed = false;
     for (std::uint32_t k = 0; k < tiles; ++k) {
@@ -977,6 +976,8 @@ class ItemRunner {
   void pv_head(DF df, float* pr, float* acc, std::size_t dimp, const T* const* vp, std::uint32_t n,
                std::uint32_t m) const {
     std::uint32_t i = 0;
+    // The first block is the one that drives the pump (first_pass); on HND
+    // heads with many query vectors it reports every kPvRowsPerReportMany rows.
     if (m >= kPvManyQueries && !heads_contiguous()) {
       pv_rows<4, kPvRowsPerReportMany>(df, pr, acc, dimp, vp, n, true);
       i = 4;
