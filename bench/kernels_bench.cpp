@@ -5,11 +5,13 @@
 
 #include <algorithm>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <vector>
 
 #include "kvcache/collection.h"
 #include "kvcache/kernels/attention.h"
+#include "kvcache/kernels/rope_table.h"
 #include "kvcache/thread_pool.h"
 
 namespace kvcache {
@@ -34,8 +36,8 @@ struct Cache {
     std::mt19937 rng(2);
     std::uniform_real_distribution<float> dist(-1, 1);
     for (auto& x : blocks) x = from_float<T>(dist(rng));
-    d = {blocks.data(), lengths.data(), lookup.data(), per, batch, fresh, history + fresh, 1,
-         kPage, kKv, kDim, batch * per};
+    d = {blocks.data(), lengths.data(), lookup.data(), per, batch, fresh, history + fresh, 1, kPage,
+         kKv,           kDim,           batch * per};
   }
 };
 
@@ -67,7 +69,9 @@ BENCHMARK_TEMPLATE(BM_DecodeAttention, BFloat16)
     ->ArgsProduct({{64}, {4096}, {1}})
     ->ArgsProduct({{8, 32, 64}, {128, 512}, {1}})
     ->UseRealTime();
-BENCHMARK_TEMPLATE(BM_DecodeAttention, Half)->ArgsProduct({{32, 64}, {512, 4096}, {1}})->UseRealTime();
+BENCHMARK_TEMPLATE(BM_DecodeAttention, Half)
+    ->ArgsProduct({{32, 64}, {512, 4096}, {1}})
+    ->UseRealTime();
 BENCHMARK_TEMPLATE(BM_DecodeAttention, float)->ArgsProduct({{8, 32}, {512}, {1}})->UseRealTime();
 
 void BM_PrefillAttention(benchmark::State& state) {
@@ -81,20 +85,25 @@ void BM_PrefillAttention(benchmark::State& state) {
               std::span<const std::uint32_t>(c.ro), std::span(out), {}, &pool);
     benchmark::DoNotOptimize(out.data());
   }
-  state.counters["GFLOPs"] = benchmark::Counter(
-      4.0 * kDim * 32 * tokens * (tokens + 1) / 2.0, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOPs"] = benchmark::Counter(4.0 * kDim * 32 * tokens * (tokens + 1) / 2.0,
+                                                benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_PrefillAttention)->Arg(512)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 template <class T>
 void BM_StoreKv(benchmark::State& state) {
   const auto tokens = static_cast<std::uint32_t>(state.range(0));
-  const bool rope = state.range(1) != 0;
+  const bool rope = state.range(1) != 0;  // 2: with a RopeTable
   Cache<T> c(1, 0, tokens);
   PagedKVCacheCollection<T> col(c.d);
   std::vector<float> kv(std::size_t{tokens} * kKv * kDim, 0.5f);
   StoreOptions opt;
   opt.rope_k.enabled = rope;
+  std::optional<RopeTable> table;
+  if (state.range(1) == 2) {
+    table.emplace(opt.rope_k, kDim, tokens);
+    opt.rope_table = &*table;
+  }
   for (auto _ : state) {
     store_kv(col.get_key_cache(0), col.get_value_cache(0), std::span<const float>(kv),
              std::span<const float>(kv), std::span<const std::uint32_t>(c.ro), opt);
@@ -102,7 +111,7 @@ void BM_StoreKv(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * std::int64_t(kv.size()) * 2 *
                           std::int64_t(sizeof(float) + sizeof(T)));
 }
-BENCHMARK_TEMPLATE(BM_StoreKv, BFloat16)->ArgsProduct({{1024}, {0, 1}});
+BENCHMARK_TEMPLATE(BM_StoreKv, BFloat16)->ArgsProduct({{1024}, {0, 1, 2}});
 BENCHMARK_TEMPLATE(BM_StoreKv, Half)->Args({1024, 0});
 
 }  // namespace

@@ -13,7 +13,8 @@
 // the working set, measured in rounds alternating with the kernel calls
 // (ratios are medians of per-round ratios); prefill also reports GFLOP/s
 // against fp32 FMA peak.
-// store: times store_kv (optionally with fused RoPE) against memcpy moving
+// store: times store_kv (optionally with fused RoPE, its cos/sin computed per
+// token or read from a RopeTable) against memcpy moving
 // the same number of bytes.
 #include <sys/mman.h>
 
@@ -26,6 +27,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
@@ -35,6 +37,7 @@
 #include "kvcache/kernels/attention.h"
 #include "kvcache/kernels/bandwidth.h"
 #include "kvcache/kernels/isa.h"
+#include "kvcache/kernels/rope_table.h"
 #include "kvcache/kvcache.h"
 
 namespace kvcache::tools {
@@ -99,6 +102,7 @@ struct StoreArgs : Common {
   std::string prefetch = "auto";
   std::uint32_t tokens = 4096;
   bool rope = false;
+  bool rope_table = false;
 };
 
 double now_s() {
@@ -475,8 +479,16 @@ nlohmann::json bench_store(const StoreArgs& a) {
   const auto ro = offsets(a.batch, a.tokens);
   StoreOptions opt;
   opt.rope_k.enabled = a.rope;
+  if (a.rope_table && !a.rope) throw InvalidArgument("--rope-table needs --rope");
+  // The new tokens sit at positions 0 .. tokens - 1 (the sequences are fresh);
+  // the table is built before timing, as an engine builds it once per model.
+  std::optional<RopeTable> table;
+  if (a.rope_table) {
+    table.emplace(opt.rope_k, a.head_dim, a.tokens);
+    opt.rope_table = &*table;
+  }
   opt.prefetch = parse_store_prefetch(a.prefetch);
-  const bool row_l1 = resolve_store_prefetch(opt.prefetch) == StorePrefetch::next_row_l1;
+  const bool row_l1 = resolve_store_prefetch(opt, p.dtype) == StorePrefetch::next_row_l1;
   auto call = [&](std::size_t) {
     with_layer<T>(c.batches[0], [&](const auto& k, const auto& v) {
       store_kv(k, v, std::span(static_cast<const float*>(k_in.p), n),
@@ -501,6 +513,7 @@ nlohmann::json bench_store(const StoreArgs& a) {
           {"layout", a.layout},
           {"threads", a.threads},
           {"rope", a.rope},
+          {"rope_table", a.rope_table},
           {"prefetch", row_l1 ? "row-l1" : "none"},
           {"huge_pages", a.huge_pages},
           {"isa", active_isa()},
@@ -579,6 +592,8 @@ void add_bench_command(CLI::App& app) {
   add_common(s, *store);
   s->add_option("--tokens", store->tokens, "New tokens per sequence")->capture_default_str();
   s->add_flag("--rope", store->rope, "Fused RoPE on K");
+  s->add_flag("--rope-table", store->rope_table,
+              "With --rope: read cos/sin from a RopeTable built before timing");
   s->add_option("--prefetch", store->prefetch,
                 "Input prefetch: auto | row-l1 | none (StorePrefetch)")
       ->capture_default_str();

@@ -104,9 +104,19 @@ TEST(StoreKv, EveryPrefetchChoiceMatchesReference) {
   for (const StorePrefetch pf :
        {StorePrefetch::automatic, StorePrefetch::next_row_l1, StorePrefetch::none}) {
     SCOPED_TRACE("prefetch " + std::to_string(static_cast<int>(pf)));
-    EXPECT_NE(resolve_store_prefetch(pf), StorePrefetch::automatic);
-    if (pf != StorePrefetch::automatic) {
-      EXPECT_EQ(resolve_store_prefetch(pf), pf);
+    StoreOptions opt;
+    opt.prefetch = pf;
+    StoreOptions with_rope = opt;
+    with_rope.rope_k.enabled = true;
+    for (const DType dt : {DType::f32, DType::f16, DType::bf16}) {
+      const StorePrefetch plain = resolve_store_prefetch(opt, dt);
+      EXPECT_NE(plain, StorePrefetch::automatic);
+      if (pf != StorePrefetch::automatic) {
+        EXPECT_EQ(plain, pf);
+        EXPECT_EQ(resolve_store_prefetch(with_rope, dt), pf);  // an explicit choice stands
+      } else {
+        EXPECT_EQ(resolve_store_prefetch(with_rope, dt), StorePrefetch::next_row_l1);
+      }
     }
     for_dtypes([&](auto tag) {
       using T = decltype(tag);

@@ -1,15 +1,18 @@
 // Fused RoPE-on-K store == apply_rope_reference + store_kv_reference, bit for
-// bit (same angles from rope_cos_sin, same float expression, same rounding).
+// bit (same angles from rope_cos_sin, same float expression, same rounding),
+// with and without a RopeTable (including positions past its end).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <random>
 
 #include "kernel_test_util.h"
 #include "kvcache/kernels/attention.h"
 #include "kvcache/kernels/reference.h"
 #include "kvcache/kernels/rope.h"
+#include "kvcache/kernels/rope_table.h"
 #include "kvcache/thread_pool.h"
 
 namespace kvcache {
@@ -18,10 +21,13 @@ namespace {
 using test::Entry;
 using test::OwnedCache;
 
+// table_positions > 0: the fused store reads cos/sin from a RopeTable of
+// that many positions (the entries below reach positions 0 .. 1000).
 template <CacheElement T>
 void check_rope(std::uint32_t dim, std::uint32_t rotary_dim, std::uint32_t page, bool paged,
-                std::size_t threads, std::mt19937& rng) {
-  SCOPED_TRACE("dim " + std::to_string(dim) + " rotary " + std::to_string(rotary_dim));
+                std::size_t threads, std::mt19937& rng, std::uint32_t table_positions = 0) {
+  SCOPED_TRACE("dim " + std::to_string(dim) + " rotary " + std::to_string(rotary_dim) + " table " +
+               std::to_string(table_positions));
   const std::uint32_t n_kv = 3;
   OwnedCache<T> ref({{41, 3}, {0, 50}, {7, 1}, {1000, 1}}, paged, page, n_kv, dim, rng);
   OwnedCache<T> fast(ref);
@@ -31,6 +37,11 @@ void check_rope(std::uint32_t dim, std::uint32_t rotary_dim, std::uint32_t page,
   const auto v_new = test::random_floats(rows * row, -1, 1, rng);
   StoreOptions opt;
   opt.rope_k = {true, 500000.0f, rotary_dim};
+  std::optional<RopeTable> table;
+  if (table_positions > 0) {
+    table.emplace(opt.rope_k, dim, table_positions);
+    opt.rope_table = &*table;
+  }
   ThreadPool pool(threads);
   const auto L = OwnedCache<T>::kLayer;
   test::with_collection(fast, [&](const auto& col) {
@@ -60,6 +71,80 @@ TEST(StoreKvRope, FusedEqualsReferenceRopeThenStore) {
     check_rope<Half>(dim, dim / 2, 1, true, 1, rng);
     check_rope<BFloat16>(dim, 0, 128, false, 2, rng);
   }
+}
+
+TEST(StoreKvRope, TableGivesTheSameBitsAsComputedAngles) {
+  std::mt19937 rng(43);
+  // 45 positions: entry {41, 3} inside, {0, 50} across the end, {1000, 1} past it.
+  for (std::uint32_t dim : {64u, 80u, 96u, 128u, 256u}) {
+    check_rope<BFloat16>(dim, 0, 16, true, 2, rng, 45);
+    check_rope<Half>(dim, dim / 2, 1, true, 1, rng, 45);
+    check_rope<float>(dim, dim - 2, 128, false, 2, rng, 2000);
+  }
+}
+
+TEST(StoreKvRope, TableHoldsRopeCosSin) {
+  const RopeOptions rope{true, 10000.0f, 48};
+  const RopeTable table(rope, 64, 300);
+  EXPECT_EQ(table.rotary_dim(), 48u);
+  EXPECT_EQ(table.max_positions(), 300u);
+  EXPECT_EQ(table.memory_bytes(), 300u * 48u * sizeof(float));
+  for (std::uint32_t pos : {0u, 1u, 17u, 299u}) {
+    const auto cs = table.cos_sin(pos);
+    ASSERT_EQ(cs.size(), 48u);
+    for (std::uint32_t i = 0; i < 24; ++i) {
+      float c = 0.0f;
+      float s = 0.0f;
+      rope_cos_sin(pos, rope_inv_freq(i, 48, rope.theta), c, s);
+      EXPECT_EQ(cs[i], c) << "pos " << pos << " pair " << i;
+      EXPECT_EQ(cs[24 + i], s) << "pos " << pos << " pair " << i;
+    }
+  }
+  EXPECT_THROW((void)table.cos_sin(300), InvalidArgument);
+  EXPECT_TRUE(table.matches(rope, 64));
+  EXPECT_TRUE(table.matches(RopeOptions{false, 10000.0f, 48}, 64));
+  EXPECT_FALSE(table.matches(RopeOptions{true, 10000.0f, 0}, 64));  // 0 means 64 here
+  EXPECT_FALSE(table.matches(RopeOptions{true, 500000.0f, 48}, 64));
+  EXPECT_THROW(RopeTable(rope, 64, 0), InvalidArgument);
+  EXPECT_THROW(RopeTable(RopeOptions{true, 10000.0f, 7}, 64, 10), InvalidArgument);
+  EXPECT_THROW(RopeTable(RopeOptions{true, -1.0f, 0}, 64, 10), InvalidArgument);
+}
+
+TEST(StoreKvRope, MismatchedTableThrowsAndWritesNothing) {
+  std::mt19937 rng(44);
+  const std::uint32_t n_kv = 2;
+  const std::uint32_t dim = 64;
+  OwnedCache<BFloat16> cache({{5, 2}, {0, 3}}, true, 4, n_kv, dim, rng);
+  const OwnedCache<BFloat16> before(cache);
+  const std::size_t rows = cache.total_rows();
+  const auto kv = test::random_floats(rows * n_kv * dim, -1, 1, rng);
+  const RopeTable table(RopeOptions{true, 10000.0f, 0}, dim, 64);
+  const auto L = OwnedCache<BFloat16>::kLayer;
+  auto store = [&](const StoreOptions& opt) {
+    test::with_collection(cache, [&](const auto& col) {
+      store_kv(col.get_key_cache(L), col.get_value_cache(L), std::span<const float>(kv),
+               std::span<const float>(kv), std::span<const std::uint32_t>(cache.row_offsets), opt);
+    });
+  };
+  StoreOptions other_theta;
+  other_theta.rope_k = {true, 500000.0f, 0};
+  other_theta.rope_table = &table;
+  EXPECT_THROW(store(other_theta), InvalidArgument);
+  StoreOptions other_dim;
+  other_dim.rope_k = {true, 10000.0f, 32};
+  other_dim.rope_table = &table;
+  EXPECT_THROW(store(other_dim), InvalidArgument);
+  StoreOptions disabled;
+  disabled.rope_table = &table;
+  EXPECT_THROW(store(disabled), InvalidArgument);
+  EXPECT_EQ(0, std::memcmp(before.blocks.data(), cache.blocks.data(),
+                           cache.blocks.size() * sizeof(BFloat16)))
+      << "a throwing store_kv wrote into the cache";
+  // The matching table is accepted.
+  StoreOptions ok;
+  ok.rope_k = {true, 10000.0f, 0};
+  ok.rope_table = &table;
+  EXPECT_NO_THROW(store(ok));
 }
 
 TEST(StoreKvRope, ReferenceRotatesPairsAndKeepsNorm) {

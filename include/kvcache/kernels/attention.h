@@ -53,20 +53,35 @@ inline constexpr std::size_t kStoreStreamingBytes = std::size_t{8} << 20;
 
 // Whether store_kv prefetches the next input row (K and V rows of the next
 // token) into L1 while it converts the current one; results never depend
-// on it. automatic: none on AMD processors, next_row_l1 elsewhere (Zen 4:
-// the hardware prefetchers alone are faster, bf16 0.79 vs 0.75 of memcpy,
-// f16 0.90 vs 0.79; a Sapphire Rapids Xeon: the prefetch took bf16 from
-// 0.68 to 0.77; docs/PERFORMANCE.md).
+// on it. automatic picks, from measurements (docs/PERFORMANCE.md):
+// - next_row_l1 with RoPE on K, on every processor: the rotation reads each
+//   K row in a pass of its own, whose loads the hardware prefetchers alone
+//   leave waiting on DRAM (Zen 5 with a RopeTable: bf16 1.55x, f16 1.35x);
+// - next_row_l1 for bf16 and none for f16 / f32 on AMD processors: the
+//   hardware prefetchers keep up with the converter that does the least
+//   work per byte, not with bf16's integer rounding (Zen 5, bf16 1.28x,
+//   f16 0.94x with the prefetch; Zen 4: f16 0.79x, bf16 0.95x);
+// - next_row_l1 elsewhere (a Sapphire Rapids Xeon: bf16 0.68 -> 0.77 of
+//   memcpy).
 enum class StorePrefetch : std::uint8_t { automatic, next_row_l1, none };
+
+class RopeTable;  // kernels/rope_table.h
 
 struct StoreOptions {
   RopeOptions rope_k{};
+  // Optional cos/sin of rope_k's angles per position, computed once
+  // (kernels/rope_table.h): the same results without the per-token
+  // trigonometry. It must match rope_k (same theta and rotary_dim in effect)
+  // and rope_k must be enabled (InvalidArgument otherwise). Positions at or
+  // past its max_positions are computed per token. Not owned.
+  const RopeTable* rope_table = nullptr;
   StorePrefetch prefetch = StorePrefetch::automatic;
 };
 
-// The strategy `requested` stands for on the calling processor (never
-// automatic): what store_kv() uses for StoreOptions::prefetch.
-StorePrefetch resolve_store_prefetch(StorePrefetch requested);
+// The strategy options.prefetch stands for on the calling processor (never
+// automatic), for a store of `dtype` with options.rope_k: what store_kv()
+// uses. Throws InvalidArgument for a value outside the enum.
+StorePrefetch resolve_store_prefetch(const StoreOptions& options, DType dtype);
 
 // The strategy `requested` stands for on the calling processor (never
 // automatic): what attention() uses for AttentionOptions::prefetch.

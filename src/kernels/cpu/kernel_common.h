@@ -118,7 +118,10 @@ struct StoreCtx {
   bool rope = false;
   std::uint32_t rotary_dim = 0;
   const float* inv_freq = nullptr;  // [rotary_dim / 2]
-  bool prefetch_next_row = true;    // StorePrefetch::next_row_l1
+  // RopeTable values [rope_positions][rotary_dim] (cos half, sin half), or null.
+  const float* rope_cos_sin = nullptr;
+  std::uint32_t rope_positions = 0;
+  bool prefetch_next_row = true;  // StorePrefetch::next_row_l1
   ThreadPool* pool = nullptr;
 };
 

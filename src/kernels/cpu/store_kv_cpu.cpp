@@ -4,7 +4,8 @@
 // the hardware converter, bf16 with integer round-to-nearest-even,
 // bit-identical to from_float); with HND it is one loop per head.
 // With rope_k, K is rotated into a per-thread float row first, using the
-// cos/sin of kernels/rope.h (shared by the token's heads).
+// cos/sin of kernels/rope.h (shared by the token's heads), read from a
+// RopeTable when the caller gave one.
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include "kvcache/error.h"
 #include "kvcache/kernels/attention.h"
 #include "kvcache/kernels/rope.h"
+#include "kvcache/kernels/rope_table.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/store_kv_cpu.cpp"
@@ -111,18 +113,44 @@ HWY_INLINE void ConvertRow(const float* src, hwy::bfloat16_t* dst, std::size_t n
   }
 }
 
-// Rotates one token's K row (all heads) for position pos into dst.
-void RopeRow(const StoreCtx& c, const float* src, float* dst, std::uint32_t pos, float* cs) {
+// Rotates the first 2 * half elements of one head vector x into y (pairs
+// (i, i + half)), with cos/sin cs[i] / cs[half + i]. The vector form is
+// rope_rotate_pair's expression with one rounding per fma, so only targets
+// with a native FMA take it (elsewhere Highway's MulAdd rounds twice).
+HWY_INLINE void RotateHead(const float* x, float* y, const float* cs, std::uint32_t half) {
+  std::uint32_t i = 0;
+#if HWY_NATIVE_FMA
+  const DF df;
+  const std::uint32_t lanes = static_cast<std::uint32_t>(hn::Lanes(df));
+  for (; i + lanes <= half; i += lanes) {
+    const auto x0 = hn::LoadU(df, x + i);
+    const auto x1 = hn::LoadU(df, x + half + i);
+    const auto c = hn::LoadU(df, cs + i);
+    const auto s = hn::LoadU(df, cs + half + i);
+    hn::StoreU(hn::MulSub(x0, c, hn::Mul(x1, s)), df, y + i);         // fma(x0, c, -(x1 * s))
+    hn::StoreU(hn::MulAdd(x0, s, hn::Mul(x1, c)), df, y + half + i);  // fma(x0, s, x1 * c)
+  }
+#endif
+  for (; i < half; ++i) rope_rotate_pair(x[i], x[i + half], cs[i], cs[half + i], y[i], y[i + half]);
+}
+
+// Rotates one token's K row (all heads) for position pos into dst. The
+// cos/sin come from the RopeTable when it covers pos, else are computed
+// into `scratch` (rotary_dim floats).
+void RopeRow(const StoreCtx& c, const float* src, float* dst, std::uint32_t pos, float* scratch) {
   const std::uint32_t half = c.rotary_dim / 2;
-  for (std::uint32_t i = 0; i < half; ++i) rope_cos_sin(pos, c.inv_freq[i], cs[i], cs[half + i]);
+  const float* cs = scratch;
+  if (pos < c.rope_positions) {
+    cs = c.rope_cos_sin + std::size_t{pos} * c.rotary_dim;
+  } else {
+    for (std::uint32_t i = 0; i < half; ++i)
+      rope_cos_sin(pos, c.inv_freq[i], scratch[i], scratch[half + i]);
+  }
   const std::size_t row = std::size_t{c.n_kv} * c.dim;
-  std::memcpy(dst, src, row * sizeof(float));
+  if (c.rotary_dim != c.dim) std::memcpy(dst, src, row * sizeof(float));  // the unrotated tails
   for (std::uint32_t h = 0; h < c.n_kv; ++h) {
-    const float* x = src + std::size_t{h} * c.dim;
-    float* y = dst + std::size_t{h} * c.dim;
-    for (std::uint32_t i = 0; i < half; ++i) {
-      rope_rotate_pair(x[i], x[i + half], cs[i], cs[half + i], y[i], y[i + half]);
-    }
+    const std::size_t head = std::size_t{h} * c.dim;
+    RotateHead(src + head, dst + head, cs, half);
   }
 }
 
@@ -234,17 +262,32 @@ HWY_EXPORT(StoreF16);
 HWY_EXPORT(StoreBF16);
 }  // namespace kernels
 
-StorePrefetch resolve_store_prefetch(StorePrefetch requested) {
+StorePrefetch resolve_store_prefetch(const StoreOptions& options, DType dtype) {
+  const StorePrefetch requested = options.prefetch;
   if (requested > StorePrefetch::none) {
     throw InvalidArgument("StoreOptions::prefetch value " +
                           std::to_string(static_cast<int>(requested)) +
                           " is not automatic, next_row_l1 or none");
   }
   if (requested != StorePrefetch::automatic) return requested;
-  return kernels::running_on_amd() ? StorePrefetch::none : StorePrefetch::next_row_l1;
+  const bool prefetch =
+      options.rope_k.enabled || dtype == DType::bf16 || !kernels::running_on_amd();
+  return prefetch ? StorePrefetch::next_row_l1 : StorePrefetch::none;
 }
 
 namespace detail {
+namespace {
+
+void check_rope_table(const RopeTable& table, const RopeOptions& rope, std::uint32_t head_dim) {
+  if (!table.matches(rope, head_dim)) {
+    throw InvalidArgument("StoreOptions::rope_table (theta " + std::to_string(table.theta()) +
+                          ", rotary_dim " + std::to_string(table.rotary_dim()) +
+                          ") does not match rope_k (theta " + std::to_string(rope.theta) +
+                          ", rotary_dim " + std::to_string(rope_rotary_dim(rope, head_dim)) + ")");
+  }
+}
+
+}  // namespace
 
 void store_kv_cpu(DType dtype, const LayerCacheDesc<float>& k, const LayerCacheDesc<float>& v,
                   std::span<const float> k_new, std::span<const float> v_new,
@@ -264,6 +307,13 @@ void store_kv_cpu(DType dtype, const LayerCacheDesc<float>& k, const LayerCacheD
     for (std::uint32_t i = 0; i < c.rotary_dim / 2; ++i)
       inv_freq[i] = rope_inv_freq(i, c.rotary_dim, options.rope_k.theta);
     c.inv_freq = inv_freq.data();
+    if (options.rope_table != nullptr) {
+      check_rope_table(*options.rope_table, options.rope_k, k.head_dim);
+      c.rope_cos_sin = options.rope_table->cos_sin(0).data();
+      c.rope_positions = options.rope_table->max_positions();
+    }
+  } else if (options.rope_table != nullptr) {
+    throw InvalidArgument("StoreOptions::rope_table is set but rope_k.enabled is false");
   }
   if (total == 0) return;
   c.k_blocks = k.blocks;
@@ -282,7 +332,7 @@ void store_kv_cpu(DType dtype, const LayerCacheDesc<float>& k, const LayerCacheD
   c.v_new = v_new.data();
   c.row_offsets = row_offsets.data();
   c.total_rows = total;
-  c.prefetch_next_row = resolve_store_prefetch(options.prefetch) == StorePrefetch::next_row_l1;
+  c.prefetch_next_row = resolve_store_prefetch(options, dtype) == StorePrefetch::next_row_l1;
   c.pool = pool;
   switch (dtype) {
     case DType::f32:

@@ -1,0 +1,38 @@
+// RopeTable: rope_cos_sin for every (position, pair), computed once.
+#include "kvcache/kernels/rope_table.h"
+
+#include <string>
+
+#include "kvcache/error.h"
+#include "kvcache/kernels/rope.h"
+
+namespace kvcache {
+
+RopeTable::RopeTable(const RopeOptions& rope, std::uint32_t head_dim, std::uint32_t max_positions)
+    : theta_(rope.theta),
+      rotary_dim_(rope_rotary_dim(rope, head_dim)),
+      max_positions_(max_positions) {
+  if (max_positions == 0) throw InvalidArgument("RopeTable max_positions must be at least 1");
+  const std::uint32_t half = rotary_dim_ / 2;
+  std::vector<float> inv_freq(half);
+  for (std::uint32_t i = 0; i < half; ++i) inv_freq[i] = rope_inv_freq(i, rotary_dim_, theta_);
+  values_.resize(std::size_t{max_positions} * rotary_dim_);
+  for (std::uint32_t pos = 0; pos < max_positions; ++pos) {
+    float* row = values_.data() + std::size_t{pos} * rotary_dim_;
+    for (std::uint32_t i = 0; i < half; ++i) rope_cos_sin(pos, inv_freq[i], row[i], row[half + i]);
+  }
+}
+
+std::span<const float> RopeTable::cos_sin(std::uint32_t pos) const {
+  if (pos >= max_positions_) {
+    throw InvalidArgument("RopeTable position " + std::to_string(pos) + " is past max_positions " +
+                          std::to_string(max_positions_));
+  }
+  return {values_.data() + std::size_t{pos} * rotary_dim_, rotary_dim_};
+}
+
+bool RopeTable::matches(const RopeOptions& rope, std::uint32_t head_dim) const {
+  return rope.theta == theta_ && rope_rotary_dim(rope, head_dim) == rotary_dim_;
+}
+
+}  // namespace kvcache
