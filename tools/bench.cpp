@@ -449,6 +449,19 @@ nlohmann::json bench_attention(const AttentionArgs& a) {
     // ceiling the page size and order leave (same sets rotated, same threads).
     j["paged_read_gbps"] = median(read_rates);
     j["fraction_of_paged_read"] = median(read_fractions);
+    // The roofline (DESIGN.md §6): a call takes at least max(bytes / stream,
+    // flops / FMA peak). Each (query head, token) pair costs 2 * head_dim
+    // FMAs (q.k, then p * v), so GQA g does g times MHA's arithmetic on the
+    // same bytes; from the caches that, not the stream, can be the floor.
+    const double flops = 4.0 * a.head_dim * a.q_heads * double(a.context) * a.batch;
+    const double peak = fma_peak_gflops(pool);
+    const double compute_gbps = peak * 1e9 * bytes / flops / 1e9;
+    const double roof = std::min(median(stream_rates), compute_gbps);
+    j["gflops"] = flops / med / 1e9;
+    j["peak_gflops"] = peak;
+    j["roofline_gbps"] = roof;
+    j["roofline_bound"] = compute_gbps < median(stream_rates) ? "compute" : "memory";
+    j["fraction_of_roofline"] = bytes / med / 1e9 / roof;
   }
   if (!decode) {
     const double pairs = double(a.context) * (a.context + 1) / 2.0 * a.batch;
