@@ -2,9 +2,8 @@
 //
 // Writes this step's K/V rows of `layer` into the cache (RoPE already applied
 // to K by the model) and runs causal GQA attention of q over history + new
-// tokens. Today it calls the scalar reference kernels (kernels/reference.h);
-// switching to the fast kvcache::store_kv / kvcache::attention is a one-line
-// change in kernels_bridge.cpp.
+// tokens, with the fast kernels (kvcache::store_kv / kvcache::attention,
+// kernels/attention.h) on the calling thread.
 #pragma once
 
 #include <cstdint>
