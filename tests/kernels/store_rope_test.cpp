@@ -10,6 +10,7 @@
 
 #include "kernel_test_util.h"
 #include "kvcache/kernels/attention.h"
+#include "kvcache/kernels/isa.h"
 #include "kvcache/kernels/reference.h"
 #include "kvcache/kernels/rope.h"
 #include "kvcache/kernels/rope_table.h"
@@ -21,15 +22,23 @@ namespace {
 using test::Entry;
 using test::OwnedCache;
 
+// Entries {history, new tokens} and KV heads of one store call: by default a
+// small call reaching positions 0 .. 1000.
+struct RopeCall {
+  std::vector<Entry> entries{{41, 3}, {0, 50}, {7, 1}, {1000, 1}};
+  std::uint32_t n_kv = 3;
+};
+
 // table_positions > 0: the fused store reads cos/sin from a RopeTable of
-// that many positions (the entries below reach positions 0 .. 1000).
+// that many positions.
 template <CacheElement T>
 void check_rope(std::uint32_t dim, std::uint32_t rotary_dim, std::uint32_t page, bool paged,
-                std::size_t threads, std::mt19937& rng, std::uint32_t table_positions = 0) {
+                std::size_t threads, std::mt19937& rng, std::uint32_t table_positions = 0,
+                const RopeCall& call = {}) {
   SCOPED_TRACE("dim " + std::to_string(dim) + " rotary " + std::to_string(rotary_dim) + " table " +
                std::to_string(table_positions));
-  const std::uint32_t n_kv = 3;
-  OwnedCache<T> ref({{41, 3}, {0, 50}, {7, 1}, {1000, 1}}, paged, page, n_kv, dim, rng);
+  const std::uint32_t n_kv = call.n_kv;
+  OwnedCache<T> ref(call.entries, paged, page, n_kv, dim, rng);
   OwnedCache<T> fast(ref);
   const std::uint32_t rows = ref.total_rows();
   const std::size_t row = std::size_t{n_kv} * dim;
@@ -81,6 +90,26 @@ TEST(StoreKvRope, TableGivesTheSameBitsAsComputedAngles) {
     check_rope<Half>(dim, dim / 2, 1, true, 1, rng, 45);
     check_rope<float>(dim, dim - 2, 128, false, 2, rng, 2000);
   }
+}
+
+// Large calls (>= kStoreStreamingBytes, aligned rows: non-temporal stores)
+// and every compiled SIMD target: the rotation fused with the conversion
+// where the pairs fill whole vector pairs (head dim 64, 128, 256 here),
+// the buffered one elsewhere (80, 96; rotary_dim 48).
+TEST(StoreKvRope, LargeCallsOnEveryCompiledSimdTarget) {
+  std::mt19937 rng(45);
+  const RopeCall large{{{0, 2100}, {5, 1500}}, 8};
+  for (const std::string& isa : available_isas()) {
+    SCOPED_TRACE(isa);
+    select_isa(isa);
+    check_rope<BFloat16>(128, 0, 16, true, 2, rng, 4000, large);
+    check_rope<Half>(256, 0, 16, true, 2, rng, 0, large);
+    check_rope<float>(64, 0, 128, false, 2, rng, 3000, large);
+    check_rope<BFloat16>(96, 48, 16, true, 1, rng, 4000, large);
+    check_rope<Half>(80, 0, 16, true, 2, rng, 100);
+    check_rope<BFloat16>(128, 64, 1, true, 1, rng, 100);
+  }
+  select_isa("auto");
 }
 
 TEST(StoreKvRope, TableHoldsRopeCosSin) {

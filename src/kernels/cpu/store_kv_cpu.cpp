@@ -30,6 +30,7 @@ namespace kvcache::kernels::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
 
 // Stores one converted vector: a non-temporal (streaming) store when kStream
 // (dst is then aligned to the vector size), a plain store otherwise.
@@ -81,36 +82,70 @@ HWY_INLINE void ConvertRow(const float* src, hwy::float16_t* dst, std::size_t n)
 // then the high halves of two vectors are gathered by ConcatOdd (one lane
 // permute for 2 * lanes elements). Vector pairs holding a NaN (rare) take the
 // exact scalar converter, which quiets them.
+#if HWY_TARGET != HWY_SCALAR
+template <bool kStream>
+HWY_INLINE void PutPair(VF f0, VF f1, hwy::bfloat16_t* dst) {
+  const DF df;
+  const hn::RebindToUnsigned<DF> du;
+  const hn::Repartition<std::uint16_t, DF> du16;
+  const std::size_t lanes = hn::Lanes(df);
+  auto* out = reinterpret_cast<std::uint16_t*>(dst);
+  if (HWY_UNLIKELY(!hn::AllFalse(df, hn::Or(hn::IsNaN(f0), hn::IsNaN(f1))))) {
+    HWY_ALIGN float buf[2 * hn::MaxLanes(df)];
+    hn::StoreU(f0, df, buf);
+    hn::StoreU(f1, df, buf + lanes);
+    for (std::size_t j = 0; j < 2 * lanes; ++j) out[j] = f32_to_bf16_bits(buf[j]);
+    return;
+  }
+  const auto one = hn::Set(du, 1u);
+  const auto bias = hn::Set(du, 0x7fffu);
+  const auto x0 = hn::BitCast(du, f0);
+  const auto x1 = hn::BitCast(du, f1);
+  const auto r0 = hn::Add(x0, hn::Add(bias, hn::And(hn::ShiftRight<16>(x0), one)));
+  const auto r1 = hn::Add(x1, hn::Add(bias, hn::And(hn::ShiftRight<16>(x1), one)));
+  PutVec<kStream>(hn::ConcatOdd(du16, hn::BitCast(du16, r1), hn::BitCast(du16, r0)), du16, out);
+}
+#endif
+
 template <bool kStream>
 HWY_INLINE void ConvertRow(const float* src, hwy::bfloat16_t* dst, std::size_t n) {
   std::size_t i = 0;
 #if HWY_TARGET != HWY_SCALAR
   const DF df;
-  const hn::RebindToUnsigned<DF> du;
-  const hn::Repartition<std::uint16_t, DF> du16;
   const std::size_t lanes = hn::Lanes(df);
-  const auto one = hn::Set(du, 1u);
-  const auto bias = hn::Set(du, 0x7fffu);
-  auto* out = reinterpret_cast<std::uint16_t*>(dst);
   for (; i + 2 * lanes <= n; i += 2 * lanes) {
-    const auto f0 = hn::LoadU(df, src + i);
-    const auto f1 = hn::LoadU(df, src + i + lanes);
-    if (HWY_UNLIKELY(!hn::AllFalse(df, hn::Or(hn::IsNaN(f0), hn::IsNaN(f1))))) {
-      for (std::size_t j = i; j < i + 2 * lanes; ++j) out[j] = f32_to_bf16_bits(src[j]);
-      continue;
-    }
-    const auto x0 = hn::BitCast(du, f0);
-    const auto x1 = hn::BitCast(du, f1);
-    const auto r0 = hn::Add(x0, hn::Add(bias, hn::And(hn::ShiftRight<16>(x0), one)));
-    const auto r1 = hn::Add(x1, hn::Add(bias, hn::And(hn::ShiftRight<16>(x1), one)));
-    const auto packed = hn::ConcatOdd(du16, hn::BitCast(du16, r1), hn::BitCast(du16, r0));
-    PutVec<kStream>(packed, du16, out + i);
+    PutPair<kStream>(hn::LoadU(df, src + i), hn::LoadU(df, src + i + lanes), dst + i);
   }
 #endif
   for (; i < n; ++i) {
     const std::uint16_t bits = f32_to_bf16_bits(src[i]);
     std::memcpy(dst + i, &bits, sizeof(bits));
   }
+}
+
+// The fused rotation below writes its results with PutPair: 2 * lanes
+// floats (f0 then f1) converted to T at dst (vector-aligned when kStream).
+template <bool kStream>
+HWY_INLINE void PutPair(VF f0, VF f1, float* dst) {
+  const DF df;
+  PutVec<kStream>(f0, df, dst);
+  PutVec<kStream>(f1, df, dst + hn::Lanes(df));
+}
+
+template <bool kStream>
+HWY_INLINE void PutPair(VF f0, VF f1, hwy::float16_t* dst) {
+  const DF df;
+  const std::size_t lanes = hn::Lanes(df);
+#if HWY_TARGET <= HWY_AVX2
+  const hn::Rebind<hwy::float16_t, DF> dh;
+  PutVec<kStream>(hn::DemoteTo(dh, f0), dh, dst);
+  PutVec<kStream>(hn::DemoteTo(dh, f1), dh, dst + lanes);
+#else
+  HWY_ALIGN float buf[2 * hn::MaxLanes(df)];
+  hn::StoreU(f0, df, buf);
+  hn::StoreU(f1, df, buf + lanes);
+  ConvertRow<false>(buf, dst, 2 * lanes);
+#endif
 }
 
 // Rotates the first 2 * half elements of one head vector x into y (pairs
@@ -134,23 +169,59 @@ HWY_INLINE void RotateHead(const float* x, float* y, const float* cs, std::uint3
   for (; i < half; ++i) rope_rotate_pair(x[i], x[i + half], cs[i], cs[half + i], y[i], y[i + half]);
 }
 
-// Rotates one token's K row (all heads) for position pos into dst. The
-// cos/sin come from the RopeTable when it covers pos, else are computed
-// into `scratch` (rotary_dim floats).
+// cos/sin of position pos (rotary_dim floats: cos half, sin half): from the
+// RopeTable when it covers pos, else computed into `scratch`.
+HWY_INLINE const float* RopeCosSin(const StoreCtx& c, std::uint32_t pos, float* scratch) {
+  if (pos < c.rope_positions) return c.rope_cos_sin + std::size_t{pos} * c.rotary_dim;
+  const std::uint32_t half = c.rotary_dim / 2;
+  for (std::uint32_t i = 0; i < half; ++i)
+    rope_cos_sin(pos, c.inv_freq[i], scratch[i], scratch[half + i]);
+  return scratch;
+}
+
+// Rotates one token's K row (all heads) for position pos into dst.
 void RopeRow(const StoreCtx& c, const float* src, float* dst, std::uint32_t pos, float* scratch) {
   const std::uint32_t half = c.rotary_dim / 2;
-  const float* cs = scratch;
-  if (pos < c.rope_positions) {
-    cs = c.rope_cos_sin + std::size_t{pos} * c.rotary_dim;
-  } else {
-    for (std::uint32_t i = 0; i < half; ++i)
-      rope_cos_sin(pos, c.inv_freq[i], scratch[i], scratch[half + i]);
-  }
+  const float* cs = RopeCosSin(c, pos, scratch);
   const std::size_t row = std::size_t{c.n_kv} * c.dim;
   if (c.rotary_dim != c.dim) std::memcpy(dst, src, row * sizeof(float));  // the unrotated tails
   for (std::uint32_t h = 0; h < c.n_kv; ++h) {
     const std::size_t head = std::size_t{h} * c.dim;
     RotateHead(src + head, dst + head, cs, half);
+  }
+}
+
+// Whether this target rotates K heads in registers and converts the results
+// on the way to the cache (RotateConvertHead) where the pairs come in whole
+// vector pairs; elsewhere RopeRow writes the rotated row to a buffer first.
+// The fused form skips that buffer's store and reload: bf16 with a
+// RopeTable, DRAM, fast memory state: bf16 1.07-1.13x, f16 1.09-1.14x, f32
+// 1.09-1.13x (docs/PERFORMANCE.md, session 15).
+constexpr bool kFusedRope = HWY_NATIVE_FMA && HWY_TARGET != HWY_SCALAR;
+
+// Head vector x rotated (pairs (i, i + half), half a multiple of 2 * lanes)
+// and written as T at dst; the elements from 2 * half on are copied.
+template <bool kStream, class T>
+HWY_INLINE void RotateConvertHead(const float* x, T* dst, const float* cs, std::uint32_t half,
+                                  std::uint32_t dim) {
+  if constexpr (kFusedRope) {
+    const DF df;
+    const std::size_t lanes = hn::Lanes(df);
+    for (std::size_t i = 0; i < half; i += 2 * lanes) {
+      VF y0[2], y1[2];
+      for (std::size_t k = 0; k < 2; ++k) {
+        const std::size_t e = i + k * lanes;
+        const VF x0 = hn::LoadU(df, x + e);
+        const VF x1 = hn::LoadU(df, x + half + e);
+        const VF cv = hn::LoadU(df, cs + e);
+        const VF sv = hn::LoadU(df, cs + half + e);
+        y0[k] = hn::MulSub(x0, cv, hn::Mul(x1, sv));  // as RotateHead
+        y1[k] = hn::MulAdd(x0, sv, hn::Mul(x1, cv));
+      }
+      PutPair<kStream>(y0[0], y0[1], dst + i);
+      PutPair<kStream>(y1[0], y1[1], dst + half + i);
+    }
+    ConvertRow<kStream>(x + 2 * half, dst + 2 * half, dim - 2 * half);
   }
 }
 
@@ -182,6 +253,7 @@ void StoreRows(const StoreCtx& c, std::uint32_t r0, std::uint32_t r1, std::vecto
   // Entry of row r0 (row_offsets is sorted; rows of empty entries never occur).
   std::uint32_t b = static_cast<std::uint32_t>(
       std::upper_bound(c.row_offsets, c.row_offsets + c.batch + 1, r0) - c.row_offsets - 1);
+  const bool fused = kFusedRope && c.rope && (c.rotary_dim / 2) % (2 * hn::Lanes(DF())) == 0;
   for (std::uint32_t r = r0; r < r1; ++r) {
     while (r >= c.row_offsets[b + 1]) ++b;
     const std::uint32_t pos = c.cache_lengths[b] + (r - c.row_offsets[b]);
@@ -197,11 +269,28 @@ void StoreRows(const StoreCtx& c, std::uint32_t r0, std::uint32_t r1, std::vecto
       prefetch_range_l1(k_src + row, row * sizeof(float));
       prefetch_range_l1(c.v_new + std::size_t{r + 1} * row, row * sizeof(float));
     }
+    const float* v_src = c.v_new + std::size_t{r} * row;
+    if (fused) {
+      const float* cs = RopeCosSin(c, pos, tmp.data());
+      for (std::uint32_t h = 0; h < c.n_kv; ++h) {
+        RotateConvertHead<kStream>(k_src + std::size_t{h} * c.dim,
+                                   static_cast<T*>(c.k_blocks) + off + h * c.head_stride, cs,
+                                   c.rotary_dim / 2, c.dim);
+      }
+      if (c.head_stride == c.dim) {
+        ConvertRow<kStream>(v_src, static_cast<T*>(c.v_blocks) + off, row);
+      } else {
+        for (std::uint32_t h = 0; h < c.n_kv; ++h) {
+          ConvertRow<kStream>(v_src + std::size_t{h} * c.dim,
+                              static_cast<T*>(c.v_blocks) + off + h * c.head_stride, c.dim);
+        }
+      }
+      continue;
+    }
     if (c.rope) {
       RopeRow(c, k_src, tmp.data(), pos, tmp.data() + row);
       k_src = tmp.data();
     }
-    const float* v_src = c.v_new + std::size_t{r} * row;
     if (c.head_stride == c.dim) {  // the token's heads are contiguous (NHD): one run
       ConvertRow<kStream>(k_src, static_cast<T*>(c.k_blocks) + off, row);
       ConvertRow<kStream>(v_src, static_cast<T*>(c.v_blocks) + off, row);
