@@ -3,9 +3,10 @@
 // layout, in the cache, so a row is one conversion loop (f32 copy, f16 via
 // the hardware converter, bf16 with integer round-to-nearest-even,
 // bit-identical to from_float); with HND it is one loop per head.
-// With rope_k, K is rotated into a per-thread float row first, using the
-// cos/sin of kernels/rope.h (shared by the token's heads), read from a
-// RopeTable when the caller gave one.
+// With rope_k, the cos/sin of kernels/rope.h (shared by the token's heads,
+// read from a RopeTable when the caller gave one) rotate each K head in
+// registers on its way to the conversion where the rotated pairs fill whole
+// vector pairs (RotateConvertHead), else into a per-thread float row first.
 #include <algorithm>
 #include <atomic>
 #include <cstring>
