@@ -195,9 +195,9 @@ void RopeRow(const StoreCtx& c, const float* src, float* dst, std::uint32_t pos,
 // Whether this target rotates K heads in registers and converts the results
 // on the way to the cache (RotateConvertHead) where the pairs come in whole
 // vector pairs; elsewhere RopeRow writes the rotated row to a buffer first.
-// The fused form skips that buffer's store and reload: bf16 with a
-// RopeTable, DRAM, fast memory state: bf16 1.07-1.13x, f16 1.09-1.14x, f32
-// 1.09-1.13x (docs/PERFORMANCE.md, session 15).
+// The fused form skips that buffer's store and reload: with a RopeTable,
+// DRAM, fast memory state, bf16 1.07-1.13x, f16 1.09-1.14x, f32 1.09-1.13x
+// (docs/PERFORMANCE.md, session 15).
 constexpr bool kFusedRope = HWY_NATIVE_FMA && HWY_TARGET != HWY_SCALAR;
 
 // Head vector x rotated (pairs (i, i + half), half a multiple of 2 * lanes)
