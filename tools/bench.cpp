@@ -456,11 +456,12 @@ nlohmann::json bench_attention(const AttentionArgs& a) {
     const double flops = 4.0 * a.head_dim * a.q_heads * double(a.context) * a.batch;
     const double peak = fma_peak_gflops(pool);
     const double compute_gbps = peak * 1e9 * bytes / flops / 1e9;
-    const double roof = std::min(median(stream_rates), compute_gbps);
+    const double stream = median(stream_rates);
+    const double roof = std::min(stream, compute_gbps);
     j["gflops"] = flops / med / 1e9;
     j["peak_gflops"] = peak;
     j["roofline_gbps"] = roof;
-    j["roofline_bound"] = compute_gbps < median(stream_rates) ? "compute" : "memory";
+    j["roofline_bound"] = compute_gbps < stream ? "compute" : "memory";
     j["fraction_of_roofline"] = bytes / med / 1e9 / roof;
   }
   if (!decode) {
@@ -492,7 +493,6 @@ nlohmann::json bench_store(const StoreArgs& a) {
   const auto ro = offsets(a.batch, a.tokens);
   StoreOptions opt;
   opt.rope_k.enabled = a.rope;
-  if (a.rope_table && !a.rope) throw InvalidArgument("--rope-table needs --rope");
   // The new tokens sit at positions 0 .. tokens - 1 (the sequences are fresh);
   // the table is built before timing, as an engine builds it once per model.
   std::optional<RopeTable> table;
@@ -604,9 +604,10 @@ void add_bench_command(CLI::App& app) {
   CLI::App* s = bench->add_subcommand("store", "store_kv vs memcpy bandwidth");
   add_common(s, *store);
   s->add_option("--tokens", store->tokens, "New tokens per sequence")->capture_default_str();
-  s->add_flag("--rope", store->rope, "Fused RoPE on K");
+  CLI::Option* rope = s->add_flag("--rope", store->rope, "Fused RoPE on K");
   s->add_flag("--rope-table", store->rope_table,
-              "With --rope: read cos/sin from a RopeTable built before timing");
+              "With --rope: read cos/sin from a RopeTable built before timing")
+      ->needs(rope);
   s->add_option("--prefetch", store->prefetch,
                 "Input prefetch: auto | row-l1 | none (StorePrefetch)")
       ->capture_default_str();

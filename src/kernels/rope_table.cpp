@@ -14,8 +14,7 @@ RopeTable::RopeTable(const RopeOptions& rope, std::uint32_t head_dim, std::uint3
       max_positions_(max_positions) {
   if (max_positions == 0) throw InvalidArgument("RopeTable max_positions must be at least 1");
   const std::uint32_t half = rotary_dim_ / 2;
-  std::vector<float> inv_freq(half);
-  for (std::uint32_t i = 0; i < half; ++i) inv_freq[i] = rope_inv_freq(i, rotary_dim_, theta_);
+  const std::vector<float> inv_freq = rope_inv_freqs(rotary_dim_, theta_);
   values_.resize(std::size_t{max_positions} * rotary_dim_);
   for (std::uint32_t pos = 0; pos < max_positions; ++pos) {
     float* row = values_.data() + std::size_t{pos} * rotary_dim_;

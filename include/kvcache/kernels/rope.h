@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "kvcache/error.h"
 #include "kvcache/kernels/attention.h"
@@ -40,6 +41,13 @@ inline std::uint32_t rope_rotary_dim(const RopeOptions& rope, std::uint32_t head
 inline float rope_inv_freq(std::uint32_t i, std::uint32_t rotary_dim, float theta) {
   return static_cast<float>(
       std::pow(static_cast<double>(theta), -2.0 * static_cast<double>(i) / rotary_dim));
+}
+
+// Inverse frequencies of pairs 0 .. rotary_dim/2 - 1 (rope_inv_freq each).
+inline std::vector<float> rope_inv_freqs(std::uint32_t rotary_dim, float theta) {
+  std::vector<float> f(rotary_dim / 2);
+  for (std::uint32_t i = 0; i < rotary_dim / 2; ++i) f[i] = rope_inv_freq(i, rotary_dim, theta);
+  return f;
 }
 
 // cos and sin of pair i's angle at position pos, given its inverse frequency.

@@ -153,18 +153,29 @@ HWY_INLINE void PutPair(VF f0, VF f1, hwy::float16_t* dst) {
 // (i, i + half)), with cos/sin cs[i] / cs[half + i]. The vector form is
 // rope_rotate_pair's expression with one rounding per fma, so only targets
 // with a native FMA take it (elsewhere Highway's MulAdd rounds twice).
+// Lanes e .. e + lanes of the pairs: y0 = fma(x0, c, -(x1 * s)),
+// y1 = fma(x0, s, x1 * c), as rope_rotate_pair (native-FMA targets only).
+HWY_INLINE void RotateVec(const float* x, const float* cs, std::size_t half, std::size_t e, VF& y0,
+                          VF& y1) {
+  const DF df;
+  const VF x0 = hn::LoadU(df, x + e);
+  const VF x1 = hn::LoadU(df, x + half + e);
+  const VF c = hn::LoadU(df, cs + e);
+  const VF s = hn::LoadU(df, cs + half + e);
+  y0 = hn::MulSub(x0, c, hn::Mul(x1, s));
+  y1 = hn::MulAdd(x0, s, hn::Mul(x1, c));
+}
+
 HWY_INLINE void RotateHead(const float* x, float* y, const float* cs, std::uint32_t half) {
   std::uint32_t i = 0;
 #if HWY_NATIVE_FMA
   const DF df;
   const std::uint32_t lanes = static_cast<std::uint32_t>(hn::Lanes(df));
   for (; i + lanes <= half; i += lanes) {
-    const auto x0 = hn::LoadU(df, x + i);
-    const auto x1 = hn::LoadU(df, x + half + i);
-    const auto c = hn::LoadU(df, cs + i);
-    const auto s = hn::LoadU(df, cs + half + i);
-    hn::StoreU(hn::MulSub(x0, c, hn::Mul(x1, s)), df, y + i);         // fma(x0, c, -(x1 * s))
-    hn::StoreU(hn::MulAdd(x0, s, hn::Mul(x1, c)), df, y + half + i);  // fma(x0, s, x1 * c)
+    VF y0, y1;
+    RotateVec(x, cs, half, i, y0, y1);
+    hn::StoreU(y0, df, y + i);
+    hn::StoreU(y1, df, y + half + i);
   }
 #endif
   for (; i < half; ++i) rope_rotate_pair(x[i], x[i + half], cs[i], cs[half + i], y[i], y[i + half]);
@@ -210,15 +221,8 @@ HWY_INLINE void RotateConvertHead(const float* x, T* dst, const float* cs, std::
     const std::size_t lanes = hn::Lanes(df);
     for (std::size_t i = 0; i < half; i += 2 * lanes) {
       VF y0[2], y1[2];
-      for (std::size_t k = 0; k < 2; ++k) {
-        const std::size_t e = i + k * lanes;
-        const VF x0 = hn::LoadU(df, x + e);
-        const VF x1 = hn::LoadU(df, x + half + e);
-        const VF cv = hn::LoadU(df, cs + e);
-        const VF sv = hn::LoadU(df, cs + half + e);
-        y0[k] = hn::MulSub(x0, cv, hn::Mul(x1, sv));  // as RotateHead
-        y1[k] = hn::MulAdd(x0, sv, hn::Mul(x1, cv));
-      }
+      RotateVec(x, cs, half, i, y0[0], y1[0]);
+      RotateVec(x, cs, half, i + lanes, y0[1], y1[1]);
       PutPair<kStream>(y0[0], y0[1], dst + i);
       PutPair<kStream>(y1[0], y1[1], dst + half + i);
     }
@@ -271,34 +275,24 @@ void StoreRows(const StoreCtx& c, std::uint32_t r0, std::uint32_t r1, std::vecto
       prefetch_range_l1(c.v_new + std::size_t{r + 1} * row, row * sizeof(float));
     }
     const float* v_src = c.v_new + std::size_t{r} * row;
-    if (fused) {
+    if (fused) {  // K rotated and written here; V below
       const float* cs = RopeCosSin(c, pos, tmp.data());
       for (std::uint32_t h = 0; h < c.n_kv; ++h) {
         RotateConvertHead<kStream>(k_src + std::size_t{h} * c.dim,
                                    static_cast<T*>(c.k_blocks) + off + h * c.head_stride, cs,
                                    c.rotary_dim / 2, c.dim);
       }
-      if (c.head_stride == c.dim) {
-        ConvertRow<kStream>(v_src, static_cast<T*>(c.v_blocks) + off, row);
-      } else {
-        for (std::uint32_t h = 0; h < c.n_kv; ++h) {
-          ConvertRow<kStream>(v_src + std::size_t{h} * c.dim,
-                              static_cast<T*>(c.v_blocks) + off + h * c.head_stride, c.dim);
-        }
-      }
-      continue;
-    }
-    if (c.rope) {
+    } else if (c.rope) {
       RopeRow(c, k_src, tmp.data(), pos, tmp.data() + row);
       k_src = tmp.data();
     }
     if (c.head_stride == c.dim) {  // the token's heads are contiguous (NHD): one run
-      ConvertRow<kStream>(k_src, static_cast<T*>(c.k_blocks) + off, row);
+      if (!fused) ConvertRow<kStream>(k_src, static_cast<T*>(c.k_blocks) + off, row);
       ConvertRow<kStream>(v_src, static_cast<T*>(c.v_blocks) + off, row);
     } else {  // HND: one run of head_dim per head
       for (std::uint32_t h = 0; h < c.n_kv; ++h) {
         const std::size_t src = std::size_t{h} * c.dim, dst = off + h * c.head_stride;
-        ConvertRow<kStream>(k_src + src, static_cast<T*>(c.k_blocks) + dst, c.dim);
+        if (!fused) ConvertRow<kStream>(k_src + src, static_cast<T*>(c.k_blocks) + dst, c.dim);
         ConvertRow<kStream>(v_src + src, static_cast<T*>(c.v_blocks) + dst, c.dim);
       }
     }
@@ -393,9 +387,7 @@ void store_kv_cpu(DType dtype, const LayerCacheDesc<float>& k, const LayerCacheD
   if (options.rope_k.enabled) {
     c.rope = true;
     c.rotary_dim = rope_rotary_dim(options.rope_k, k.head_dim);
-    inv_freq.resize(c.rotary_dim / 2);
-    for (std::uint32_t i = 0; i < c.rotary_dim / 2; ++i)
-      inv_freq[i] = rope_inv_freq(i, c.rotary_dim, options.rope_k.theta);
+    inv_freq = rope_inv_freqs(c.rotary_dim, options.rope_k.theta);
     c.inv_freq = inv_freq.data();
     if (options.rope_table != nullptr) {
       check_rope_table(*options.rope_table, options.rope_k, k.head_dim);
