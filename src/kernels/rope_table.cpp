@@ -12,7 +12,7 @@ RopeTable::RopeTable(const RopeOptions& rope, std::uint32_t head_dim, std::uint3
     : theta_(rope.theta),
       rotary_dim_(rope_rotary_dim(rope, head_dim)),
       max_positions_(max_positions) {
-  if (max_positions == 0) throw InvalidArgument("RopeTable max_positions must be at least 1");
+  if (max_positions == 0) throw InvalidArgument("RopeTable max_positions 0 must be at least 1");
   const std::uint32_t half = rotary_dim_ / 2;
   const std::vector<float> inv_freq = rope_inv_freqs(rotary_dim_, theta_);
   values_.resize(std::size_t{max_positions} * rotary_dim_);
