@@ -594,7 +594,8 @@ class ItemRunner {
     // Row pointers (KV head 0) of the tiles in flight: [k % kRing] is tile k;
     // head h's row is the pointer + h * head_stride. One page-table walk per tile.
     TileRows ring[kRing];
-    const bool pumping = c_.prefetch == AttentionPrefetch::next_tile_l2;
+    const bool pumping =
+        c_.prefetch == AttentionPrefetch::next_tile_l2 && !rows_resident(it, tiles);
     const std::uint32_t ahead = pumping ? kPrefetchTilesAhead : 1;
     for (std::uint32_t k = 0; k <= ahead && k < tiles; ++k) fill_tile(it, k, ring[k]);
     const WorkItem* following = nullptr;  // the runner's next item, once claimed
@@ -641,6 +642,27 @@ class ItemRunner {
   // item over the same heads, so that the walk's unit is the same.
   static bool continues_pump(const WorkItem& it, const WorkItem& following) {
     return !following.prefill && following.h0 == it.h0 && following.h1 == it.h1;
+  }
+
+  // Whether the probe (AttentionCtx::probe_residency) finds a decode item's
+  // rows in the caches: the first line of kProbeRows K and V rows spread
+  // over its tokens. A runner probes once per call, on its first decode item
+  // of at least kProbeMinTiles tiles, and keeps the answer for the call's
+  // other items (the rows of one call are about equally recent).
+  bool rows_resident(const WorkItem& it, std::uint32_t tiles) {
+    if (!c_.probe_residency || it.prefill || tiles < kProbeMinTiles) return false;
+    if (residency_ == Residency::unknown) {
+      const void* lines[kProbeRows];
+      const std::uint32_t n = it.t1 - it.t0;
+      for (std::uint32_t i = 0; i < kProbeRows; ++i) {
+        const std::uint32_t tok =
+            it.t0 + static_cast<std::uint32_t>((std::uint64_t{2 * i + 1} * n) / (2 * kProbeRows));
+        lines[i] = row(i % 2 == 0 ? c_.k : c_.v, it.b, tok, it.h0);
+      }
+      residency_ =
+          lines_resident(lines, kProbeRows) ? Residency::resident : Residency::not_resident;
+    }
+    return residency_ == Residency::resident;
   }
 
   // Tiles may span pages (rows are addressed one by one).
@@ -1238,6 +1260,11 @@ class ItemRunner {
   mutable bool pump_active_ = false;
   mutable float softmax_share_ = kSoftmaxShareGuess;
   mutable std::uint32_t pumped_tiles_ = 0;
+  // The residency probe's answer for this call (rows_resident).
+  enum class Residency : std::uint8_t { unknown, resident, not_resident };
+  static constexpr std::uint32_t kProbeRows = 16;
+  static constexpr std::uint32_t kProbeMinTiles = 4;
+  Residency residency_ = Residency::unknown;
   // Per item; read in the inlined loops and pump.
   bool head_major_ = false;
   bool pump_pairs_ = false;  // pump K and V lines of a row alternately
@@ -1456,6 +1483,8 @@ void attention_cpu(DType dtype, const LayerCacheDesc<float>& k, const LayerCache
   c.plan = &plan;
   c.pool = pool;
   c.prefetch = resolve_attention_prefetch(options.prefetch);
+  c.probe_residency = options.prefetch == AttentionPrefetch::automatic &&
+                      c.prefetch == AttentionPrefetch::next_tile_l2;
   switch (dtype) {
     case DType::f32:
       HWY_DYNAMIC_DISPATCH(kernels::AttentionF32)(c);

@@ -52,6 +52,42 @@ inline std::uint64_t ticks() {
 #endif
 }
 
+// Nanoseconds that loads of lines issued together may take beyond an empty
+// timed interval for the lines to count as cache-resident, and the longest
+// empty interval trusted. On the Zen 5 VM (docs/PERFORMANCE.md, session 16):
+// 16 lines hit in a warm L3 in 40-70 ns; from DRAM they took 150-350 ns with
+// their TLB entries warm, and 300 ns to over 1 us without.
+inline constexpr std::int64_t kResidentProbeNs = 90;
+inline constexpr std::int64_t kProbeEmptyMaxNs = 100;
+
+// Whether the lines at lines[0, n) all answer from a cache: their loads,
+// issued together, finish within kResidentProbeNs of an empty interval timed
+// the same way. x86 only (lfence holds the second clock read until the loads
+// are done); elsewhere, and when the empty interval itself was slow (an
+// interrupt), false. Costs three clock reads, and about one memory latency
+// when the lines are in DRAM.
+inline bool lines_resident(const void* const* lines, std::size_t n) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  __builtin_ia32_lfence();
+  const auto t1 = Clock::now();
+  __builtin_ia32_lfence();
+  std::uint64_t sum = 0;
+  for (std::size_t i = 0; i < n; ++i) sum += *static_cast<const volatile std::uint8_t*>(lines[i]);
+  __builtin_ia32_lfence();
+  const auto t2 = Clock::now();
+  asm volatile("" : : "r"(sum));
+  const auto empty = std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count();
+  const auto probe = std::chrono::duration_cast<std::chrono::nanoseconds>(t2 - t1).count();
+  return empty <= kProbeEmptyMaxNs && probe - empty <= kResidentProbeNs;
+#else
+  (void)lines;
+  (void)n;
+  return false;
+#endif
+}
+
 // One layer's K or V memory, element type erased.
 struct LayerRef {
   const void* blocks = nullptr;
@@ -78,6 +114,9 @@ struct AttentionCtx {
   ThreadPool* pool = nullptr;
   // Resolved (never automatic): see AttentionPrefetch in kernels/reference.h.
   AttentionPrefetch prefetch = AttentionPrefetch::next_step_l1;
+  // next_tile_l2 chosen by `automatic`: decode items whose rows a probe finds
+  // in the caches run without it (ItemRunner::rows_resident).
+  bool probe_residency = false;
 };
 
 // Whether this is an AMD processor: the automatic prefetch choices depend on
