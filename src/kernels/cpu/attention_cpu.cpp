@@ -758,7 +758,7 @@ class ItemRunner {
       if (first_pass) runner->pump(lines);
     }
   };
-  LinesRead pump_for(bool first_pass) const { return {this, first_pass}; }
+  LinesRead pump_for(bool first_pass) const { return {this, first_pass && pump_active_}; }
 
   template <int kR, std::uint32_t kEvery = 1>
   void pv_rows(DF df, float* pr, float* acc, std::size_t dimp, const T* const* vp, std::uint32_t nt,
@@ -798,7 +798,7 @@ class ItemRunner {
         const std::uint32_t nvalid = limit <= ta ? 0 : std::min(nt, limit - ta);
         SoftmaxUpdate(df, pr + idx * kTile, nt, nvalid, s.mx[idx], s.l[idx], acc + idx * s.dimp,
                       s.dimp);
-        pump_lines(softmax_pump_lines_);
+        if (pump_active_) pump_lines(softmax_pump_lines_);
       }
     }
     if (timed) t[2] = ticks();
