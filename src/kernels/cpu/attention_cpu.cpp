@@ -646,23 +646,24 @@ class ItemRunner {
 
   // Whether the probe (AttentionCtx::probe_residency) finds a decode item's
   // rows in the caches: the first line of kProbeRows K and V rows spread
-  // over its tokens. A runner probes once per call, on its first decode item
-  // of at least kProbeMinTiles tiles, and keeps the answer for the call's
-  // other items (the rows of one call are about equally recent).
+  // over its tokens (never its last token, which a store has just written).
+  // Items under kProbeMinTiles tiles and prefill items are not probed (they
+  // pump). Once a probe finds rows outside the caches, the runner pumps the
+  // call's later items without probing them: a probe of rows in DRAM stalls
+  // for about one memory latency, one of cached rows takes ~0.1 us.
   bool rows_resident(const WorkItem& it, std::uint32_t tiles) {
-    if (!c_.probe_residency || it.prefill || tiles < kProbeMinTiles) return false;
-    if (residency_ == Residency::unknown) {
-      const void* lines[kProbeRows];
-      const std::uint32_t n = it.t1 - it.t0;
-      for (std::uint32_t i = 0; i < kProbeRows; ++i) {
-        const std::uint32_t tok =
-            it.t0 + static_cast<std::uint32_t>((std::uint64_t{2 * i + 1} * n) / (2 * kProbeRows));
-        lines[i] = row(i % 2 == 0 ? c_.k : c_.v, it.b, tok, it.h0);
-      }
-      residency_ =
-          lines_resident(lines, kProbeRows) ? Residency::resident : Residency::not_resident;
+    if (!c_.probe_residency || it.prefill || tiles < kProbeMinTiles || !maybe_resident_) {
+      return false;
     }
-    return residency_ == Residency::resident;
+    const void* lines[kProbeRows];
+    const std::uint32_t n = it.t1 - it.t0;
+    for (std::uint32_t i = 0; i < kProbeRows; ++i) {
+      const auto tok =
+          it.t0 + static_cast<std::uint32_t>((std::uint64_t{2 * i + 1} * n) / (2 * kProbeRows));
+      lines[i] = row(i % 2 == 0 ? c_.k : c_.v, it.b, tok, it.h0);
+    }
+    maybe_resident_ = lines_resident(lines, kProbeRows);
+    return maybe_resident_;
   }
 
   // Tiles may span pages (rows are addressed one by one).
@@ -1260,11 +1261,11 @@ class ItemRunner {
   mutable bool pump_active_ = false;
   mutable float softmax_share_ = kSoftmaxShareGuess;
   mutable std::uint32_t pumped_tiles_ = 0;
-  // The residency probe's answer for this call (rows_resident).
-  enum class Residency : std::uint8_t { unknown, resident, not_resident };
+  // Residency probe (rows_resident): false once a probe in this call found
+  // rows outside the caches.
   static constexpr std::uint32_t kProbeRows = 16;
   static constexpr std::uint32_t kProbeMinTiles = 4;
-  Residency residency_ = Residency::unknown;
+  bool maybe_resident_ = true;
   // Per item; read in the inlined loops and pump.
   bool head_major_ = false;
   bool pump_pairs_ = false;  // pump K and V lines of a row alternately
