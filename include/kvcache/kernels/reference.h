@@ -34,10 +34,11 @@ namespace kvcache {
 //  automatic:    next_tile_l2 on AMD processors, next_step_l1 elsewhere (what
 //                measured fastest on each; docs/PERFORMANCE.md, "Prefetch").
 //                On AMD each worker first times loads of the first line of 16
-//                K/V rows spread over its first decode item; where all of
-//                them answer from a cache, that call's decode items run as
-//                `none` (from cache the pump is pure cost: 1.26-1.35x on one
-//                thread, docs/PERFORMANCE.md session 16).
+//                K/V rows spread over each decode item; items whose lines all
+//                answer from a cache run as `none` (from cache the pump is
+//                pure cost: MHA 1.4x on one thread, docs/PERFORMANCE.md
+//                session 16). After one probe finds rows in memory, the
+//                worker pumps the call's later items without probing.
 //  next_step_l1: the rows of the next block of tokens (all the item's KV
 //                heads) into L1, one block ahead (best on a Sapphire Rapids
 //                Xeon when the kernel still walked a tile head by head; not
