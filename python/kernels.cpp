@@ -13,6 +13,8 @@
 
 #include "kvcache/kernels/attention.h"
 #include "kvcache/kernels/reference.h"
+#include "kvcache/kernels/rope.h"
+#include "kvcache/kernels/rope_table.h"
 #include "py_common.h"
 
 namespace kvcache::python {
@@ -22,10 +24,38 @@ namespace {
 // The scalar oracle (kvcache/kernels/reference.h).
 struct ReferenceKernels {
   static constexpr const char* name = "reference";
+  // RoPE on K (options.rope_k) is applied by apply_rope_reference to a copy
+  // of k_new, row by row at its position, before the store; the table, if
+  // any, is checked as store_kv checks it and otherwise not used.
   template <KVCacheT Cache>
   static void store_kv(const Cache& k, const Cache& v, std::span<const float> k_new,
-                       std::span<const float> v_new, std::span<const std::uint32_t> row_offsets) {
-    store_kv_reference(k, v, k_new, v_new, row_offsets);
+                       std::span<const float> v_new, std::span<const std::uint32_t> row_offsets,
+                       const StoreOptions& options) {
+    const RopeTable* table = options.rope_table;
+    if (!options.rope_k.enabled) {
+      if (table != nullptr) throw InvalidArgument("rope_table is set but RoPE is off");
+      return store_kv_reference(k, v, k_new, v_new, row_offsets);
+    }
+    const auto d = k.desc();
+    if (table != nullptr && !table->matches(options.rope_k, d.head_dim)) {
+      throw InvalidArgument("rope_table (theta " + std::to_string(table->theta()) +
+                            ", rotary_dim " + std::to_string(table->rotary_dim()) +
+                            ") does not match the RoPE options (theta " +
+                            std::to_string(options.rope_k.theta) + ", rotary_dim " +
+                            std::to_string(rope_rotary_dim(options.rope_k, d.head_dim)) + ")");
+    }
+    detail::check_row_offsets(row_offsets, d.batch_size);
+    const std::size_t row = std::size_t{d.n_kv_heads} * d.head_dim;
+    detail::check_size("k_new", k_new.size(), std::size_t{row_offsets[d.batch_size]} * row);
+    std::vector<float> rotated(k_new.begin(), k_new.end());
+    for (std::uint32_t b = 0; b < d.batch_size; ++b) {
+      for (std::uint32_t r = row_offsets[b]; r < row_offsets[b + 1]; ++r) {
+        const std::uint32_t pos = d.cache_lengths[b] + (r - row_offsets[b]);
+        apply_rope_reference(std::span(rotated).subspan(r * row, row), d.n_kv_heads, d.head_dim,
+                             pos, options.rope_k);
+      }
+    }
+    store_kv_reference(k, v, std::span<const float>(rotated), v_new, row_offsets);
   }
   template <KVCacheT Cache>
   static void attention(const Cache& k, const Cache& v, std::span<const float> q,
@@ -40,8 +70,9 @@ struct FastKernels {
   static constexpr const char* name = "fast";
   template <KVCacheT Cache>
   static void store_kv(const Cache& k, const Cache& v, std::span<const float> k_new,
-                       std::span<const float> v_new, std::span<const std::uint32_t> row_offsets) {
-    kvcache::store_kv(k, v, k_new, v_new, row_offsets);
+                       std::span<const float> v_new, std::span<const std::uint32_t> row_offsets,
+                       const StoreOptions& options) {
+    kvcache::store_kv(k, v, k_new, v_new, row_offsets, options);
   }
   template <KVCacheT Cache>
   static void attention(const Cache& k, const Cache& v, std::span<const float> q,
@@ -91,18 +122,65 @@ auto span_of(A& a) {
   return std::span(a.data(), static_cast<std::size_t>(a.size()));
 }
 
+// StoreOptions from store_kv's keywords: RoPE on K when rope_theta is given.
+StoreOptions store_options(const py::handle& rope_theta, const py::handle& rotary_dim,
+                           const RopeTable* rope_table) {
+  StoreOptions options;
+  options.rope_table = rope_table;
+  if (!rope_theta.is_none()) {
+    options.rope_k.enabled = true;
+    options.rope_k.theta = rope_theta.cast<float>();
+    options.rope_k.rotary_dim = to_u32(rotary_dim, "rotary_dim");
+  } else if (to_u32(rotary_dim, "rotary_dim") != 0) {
+    throw InvalidArgument("rotary_dim " + std::to_string(to_u32(rotary_dim, "rotary_dim")) +
+                          " given without rope_theta");
+  }
+  return options;
+}
+
 void store_kv_py(PyBatch& inputs, const py::handle& layer, const FloatArray& k_new,
-                 const FloatArray& v_new, const py::handle& row_offsets, const py::handle& device) {
+                 const FloatArray& v_new, const py::handle& row_offsets, const py::handle& device,
+                 const py::handle& rope_theta, const py::handle& rotary_dim,
+                 const RopeTable* rope_table) {
   const KVCacheBatch& b = inputs.batch;
   const KVCacheParams& p = b.params();
   check_rows(k_new, "k_new", p.n_kv_heads_per_device(), p.head_dim);
   check_rows(v_new, "v_new", p.n_kv_heads_per_device(), p.head_dim);
   const auto offsets = to_u32_vector(row_offsets, "row_offsets");
+  const StoreOptions options = store_options(rope_theta, rotary_dim, rope_table);
   with_layer(b, to_u32(layer, "layer"), to_u32(device, "device"),
              [&](const auto& k, const auto& v) {
                py::gil_scoped_release nogil;
-               Kernels::store_kv(k, v, span_of(k_new), span_of(v_new), offsets);
+               Kernels::store_kv(k, v, span_of(k_new), span_of(v_new), offsets, options);
              });
+}
+
+void bind_rope_table(py::module_& m) {
+  py::class_<RopeTable>(m, "RopeTable",
+                        "cos/sin of the RoPE angles for positions 0 .. max_positions - 1, "
+                        "computed once (kvcache/kernels/rope_table.h). Pass it to store_kv as "
+                        "rope_table= with the same rope_theta and rotary_dim: the same results "
+                        "without per-token trigonometry. Immutable.")
+      .def(py::init([](const py::handle& head_dim, const py::handle& max_positions, float theta,
+                       const py::handle& rotary_dim) {
+             return RopeTable(RopeOptions{true, theta, to_u32(rotary_dim, "rotary_dim")},
+                              to_u32(head_dim, "head_dim"), to_u32(max_positions, "max_positions"));
+           }),
+           py::arg("head_dim"), py::arg("max_positions"), py::kw_only(),
+           py::arg("theta") = 10000.0f, py::arg("rotary_dim") = 0)
+      .def_property_readonly("theta", &RopeTable::theta)
+      .def_property_readonly("rotary_dim", &RopeTable::rotary_dim)
+      .def_property_readonly("max_positions", &RopeTable::max_positions)
+      .def_property_readonly("memory_bytes", &RopeTable::memory_bytes)
+      .def(
+          "cos_sin",
+          [](const RopeTable& t, const py::handle& pos) {
+            const std::span<const float> cs = t.cos_sin(to_u32(pos, "pos"));
+            return py::array_t<float>(static_cast<py::ssize_t>(cs.size()), cs.data());
+          },
+          py::arg("pos"),
+          "float32 [rotary_dim]: the cos of pairs 0 .. rotary_dim/2 - 1 at position pos, then "
+          "their sin.");
 }
 
 py::array_t<float> attention_py(PyBatch& inputs, const py::handle& layer, const FloatArray& q,
@@ -135,11 +213,17 @@ py::array_t<float> attention_py(PyBatch& inputs, const py::handle& layer, const 
 
 void bind_kernels(py::module_& m) {
   m.attr("kernels_backend") = Kernels::name;
+  bind_rope_table(m);
   m.def("store_kv", &store_kv_py, py::arg("kv_cache_inputs"), py::arg("layer"), py::arg("k_new"),
         py::arg("v_new"), py::arg("row_offsets"), py::kw_only(), py::arg("device") = 0,
+        py::arg("rope_theta") = py::none(), py::arg("rotary_dim") = 0,
+        py::arg("rope_table") = nullptr,
         "Writes the new K/V rows ([tokens, n_kv_heads, head_dim] floats) of `layer`: row r of "
         "entry b (rows row_offsets[b] .. row_offsets[b+1]) goes to position cache_lengths[b] + "
-        "(r - row_offsets[b]), rounded to the cache dtype. Releases the GIL.");
+        "(r - row_offsets[b]), rounded to the cache dtype. With rope_theta, K is rotated on the "
+        "way in (RoPE, NeoX pairing, the first rotary_dim elements of each head, 0 = all) at that "
+        "position; rope_table (a RopeTable of the same theta and rotary_dim) supplies the "
+        "cos/sin. Releases the GIL.");
   m.def("attention", &attention_py, py::arg("kv_cache_inputs"), py::arg("layer"), py::arg("q"),
         py::arg("row_offsets"), py::kw_only(), py::arg("out") = py::none(), py::arg("scale") = 0.0f,
         py::arg("device") = 0,

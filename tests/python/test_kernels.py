@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import kvcache
-from kv_helpers import attention_oracle, make_manager, offsets_of, random_rows
+from kv_helpers import attention_oracle, gather_kv, make_manager, offsets_of, random_rows
 
 N_KV, N_Q, DIM, LAYERS = 2, 6, 12, 2
 
@@ -149,3 +149,87 @@ def test_attention_matches_torch_sdpa(strategy):
         mask = torch.from_numpy(np.where(cols <= rows, 0.0, -np.inf).astype(np.float32))
         expected = sdpa(qt, kt, vt, attn_mask=mask)[0].numpy().transpose(1, 0, 2)
         np.testing.assert_allclose(out[start:end], expected, rtol=1e-4, atol=2e-5)
+
+
+def rope_numpy(x, positions, theta, rotary_dim):
+    """NeoX RoPE of rows x [tokens, heads, dim] in float64: pair (i, i + half)
+    of the first rotary_dim elements rotated by pos * theta^(-2i/rotary_dim)."""
+    x = np.asarray(x, dtype=np.float64).copy()
+    half = rotary_dim // 2
+    inv = theta ** (-2.0 * np.arange(half) / rotary_dim)
+    for t, pos in enumerate(positions):
+        c, s = np.cos(pos * inv), np.sin(pos * inv)
+        x0, x1 = x[t, :, :half].copy(), x[t, :, half:rotary_dim].copy()
+        x[t, :, :half] = x0 * c - x1 * s
+        x[t, :, half:rotary_dim] = x0 * s + x1 * c
+    return x
+
+
+@pytest.mark.parametrize("strategy", ["continuous", "paged"])
+def test_store_kv_rotates_k_with_rope(strategy):
+    """K goes in rotated at its position (history + row), V as given; rows of
+    the other entry and past the new ones are untouched."""
+    rng = np.random.default_rng(11)
+    m = make_manager(strategy, n_kv_heads=N_KV, head_dim=DIM, num_layers=LAYERS, page_size=3)
+    ids = m.claim(2)
+    grow(m, ids, [5, 2], rng)  # history: positions continue at 5 and 2
+    inputs = m.fetch(ids, [4, 3])
+    history0, _ = gather_kv(inputs, 0, 0, 5)
+    k, v = random_rows(rng, 7, N_KV, DIM), random_rows(rng, 7, N_KV, DIM)
+    kvcache.store_kv(inputs, 0, k, v, [0, 4, 7], rope_theta=500.0, rotary_dim=8)
+    k0, v0 = gather_kv(inputs, 0, 0, 9)
+    k1, v1 = gather_kv(inputs, 0, 1, 5)
+    np.testing.assert_allclose(k0[5:9], rope_numpy(k[0:4], range(5, 9), 500.0, 8),
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(k1[2:5], rope_numpy(k[4:7], range(2, 5), 500.0, 8),
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(v0[5:9], v[0:4])
+    np.testing.assert_array_equal(v1[2:5], v[4:7])
+    np.testing.assert_array_equal(k0[:5], history0)  # the history rows are as they were
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_store_kv_rope_table_writes_the_same_bits(dtype):
+    rng = np.random.default_rng(12)
+    k, v = random_rows(rng, 6, N_KV, DIM), random_rows(rng, 6, N_KV, DIM)
+    table = kvcache.RopeTable(DIM, 4, theta=800.0, rotary_dim=DIM)  # positions 4, 5 past its end
+    assert (table.theta, table.rotary_dim, table.max_positions) == (800.0, DIM, 4)
+    assert table.memory_bytes == 4 * DIM * 4
+    results = []
+    for use_table in (False, True):
+        m = make_manager("paged", dtype=dtype, n_kv_heads=N_KV, head_dim=DIM, num_layers=1,
+                         page_size=4)
+        inputs = m.fetch(m.claim(1), [6])
+        kvcache.store_kv(inputs, 0, k, v, [0, 6], rope_theta=800.0,
+                         rope_table=table if use_table else None)
+        results.append(inputs.blocks.copy())
+    np.testing.assert_array_equal(results[0], results[1])
+
+
+def test_rope_table_holds_the_angles():
+    table = kvcache.RopeTable(16, 40, theta=10000.0, rotary_dim=8)
+    cs = table.cos_sin(37)
+    assert cs.dtype == np.float32 and cs.shape == (8,)
+    inv = 10000.0 ** (-2.0 * np.arange(4) / 8)
+    np.testing.assert_allclose(cs[:4], np.cos(37 * inv), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(cs[4:], np.sin(37 * inv), rtol=1e-6, atol=1e-7)
+    with pytest.raises(kvcache.InvalidArgument):
+        table.cos_sin(40)
+
+
+def test_store_kv_rope_errors_leave_the_cache_unchanged():
+    m = make_manager("paged", n_kv_heads=N_KV, head_dim=DIM, num_layers=1, page_size=4)
+    inputs = m.fetch(m.claim(1), [3])
+    rng = np.random.default_rng(13)
+    k, v = random_rows(rng, 3, N_KV, DIM), random_rows(rng, 3, N_KV, DIM)
+    before = inputs.blocks.copy()
+    other = kvcache.RopeTable(DIM, 8, theta=10000.0)
+    with pytest.raises(kvcache.InvalidArgument, match="theta"):
+        kvcache.store_kv(inputs, 0, k, v, [0, 3], rope_theta=500.0, rope_table=other)
+    with pytest.raises(kvcache.InvalidArgument):
+        kvcache.store_kv(inputs, 0, k, v, [0, 3], rope_table=other)  # RoPE off
+    with pytest.raises(kvcache.InvalidArgument, match="rotary_dim"):
+        kvcache.store_kv(inputs, 0, k, v, [0, 3], rope_theta=500.0, rotary_dim=7)
+    with pytest.raises(kvcache.InvalidArgument, match="rotary_dim"):
+        kvcache.store_kv(inputs, 0, k, v, [0, 3], rotary_dim=4)  # without rope_theta
+    np.testing.assert_array_equal(inputs.blocks, before)
