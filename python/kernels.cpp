@@ -127,14 +127,16 @@ StoreOptions store_options(const py::handle& rope_theta, const py::handle& rotar
                            const RopeTable* rope_table) {
   StoreOptions options;
   options.rope_table = rope_table;
-  if (!rope_theta.is_none()) {
-    options.rope_k.enabled = true;
-    options.rope_k.theta = rope_theta.cast<float>();
-    options.rope_k.rotary_dim = to_u32(rotary_dim, "rotary_dim");
-  } else if (to_u32(rotary_dim, "rotary_dim") != 0) {
-    throw InvalidArgument("rotary_dim " + std::to_string(to_u32(rotary_dim, "rotary_dim")) +
-                          " given without rope_theta");
+  const std::uint32_t rd = to_u32(rotary_dim, "rotary_dim");
+  if (rope_theta.is_none()) {
+    if (rd != 0) {
+      throw InvalidArgument("rotary_dim " + std::to_string(rd) + " given without rope_theta");
+    }
+    return options;
   }
+  options.rope_k.enabled = true;
+  options.rope_k.theta = rope_theta.cast<float>();
+  options.rope_k.rotary_dim = rd;
   return options;
 }
 
