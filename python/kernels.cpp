@@ -25,25 +25,15 @@ namespace {
 struct ReferenceKernels {
   static constexpr const char* name = "reference";
   // RoPE on K (options.rope_k) is applied by apply_rope_reference to a copy
-  // of k_new, row by row at its position, before the store; the table, if
-  // any, is checked as store_kv checks it and otherwise not used.
+  // of k_new, row by row at its position, before the store; the options are
+  // checked as store_kv checks them (check_store_rope), the table not used.
   template <KVCacheT Cache>
   static void store_kv(const Cache& k, const Cache& v, std::span<const float> k_new,
                        std::span<const float> v_new, std::span<const std::uint32_t> row_offsets,
                        const StoreOptions& options) {
-    const RopeTable* table = options.rope_table;
-    if (!options.rope_k.enabled) {
-      if (table != nullptr) throw InvalidArgument("rope_table is set but RoPE is off");
-      return store_kv_reference(k, v, k_new, v_new, row_offsets);
-    }
     const auto d = k.desc();
-    if (table != nullptr && !table->matches(options.rope_k, d.head_dim)) {
-      throw InvalidArgument("rope_table (theta " + std::to_string(table->theta()) +
-                            ", rotary_dim " + std::to_string(table->rotary_dim()) +
-                            ") does not match the RoPE options (theta " +
-                            std::to_string(options.rope_k.theta) + ", rotary_dim " +
-                            std::to_string(rope_rotary_dim(options.rope_k, d.head_dim)) + ")");
-    }
+    check_store_rope(options, d.head_dim);
+    if (!options.rope_k.enabled) return store_kv_reference(k, v, k_new, v_new, row_offsets);
     detail::check_row_offsets(row_offsets, d.batch_size);
     const std::size_t row = std::size_t{d.n_kv_heads} * d.head_dim;
     detail::check_size("k_new", k_new.size(), std::size_t{row_offsets[d.batch_size]} * row);

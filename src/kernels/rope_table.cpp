@@ -34,4 +34,22 @@ bool RopeTable::matches(const RopeOptions& rope, std::uint32_t head_dim) const {
   return rope.theta == theta_ && rope_rotary_dim(rope, head_dim) == rotary_dim_;
 }
 
+void check_store_rope(const StoreOptions& options, std::uint32_t head_dim) {
+  const RopeOptions& rope = options.rope_k;
+  const RopeTable* table = options.rope_table;
+  if (!rope.enabled) {
+    if (table != nullptr) {
+      throw InvalidArgument("StoreOptions::rope_table is set but rope_k.enabled is false");
+    }
+    return;
+  }
+  const std::uint32_t rotary_dim = rope_rotary_dim(rope, head_dim);
+  if (table != nullptr && !table->matches(rope, head_dim)) {
+    throw InvalidArgument("StoreOptions::rope_table (theta " + std::to_string(table->theta()) +
+                          ", rotary_dim " + std::to_string(table->rotary_dim()) +
+                          ") does not match rope_k (theta " + std::to_string(rope.theta) +
+                          ", rotary_dim " + std::to_string(rotary_dim) + ")");
+  }
+}
+
 }  // namespace kvcache

@@ -61,4 +61,10 @@ class RopeTable {
   std::vector<float> values_;  // [max_positions][rotary_dim]: cos half, then sin half
 };
 
+// Checks StoreOptions' RoPE fields for a cache of head_dim: with rope_k
+// enabled, its theta and rotary_dim (rope_rotary_dim) and that rope_table, if
+// set, matches them; with rope_k disabled, that no rope_table is set. Throws
+// InvalidArgument naming the values. What store_kv checks before writing.
+void check_store_rope(const StoreOptions& options, std::uint32_t head_dim);
+
 }  // namespace kvcache

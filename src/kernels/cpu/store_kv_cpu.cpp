@@ -149,12 +149,11 @@ HWY_INLINE void PutPair(VF f0, VF f1, hwy::float16_t* dst) {
 #endif
 }
 
-// Rotates the first 2 * half elements of one head vector x into y (pairs
-// (i, i + half)), with cos/sin cs[i] / cs[half + i]. The vector form is
-// rope_rotate_pair's expression with one rounding per fma, so only targets
-// with a native FMA take it (elsewhere Highway's MulAdd rounds twice).
-// Lanes e .. e + lanes of the pairs: y0 = fma(x0, c, -(x1 * s)),
-// y1 = fma(x0, s, x1 * c), as rope_rotate_pair (native-FMA targets only).
+// Lanes e .. e + lanes of the pairs (i, i + half) of head vector x, with
+// cos/sin cs[i] / cs[half + i]: y0 = fma(x0, c, -(x1 * s)),
+// y1 = fma(x0, s, x1 * c), rope_rotate_pair's expression with one rounding
+// per fma, so only targets with a native FMA use it (elsewhere Highway's
+// MulAdd rounds twice).
 HWY_INLINE void RotateVec(const float* x, const float* cs, std::size_t half, std::size_t e, VF& y0,
                           VF& y1) {
   const DF df;
@@ -166,6 +165,7 @@ HWY_INLINE void RotateVec(const float* x, const float* cs, std::size_t half, std
   y1 = hn::MulAdd(x0, s, hn::Mul(x1, c));
 }
 
+// Rotates the first 2 * half elements of one head vector x into y.
 HWY_INLINE void RotateHead(const float* x, float* y, const float* cs, std::uint32_t half) {
   std::uint32_t i = 0;
 #if HWY_NATIVE_FMA
@@ -360,18 +360,6 @@ StorePrefetch resolve_store_prefetch(const StoreOptions& options, DType dtype) {
 }
 
 namespace detail {
-namespace {
-
-void check_rope_table(const RopeTable& table, const RopeOptions& rope, std::uint32_t head_dim) {
-  if (!table.matches(rope, head_dim)) {
-    throw InvalidArgument("StoreOptions::rope_table (theta " + std::to_string(table.theta()) +
-                          ", rotary_dim " + std::to_string(table.rotary_dim()) +
-                          ") does not match rope_k (theta " + std::to_string(rope.theta) +
-                          ", rotary_dim " + std::to_string(rope_rotary_dim(rope, head_dim)) + ")");
-  }
-}
-
-}  // namespace
 
 void store_kv_cpu(DType dtype, const LayerCacheDesc<float>& k, const LayerCacheDesc<float>& v,
                   std::span<const float> k_new, std::span<const float> v_new,
@@ -382,6 +370,7 @@ void store_kv_cpu(DType dtype, const LayerCacheDesc<float>& k, const LayerCacheD
   const std::uint32_t total = row_offsets[k.batch_size];
   check_size("k_new", k_new.size(), total * row);
   check_size("v_new", v_new.size(), total * row);
+  check_store_rope(options, k.head_dim);
   std::vector<float> inv_freq;
   kernels::StoreCtx c;
   if (options.rope_k.enabled) {
@@ -390,12 +379,9 @@ void store_kv_cpu(DType dtype, const LayerCacheDesc<float>& k, const LayerCacheD
     inv_freq = rope_inv_freqs(c.rotary_dim, options.rope_k.theta);
     c.inv_freq = inv_freq.data();
     if (options.rope_table != nullptr) {
-      check_rope_table(*options.rope_table, options.rope_k, k.head_dim);
       c.rope_cos_sin = options.rope_table->cos_sin(0).data();
       c.rope_positions = options.rope_table->max_positions();
     }
-  } else if (options.rope_table != nullptr) {
-    throw InvalidArgument("StoreOptions::rope_table is set but rope_k.enabled is false");
   }
   if (total == 0) return;
   c.k_blocks = k.blocks;
