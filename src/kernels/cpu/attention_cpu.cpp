@@ -580,7 +580,11 @@ class ItemRunner {
     const std::uint32_t m_per_head = nrows * c_.group;
     const std::uint32_t nh = it.h1 - it.h0;
     const std::size_t total = std::size_t{nh} * m_per_head;
-    head_major_ = !heads_contiguous() || m_per_head >= kNhdHeadMajorVectors;
+    const std::uint32_t tiles = (it.t1 - it.t0 + kTile - 1) / kTile;
+    const bool resident = rows_resident(it, tiles);
+    // Rows already in the caches need no prefetcher-friendly walk: NHD items
+    // go head by head there too (as HND ones do; see head_major()).
+    head_major_ = !heads_contiguous() || m_per_head >= kNhdHeadMajorVectors || resident;
     // NHD rows hold only the item's heads when it has them all (decode).
     pump_pairs_ = heads_contiguous() && std::size_t{nh} * dim != c_.token_stride;
     s.ensure(total, dim);
@@ -590,12 +594,10 @@ class ItemRunner {
     std::fill(s.acc.get(), s.acc.get() + total * s.dimp, 0.0f);
     // Row i (local) of the item sees tokens < first_limit + i.
     const std::uint32_t first_limit = c_.cache_lengths[it.b] + (it.r0 - c_.row_offsets[it.b]) + 1;
-    const std::uint32_t tiles = (it.t1 - it.t0 + kTile - 1) / kTile;
     // Row pointers (KV head 0) of the tiles in flight: [k % kRing] is tile k;
     // head h's row is the pointer + h * head_stride. One page-table walk per tile.
     TileRows ring[kRing];
-    const bool pumping =
-        c_.prefetch == AttentionPrefetch::next_tile_l2 && !rows_resident(it, tiles);
+    const bool pumping = c_.prefetch == AttentionPrefetch::next_tile_l2 && !resident;
     const std::uint32_t ahead = pumping ? kPrefetchTilesAhead : 1;
     for (std::uint32_t k = 0; k <= ahead && k < tiles; ++k) fill_tile(it, k, ring[k]);
     const WorkItem* following = nullptr;  // the runner's next item, once claimed
@@ -1244,9 +1246,12 @@ class ItemRunner {
   bool heads_contiguous() const { return c_.head_stride == c_.dim; }
   // Whether the tile loops go head by head rather than token-major: where a
   // head's rows are adjacent (HND), and on NHD pages from
-  // kNhdHeadMajorVectors query vectors per head on. DRAM, 2 threads, against
-  // token-major on the same HND pages: MHA 1.30x, GQA 2 1.28x, GQA 4 1.08x;
-  // GQA 8 1.12x of NHD (docs/PERFORMANCE.md, session 9).
+  // kNhdHeadMajorVectors query vectors per head on, or when the probe found
+  // the item's rows in the caches (token-major order only helps the hardware
+  // prefetchers fetch from DRAM). DRAM, 2 threads, against token-major on the
+  // same HND pages: MHA 1.30x, GQA 2 1.28x, GQA 4 1.08x; GQA 8 1.12x of NHD
+  // (docs/PERFORMANCE.md, session 9). NHD rows from L2, 1 thread: MHA
+  // 1.16-1.21x, GQA 4 1.09-1.11x (session 18).
   bool head_major() const { return head_major_; }
 
   const AttentionCtx& c_;
