@@ -8,6 +8,7 @@
 //
 // Which C++ kernels run is chosen by the one `using Kernels = ...;` line
 // below; `kvcache.kernels_backend` reports it.
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -30,7 +31,7 @@ struct ReferenceKernels {
   template <KVCacheT Cache>
   static void store_kv(const Cache& k, const Cache& v, std::span<const float> k_new,
                        std::span<const float> v_new, std::span<const std::uint32_t> row_offsets,
-                       const StoreOptions& options) {
+                       const StoreOptions& options, ThreadPool* /*pool*/) {
     const auto d = k.desc();
     check_store_rope(options, d.head_dim);
     if (!options.rope_k.enabled) return store_kv_reference(k, v, k_new, v_new, row_offsets);
@@ -50,7 +51,7 @@ struct ReferenceKernels {
   template <KVCacheT Cache>
   static void attention(const Cache& k, const Cache& v, std::span<const float> q,
                         std::uint32_t n_q_heads, std::span<const std::uint32_t> row_offsets,
-                        std::span<float> out, AttentionOptions options) {
+                        std::span<float> out, AttentionOptions options, ThreadPool* /*pool*/) {
     attention_reference(k, v, q, n_q_heads, row_offsets, out, options);
   }
 };
@@ -61,14 +62,14 @@ struct FastKernels {
   template <KVCacheT Cache>
   static void store_kv(const Cache& k, const Cache& v, std::span<const float> k_new,
                        std::span<const float> v_new, std::span<const std::uint32_t> row_offsets,
-                       const StoreOptions& options) {
-    kvcache::store_kv(k, v, k_new, v_new, row_offsets, options);
+                       const StoreOptions& options, ThreadPool* pool) {
+    kvcache::store_kv(k, v, k_new, v_new, row_offsets, options, pool);
   }
   template <KVCacheT Cache>
   static void attention(const Cache& k, const Cache& v, std::span<const float> q,
                         std::uint32_t n_q_heads, std::span<const std::uint32_t> row_offsets,
-                        std::span<float> out, AttentionOptions options) {
-    kvcache::attention(k, v, q, n_q_heads, row_offsets, out, options);
+                        std::span<float> out, AttentionOptions options, ThreadPool* pool) {
+    kvcache::attention(k, v, q, n_q_heads, row_offsets, out, options, pool);
   }
 };
 
@@ -112,11 +113,40 @@ auto span_of(A& a) {
   return std::span(a.data(), static_cast<std::size_t>(a.size()));
 }
 
+// A Python real number (int, float, NumPy scalar; not bool) as float;
+// InvalidArgument naming `what` and the value otherwise.
+float to_float(const py::handle& obj, const char* what) {
+  const auto bad = [&] {
+    return InvalidArgument(std::string(what) + " is " + py::repr(obj).cast<std::string>() +
+                           ": must be a real number");
+  };
+  if (PyBool_Check(obj.ptr()) || !PyNumber_Check(obj.ptr()) || PyComplex_Check(obj.ptr())) {
+    throw bad();
+  }
+  const double x = PyFloat_AsDouble(obj.ptr());
+  if (x == -1.0 && PyErr_Occurred() != nullptr) {
+    PyErr_Clear();
+    throw bad();
+  }
+  return static_cast<float>(x);
+}
+
+// The `pool` keyword: None runs on the calling thread.
+ThreadPool* pool_of(const py::handle& pool) {
+  if (pool.is_none()) return nullptr;
+  if (!py::isinstance<ThreadPool>(pool)) {
+    throw InvalidArgument("pool is " + py::repr(pool).cast<std::string>() +
+                          ": must be a kvcache.ThreadPool or None");
+  }
+  return &pool.cast<ThreadPool&>();
+}
+
 // StoreOptions from store_kv's keywords: RoPE on K when rope_theta is given.
 StoreOptions store_options(const py::handle& rope_theta, const py::handle& rotary_dim,
-                           const RopeTable* rope_table) {
+                           const RopeTable* rope_table, const std::string& prefetch) {
   StoreOptions options;
   options.rope_table = rope_table;
+  options.prefetch = parse_store_prefetch(prefetch);
   const std::uint32_t rd = to_u32(rotary_dim, "rotary_dim");
   if (rope_theta.is_none()) {
     if (rd != 0) {
@@ -125,7 +155,7 @@ StoreOptions store_options(const py::handle& rope_theta, const py::handle& rotar
     return options;
   }
   options.rope_k.enabled = true;
-  options.rope_k.theta = rope_theta.cast<float>();
+  options.rope_k.theta = to_float(rope_theta, "rope_theta");
   options.rope_k.rotary_dim = rd;
   return options;
 }
@@ -133,17 +163,18 @@ StoreOptions store_options(const py::handle& rope_theta, const py::handle& rotar
 void store_kv_py(PyBatch& inputs, const py::handle& layer, const FloatArray& k_new,
                  const FloatArray& v_new, const py::handle& row_offsets, const py::handle& device,
                  const py::handle& rope_theta, const py::handle& rotary_dim,
-                 const RopeTable* rope_table) {
+                 const RopeTable* rope_table, const py::handle& pool, const std::string& prefetch) {
   const KVCacheBatch& b = inputs.batch;
   const KVCacheParams& p = b.params();
   check_rows(k_new, "k_new", p.n_kv_heads_per_device(), p.head_dim);
   check_rows(v_new, "v_new", p.n_kv_heads_per_device(), p.head_dim);
   const auto offsets = to_u32_vector(row_offsets, "row_offsets");
-  const StoreOptions options = store_options(rope_theta, rotary_dim, rope_table);
+  const StoreOptions options = store_options(rope_theta, rotary_dim, rope_table, prefetch);
+  ThreadPool* const threads = pool_of(pool);
   with_layer(b, to_u32(layer, "layer"), to_u32(device, "device"),
              [&](const auto& k, const auto& v) {
                py::gil_scoped_release nogil;
-               Kernels::store_kv(k, v, span_of(k_new), span_of(v_new), offsets, options);
+               Kernels::store_kv(k, v, span_of(k_new), span_of(v_new), offsets, options, threads);
              });
 }
 
@@ -177,7 +208,8 @@ void bind_rope_table(py::module_& m) {
 
 py::array_t<float> attention_py(PyBatch& inputs, const py::handle& layer, const FloatArray& q,
                                 const py::handle& row_offsets, std::optional<py::array> out,
-                                float scale, const py::handle& device) {
+                                const py::handle& scale, const py::handle& device,
+                                const py::handle& pool, const std::string& prefetch) {
   const KVCacheBatch& b = inputs.batch;
   const std::uint32_t dim = b.params().head_dim;
   if (q.ndim() != 3 || q.shape(2) != dim) {
@@ -192,36 +224,59 @@ py::array_t<float> attention_py(PyBatch& inputs, const py::handle& layer, const 
     throw InvalidArgument("out must be a writable C-contiguous float32 array shaped like q");
   }
   const auto offsets = to_u32_vector(row_offsets, "row_offsets");
+  const AttentionOptions options{to_float(scale, "scale"), parse_attention_prefetch(prefetch)};
+  ThreadPool* const threads = pool_of(pool);
   const std::span<float> out_span(result.mutable_data(), static_cast<std::size_t>(result.size()));
-  with_layer(
-      b, to_u32(layer, "layer"), to_u32(device, "device"), [&](const auto& k, const auto& v) {
-        py::gil_scoped_release nogil;
-        Kernels::attention(k, v, span_of(q), n_q_heads, offsets, out_span, AttentionOptions{scale});
-      });
+  with_layer(b, to_u32(layer, "layer"), to_u32(device, "device"),
+             [&](const auto& k, const auto& v) {
+               py::gil_scoped_release nogil;
+               Kernels::attention(k, v, span_of(q), n_q_heads, offsets, out_span, options, threads);
+             });
   return result;
 }
 
 }  // namespace
 
+void bind_thread_pool(py::module_& m) {
+  py::class_<ThreadPool>(m, "ThreadPool",
+                         "A fixed set of worker threads for store_kv and attention "
+                         "(kvcache/thread_pool.h), created once and joined when the pool is "
+                         "freed. threads counts the calling thread (1 = no workers, 0 = one per "
+                         "hardware thread). Pass it as pool=; calls sharing a pool from several "
+                         "Python threads run one at a time.")
+      .def(py::init([](const py::handle& threads) {
+             return std::make_unique<ThreadPool>(to_u32(threads, "threads"));
+           }),
+           py::arg("threads") = 0)
+      .def_property_readonly("num_threads", &ThreadPool::num_threads)
+      .def("__repr__", [](const ThreadPool& p) {
+        return "kvcache.ThreadPool(threads=" + std::to_string(p.num_threads()) + ")";
+      });
+}
+
 void bind_kernels(py::module_& m) {
   m.attr("kernels_backend") = Kernels::name;
   bind_rope_table(m);
+  bind_thread_pool(m);
   m.def("store_kv", &store_kv_py, py::arg("kv_cache_inputs"), py::arg("layer"), py::arg("k_new"),
         py::arg("v_new"), py::arg("row_offsets"), py::kw_only(), py::arg("device") = 0,
         py::arg("rope_theta") = py::none(), py::arg("rotary_dim") = 0,
-        py::arg("rope_table") = nullptr,
+        py::arg("rope_table") = nullptr, py::arg("pool") = py::none(), py::arg("prefetch") = "auto",
         "Writes the new K/V rows ([tokens, n_kv_heads, head_dim] floats) of `layer`: row r of "
         "entry b (rows row_offsets[b] .. row_offsets[b+1]) goes to position cache_lengths[b] + "
         "(r - row_offsets[b]), rounded to the cache dtype. With rope_theta, K is rotated on the "
         "way in (RoPE, NeoX pairing, the first rotary_dim elements of each head, 0 = all) at that "
         "position; rope_table (a RopeTable of the same theta and rotary_dim) supplies the "
-        "cos/sin. Releases the GIL.");
+        "cos/sin. pool (a ThreadPool) splits the rows across its threads; prefetch is 'auto', "
+        "'row-l1' or 'none' (StorePrefetch; results never depend on it). Releases the GIL.");
   m.def("attention", &attention_py, py::arg("kv_cache_inputs"), py::arg("layer"), py::arg("q"),
         py::arg("row_offsets"), py::kw_only(), py::arg("out") = py::none(), py::arg("scale") = 0.0f,
-        py::arg("device") = 0,
+        py::arg("device") = 0, py::arg("pool") = py::none(), py::arg("prefetch") = "auto",
         "Causal attention of q ([tokens, n_q_heads, head_dim] floats, GQA) over each entry's "
         "history and new tokens in `layer`; returns (or fills `out`) float32 [tokens, n_q_heads, "
-        "head_dim]. scale 0 means 1/sqrt(head_dim). Releases the GIL.");
+        "head_dim]. scale 0 means 1/sqrt(head_dim). pool (a ThreadPool) spreads the work, long "
+        "contexts included, over its threads; prefetch is 'auto', 'step-l1', 'tile-l2' or 'none' "
+        "(AttentionPrefetch; results never depend on it). Releases the GIL.");
 }
 
 }  // namespace kvcache::python

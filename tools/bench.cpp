@@ -69,35 +69,6 @@ struct AttentionArgs : Common {
   std::string prefetch = "auto";
 };
 
-AttentionPrefetch parse_prefetch(const std::string& name) {
-  if (name == "auto") return AttentionPrefetch::automatic;
-  if (name == "step-l1") return AttentionPrefetch::next_step_l1;
-  if (name == "tile-l2") return AttentionPrefetch::next_tile_l2;
-  if (name == "none") return AttentionPrefetch::none;
-  throw InvalidArgument("--prefetch must be auto, step-l1, tile-l2 or none, got '" + name + "'");
-}
-
-StorePrefetch parse_store_prefetch(const std::string& name) {
-  if (name == "auto") return StorePrefetch::automatic;
-  if (name == "row-l1") return StorePrefetch::next_row_l1;
-  if (name == "none") return StorePrefetch::none;
-  throw InvalidArgument("--prefetch must be auto, row-l1 or none, got '" + name + "'");
-}
-
-std::string prefetch_name(AttentionPrefetch p) {
-  switch (p) {
-    case AttentionPrefetch::automatic:
-      return "auto";
-    case AttentionPrefetch::next_step_l1:
-      return "step-l1";
-    case AttentionPrefetch::next_tile_l2:
-      return "tile-l2";
-    case AttentionPrefetch::none:
-      return "none";
-  }
-  return "?";
-}
-
 struct StoreArgs : Common {
   std::string prefetch = "auto";
   std::uint32_t tokens = 4096;
@@ -342,7 +313,7 @@ nlohmann::json bench_attention(const AttentionArgs& a) {
   if (a.context < 2) throw InvalidArgument("--context must be at least 2");
   const bool decode = a.mode == "decode";
   const bool huge = huge_on(a);
-  const AttentionPrefetch prefetch = parse_prefetch(a.prefetch);
+  const AttentionPrefetch prefetch = parse_attention_prefetch(a.prefetch);
   ThreadPool pool(a.threads);
   std::mt19937 rng(2024);
 
@@ -424,7 +395,7 @@ nlohmann::json bench_attention(const AttentionArgs& a) {
       {"threads", a.threads},
       {"mode", a.mode},
       {"resident", a.resident},
-      {"prefetch", prefetch_name(resolve_attention_prefetch(prefetch))},
+      {"prefetch", std::string(prefetch_name(resolve_attention_prefetch(prefetch)))},
       {"huge_pages", a.huge_pages},
       {"isa", active_isa()},
       {"anon_huge_kb", anon_huge_kb()},

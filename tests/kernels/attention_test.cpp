@@ -231,7 +231,12 @@ TEST(AttentionFast, EveryPrefetchStrategy) {
 TEST(AttentionFast, PumpRunsOnAcrossItems) {
   std::mt19937 rng(4242);
   Case c{{{700, 1}, {5, 1}, {32, 1}, {33, 1}, {1, 1}, {30, 6}, {64, 2}, {95, 1}, {1, 4}},
-         true, 16, 2, 4, 64, 2};
+         true,
+         16,
+         2,
+         4,
+         64,
+         2};
   c.prefetch = AttentionPrefetch::next_tile_l2;
   for_dtypes([&](auto tag) {
     using T = decltype(tag);
@@ -383,6 +388,32 @@ TEST(AttentionFast, ExplicitScale) {
   attention(k, v, std::span(q), 2, ro, std::span(b), opt);
   for (std::size_t i = 0; i < a.size(); ++i)
     ASSERT_NEAR(a[i], b[i], kAbsTol + kRelTol * std::fabs(a[i]));
+}
+
+// Every prefetch strategy has a name that parses back to it; unknown names
+// throw InvalidArgument naming the value and the accepted names.
+TEST(PrefetchNames, RoundTripAndRejectUnknown) {
+  for (const AttentionPrefetch p : {AttentionPrefetch::automatic, AttentionPrefetch::next_step_l1,
+                                    AttentionPrefetch::next_tile_l2, AttentionPrefetch::none}) {
+    EXPECT_EQ(parse_attention_prefetch(prefetch_name(p)), p);
+  }
+  for (const StorePrefetch p :
+       {StorePrefetch::automatic, StorePrefetch::next_row_l1, StorePrefetch::none}) {
+    EXPECT_EQ(parse_store_prefetch(prefetch_name(p)), p);
+  }
+  EXPECT_EQ(prefetch_name(AttentionPrefetch::next_tile_l2), "tile-l2");
+  EXPECT_EQ(prefetch_name(StorePrefetch::next_row_l1), "row-l1");
+  EXPECT_EQ(prefetch_name(static_cast<AttentionPrefetch>(9)), "?");
+  try {
+    parse_attention_prefetch("row-l1");
+    ADD_FAILURE() << "a store prefetch name parsed as an attention one";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("'row-l1' is not one of auto, step-l1, tile-l2, none"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(parse_store_prefetch("step-l1"), InvalidArgument);
+  EXPECT_THROW(parse_store_prefetch(""), InvalidArgument);
 }
 
 TEST(AttentionFast, BadArgumentsThrowInvalidArgument) {

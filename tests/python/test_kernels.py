@@ -233,3 +233,66 @@ def test_store_kv_rope_errors_leave_the_cache_unchanged():
     with pytest.raises(kvcache.InvalidArgument, match="rotary_dim"):
         kvcache.store_kv(inputs, 0, k, v, [0, 3], rotary_dim=4)  # without rope_theta
     np.testing.assert_array_equal(inputs.blocks, before)
+
+
+@pytest.mark.parametrize("page_layout", ["nhd", "hnd"])
+def test_thread_pool_and_prefetch_keep_the_results(page_layout):
+    """A long decode (its context split across the pool's threads and merged)
+    beside a prefill: every prefetch strategy, on 1 and 2 threads, matches the
+    oracle; store_kv through a pool writes the same bits as without."""
+    rng = np.random.default_rng(21)
+    m = make_manager("paged", dtype="bfloat16", n_kv_heads=2, head_dim=64, num_layers=1,
+                     page_size=16, max_batch=2, max_seq_len=2100, page_layout=page_layout)
+    ids = m.claim(2)
+    history = m.fetch(ids, [1999, 5])
+    kvcache.store_kv(history, 0, random_rows(rng, 2004, 2, 64), random_rows(rng, 2004, 2, 64),
+                     offsets_of([1999, 5]))
+    m.step(ids, [1999, 5])
+    counts = [1, 9]
+    inputs = m.fetch(ids, counts)
+    offsets = offsets_of(counts)
+    k, v = random_rows(rng, 10, 2, 64), random_rows(rng, 10, 2, 64)
+    before = inputs.blocks.copy()
+    kvcache.store_kv(inputs, 0, k, v, offsets)
+    plain = inputs.blocks.copy()
+    inputs.blocks[...] = before
+    pool = kvcache.ThreadPool(2)
+    assert pool.num_threads == 2 and repr(pool) == "kvcache.ThreadPool(threads=2)"
+    for prefetch in ("auto", "row-l1", "none"):
+        kvcache.store_kv(inputs, 0, k, v, offsets, pool=pool, prefetch=prefetch)
+        np.testing.assert_array_equal(inputs.blocks, plain)
+    q = rng.standard_normal((10, 8, 64)).astype(np.float32)  # GQA 4
+    ref = attention_oracle(inputs, 0, q, offsets)
+    for threads in (None, pool, kvcache.ThreadPool(1)):
+        for prefetch in ("auto", "step-l1", "tile-l2", "none"):
+            out = kvcache.attention(inputs, 0, q, offsets, pool=threads, prefetch=prefetch)
+            np.testing.assert_allclose(out, ref, rtol=1e-4, atol=2e-5)
+
+
+def test_kernel_keyword_errors_name_the_value():
+    inputs, q, offsets = scenario("paged", "float32", seed=8)
+    total = int(offsets[-1])
+    rng = np.random.default_rng(8)
+    k, v = random_rows(rng, total, N_KV, DIM), random_rows(rng, total, N_KV, DIM)
+    before = inputs.blocks.copy()
+    with pytest.raises(kvcache.InvalidArgument, match="'l3'.*auto, step-l1, tile-l2, none"):
+        kvcache.attention(inputs, 0, q, offsets, prefetch="l3")
+    with pytest.raises(kvcache.InvalidArgument, match="'step-l1'.*auto, row-l1, none"):
+        kvcache.store_kv(inputs, 0, k, v, offsets, prefetch="step-l1")
+    with pytest.raises(kvcache.InvalidArgument, match="pool is 2"):
+        kvcache.attention(inputs, 0, q, offsets, pool=2)
+    with pytest.raises(kvcache.InvalidArgument, match="pool is 'x'"):
+        kvcache.store_kv(inputs, 0, k, v, offsets, pool="x")
+    with pytest.raises(kvcache.InvalidArgument, match="rope_theta is 'big'"):
+        kvcache.store_kv(inputs, 0, k, v, offsets, rope_theta="big")
+    with pytest.raises(kvcache.InvalidArgument, match="rope_theta is True"):
+        kvcache.store_kv(inputs, 0, k, v, offsets, rope_theta=True)
+    with pytest.raises(kvcache.InvalidArgument, match="scale is None"):
+        kvcache.attention(inputs, 0, q, offsets, scale=None)
+    with pytest.raises(kvcache.InvalidArgument, match="threads is -2"):
+        kvcache.ThreadPool(-2)
+    np.testing.assert_array_equal(inputs.blocks, before)
+    # NumPy scalars are numbers.
+    out = kvcache.attention(inputs, 0, q, offsets, scale=np.float32(0.25))
+    np.testing.assert_allclose(out, attention_oracle(inputs, 0, q, offsets, scale=0.25),
+                               rtol=1e-4, atol=2e-5)

@@ -32,6 +32,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string_view>
 
 #include "kvcache/kernels/reference.h"
 #include "kvcache/kv_cache.h"
@@ -86,6 +87,16 @@ StorePrefetch resolve_store_prefetch(const StoreOptions& options, DType dtype);
 // The strategy `requested` stands for on the calling processor (never
 // automatic): what attention() uses for AttentionOptions::prefetch.
 AttentionPrefetch resolve_attention_prefetch(AttentionPrefetch requested);
+
+// The prefetch strategies by name, as `kvcache bench --prefetch` and the
+// Python binding spell them: attention "auto", "step-l1", "tile-l2", "none";
+// store "auto", "row-l1", "none". The parsers throw InvalidArgument naming
+// the value and the accepted names; the name of a value outside the enum is
+// "?".
+std::string_view prefetch_name(AttentionPrefetch p);
+std::string_view prefetch_name(StorePrefetch p);
+AttentionPrefetch parse_attention_prefetch(std::string_view name);
+StorePrefetch parse_store_prefetch(std::string_view name);
 
 namespace detail {
 // Type-erased entry points (implemented with Highway in src/kernels/cpu/).
