@@ -7,6 +7,8 @@
 #include <cmath>
 #include <vector>
 
+#include "kvcache/kernels/rope.h"
+
 namespace kvcache::engine {
 
 void linear(const float* x, std::size_t rows, std::size_t in, const float* w, std::size_t out,
@@ -30,24 +32,24 @@ void rms_norm(const float* x, std::size_t rows, std::size_t dim, const float* we
 }
 
 void apply_rope(float* x, std::size_t rows, std::uint32_t heads, std::uint32_t head_dim,
-                std::span<const std::uint32_t> positions, float theta) {
-  const std::uint32_t half = head_dim / 2;
-  std::vector<float> inv_freq(half), cos_v(half), sin_v(half);
-  for (std::uint32_t i = 0; i < half; ++i) {
-    inv_freq[i] = static_cast<float>(std::pow(double(theta), -2.0 * i / double(head_dim)));
-  }
+                std::span<const std::uint32_t> positions, const RopeTable& table) {
+  const std::uint32_t rd = table.rotary_dim(), half = rd / 2;
+  std::vector<float> computed(rd);  // angles of positions past the table
   for (std::size_t r = 0; r < rows; ++r) {
-    for (std::uint32_t i = 0; i < half; ++i) {
-      const double angle = double(positions[r]) * inv_freq[i];
-      cos_v[i] = static_cast<float>(std::cos(angle));
-      sin_v[i] = static_cast<float>(std::sin(angle));
+    std::span<const float> cs;
+    if (positions[r] < table.max_positions()) {
+      cs = table.cos_sin(positions[r]);
+    } else {
+      for (std::uint32_t i = 0; i < half; ++i) {
+        rope_cos_sin(positions[r], rope_inv_freq(i, rd, table.theta()), computed[i],
+                     computed[half + i]);
+      }
+      cs = computed;
     }
     for (std::uint32_t h = 0; h < heads; ++h) {
       float* v = x + (r * heads + h) * head_dim;
       for (std::uint32_t i = 0; i < half; ++i) {
-        const float a = v[i], b = v[i + half];
-        v[i] = a * cos_v[i] - b * sin_v[i];
-        v[i + half] = b * cos_v[i] + a * sin_v[i];
+        rope_rotate_pair(v[i], v[i + half], cs[i], cs[half + i], v[i], v[i + half]);
       }
     }
   }

@@ -168,8 +168,20 @@ void ModelWeights::check(const ModelConfig& c) const {
   check_len("lm_head", lm_head.size(), c.tie_word_embeddings ? 0 : c.vocab_size * h);
 }
 
+namespace {
+
+RopeTable rope_table_of(const ModelConfig& c) {
+  c.validate();  // before RopeTable sees head_dim and rope_theta
+  return RopeTable(RopeOptions{true, c.rope_theta, 0}, c.head_dim,
+                   std::min(c.max_position, Model::kRopeTablePositions));
+}
+
+}  // namespace
+
 Model::Model(ModelConfig config, ModelWeights weights)
-    : config_(std::move(config)), weights_(std::move(weights)) {
+    : config_(std::move(config)),
+      weights_(std::move(weights)),
+      rope_table_(rope_table_of(config_)) {
   weights_.check(config_);
 }
 
@@ -185,9 +197,12 @@ void Model::check_tokens(std::span<const TokenId> tokens) const {
 namespace {
 
 // Shared layer body: everything but attention, which the caller supplies.
+// K is rotated here only with rotate_k (the cached path has store_kv rotate
+// it on the way into the cache).
 template <class Attend>
-void run_layers(const ModelConfig& c, const ModelWeights& w, std::size_t rows,
-                std::span<const std::uint32_t> positions, ForwardScratch& s, Attend&& attend) {
+void run_layers(const ModelConfig& c, const ModelWeights& w, const RopeTable& rope, bool rotate_k,
+                std::size_t rows, std::span<const std::uint32_t> positions, ForwardScratch& s,
+                Attend&& attend) {
   const std::size_t h = c.hidden_size, qd = std::size_t{c.num_heads} * c.head_dim,
                     kvd = std::size_t{c.num_kv_heads} * c.head_dim, f = c.intermediate_size;
   s.h.resize(rows * h);
@@ -203,8 +218,8 @@ void run_layers(const ModelConfig& c, const ModelWeights& w, std::size_t rows,
     linear(s.h.data(), rows, h, lw.q_proj.data(), qd, s.q.data());
     linear(s.h.data(), rows, h, lw.k_proj.data(), kvd, s.k.data());
     linear(s.h.data(), rows, h, lw.v_proj.data(), kvd, s.v.data());
-    apply_rope(s.q.data(), rows, c.num_heads, c.head_dim, positions, c.rope_theta);
-    apply_rope(s.k.data(), rows, c.num_kv_heads, c.head_dim, positions, c.rope_theta);
+    apply_rope(s.q.data(), rows, c.num_heads, c.head_dim, positions, rope);
+    if (rotate_k) apply_rope(s.k.data(), rows, c.num_kv_heads, c.head_dim, positions, rope);
     attend(l);
     linear(s.attn.data(), rows, qd, lw.o_proj.data(), h, s.x.data(), /*accumulate=*/true);
     rms_norm(s.x.data(), rows, h, lw.post_norm.data(), c.rms_norm_eps, s.h.data());
@@ -315,9 +330,14 @@ void Model::forward(std::span<const TokenId> tokens, std::span<const std::uint32
     }
   }
   embed(config_, weights_, tokens, s);
-  run_layers(config_, weights_, rows, s.positions, s, [&](std::uint32_t layer) {
-    store_and_attend(batch, layer, s.k, s.v, s.q, config_.num_heads, row_offsets, s.attn);
-  });
+  StoreOptions store;
+  store.rope_k = RopeOptions{true, config_.rope_theta, 0};
+  store.rope_table = &rope_table_;
+  run_layers(config_, weights_, rope_table_, /*rotate_k=*/false, rows, s.positions, s,
+             [&](std::uint32_t layer) {
+               store_and_attend(batch, layer, s.k, s.v, store, s.q, config_.num_heads, row_offsets,
+                                s.attn);
+             });
   lm_head(config_, weights_, logit_rows, logits, s);
 }
 
@@ -328,9 +348,10 @@ std::vector<float> Model::forward_no_cache(std::span<const TokenId> tokens) cons
   s.positions.resize(n);
   for (std::size_t i = 0; i < n; ++i) s.positions[i] = static_cast<std::uint32_t>(i);
   embed(config_, weights_, tokens, s);
-  run_layers(config_, weights_, n, s.positions, s, [&](std::uint32_t) {
-    attention_no_cache(config_, n, s.q.data(), s.k.data(), s.v.data(), s.attn.data());
-  });
+  run_layers(config_, weights_, rope_table_, /*rotate_k=*/true, n, s.positions, s,
+             [&](std::uint32_t) {
+               attention_no_cache(config_, n, s.q.data(), s.k.data(), s.v.data(), s.attn.data());
+             });
   std::vector<std::uint32_t> all(n);
   for (std::size_t i = 0; i < n; ++i) all[i] = static_cast<std::uint32_t>(i);
   std::vector<float> logits(n * config_.vocab_size);

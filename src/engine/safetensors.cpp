@@ -3,14 +3,14 @@
 #include "kvcache/engine/safetensors.h"
 
 #include <algorithm>
-#include <vector>
-#include <string>
-#include <limits>
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "kvcache/dtype.h"
 #include "kvcache/error.h"
@@ -218,7 +218,8 @@ ModelConfig read_hf_config(const std::string& path) {
     c.num_layers = json_uint<std::uint32_t>(j.at("num_hidden_layers"), "num_hidden_layers");
     c.num_heads = json_uint<std::uint32_t>(j.at("num_attention_heads"), "num_attention_heads");
     c.num_kv_heads = json_uint_or<std::uint32_t>(j, "num_key_value_heads", c.num_heads);
-    c.head_dim = json_uint_or<std::uint32_t>(j, "head_dim", c.num_heads ? c.hidden_size / c.num_heads : 0u);
+    c.head_dim =
+        json_uint_or<std::uint32_t>(j, "head_dim", c.num_heads ? c.hidden_size / c.num_heads : 0u);
     c.rope_theta = json_float_or(j, "rope_theta", 10000.0f);
     c.rms_norm_eps = json_float_or(j, "rms_norm_eps", 1e-6f);
     c.max_position = json_uint_or<std::uint32_t>(j, "max_position_embeddings", 4096u);

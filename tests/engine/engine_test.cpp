@@ -9,12 +9,14 @@
 #include <memory>
 #include <random>
 
+#include "engine/linalg.h"
 #include "engine/reference.h"
 #include "kvcache/continuous_manager.h"
 #include "kvcache/engine/model.h"
 #include "kvcache/engine/sampling.h"
 #include "kvcache/engine/scheduler.h"
 #include "kvcache/error.h"
+#include "kvcache/kernels/rope.h"
 #include "kvcache/paged_manager.h"
 
 namespace kvcache::engine {
@@ -133,6 +135,30 @@ TEST(Model, CachedPrefillEqualsNoCacheForBothManagers) {
     }
     m->release(id);
   }
+}
+
+// The model rotates Q with the angles the fused store uses for K: its table
+// (min(max_position, kRopeTablePositions) positions), and past the table's
+// end the per-position angles; either way bit for bit apply_rope_reference.
+TEST(Model, RopeOnQMatchesTheStoresRotationOfK) {
+  const Model& m = tiny_model();
+  const ModelConfig& c = m.config();
+  EXPECT_EQ(m.rope_table().max_positions(),
+            std::min(c.max_position, Model::kRopeTablePositions));
+  EXPECT_TRUE(m.rope_table().matches(RopeOptions{true, c.rope_theta, 0}, c.head_dim));
+  const RopeTable small(RopeOptions{true, 500.0f, 0}, 6, 4);
+  std::mt19937 rng(77);
+  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+  std::vector<float> x(3 * 2 * 6);  // [3 rows][2 heads][6]
+  for (float& e : x) e = u(rng);
+  const std::vector<std::uint32_t> positions = {2, 9, 3};  // 9 is past the table
+  std::vector<float> want = x;
+  for (std::size_t r = 0; r < 3; ++r) {
+    apply_rope_reference(std::span(want).subspan(r * 12, 12), 2, 6, positions[r],
+                         RopeOptions{true, 500.0f, 0});
+  }
+  apply_rope(x.data(), 3, 2, 6, positions, small);
+  EXPECT_EQ(x, want);
 }
 
 TEST(Model, RejectsBadInput) {

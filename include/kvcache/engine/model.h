@@ -1,7 +1,8 @@
 // kvcache/engine/model.h — a small Llama-architecture decoder on the kvcache API.
 //
-// Embedding -> N x [RMSNorm -> Q/K/V -> RoPE -> store_kv + attention (GQA,
-// through the cache) -> O -> residual -> RMSNorm -> SwiGLU MLP -> residual]
+// Embedding -> N x [RMSNorm -> Q/K/V -> RoPE on Q -> store_kv with RoPE on K
+// fused (StoreOptions::rope_k) + attention (GQA, through the cache) -> O ->
+// residual -> RMSNorm -> SwiGLU MLP -> residual]
 // -> RMSNorm -> LM head. All math in fp32; matrix products through BLAS.
 // Weights use the Hugging Face Llama layout ([out_features][in_features],
 // rotate-half RoPE), so a safetensors checkpoint loads without permutation.
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "kvcache/batch.h"
+#include "kvcache/kernels/rope_table.h"
 #include "kvcache/params.h"
 
 namespace kvcache::engine {
@@ -99,6 +101,10 @@ class Model {
 
   const ModelConfig& config() const { return config_; }
   const ModelWeights& weights() const { return weights_; }
+  // The RoPE angles of positions [0, min(max_position, kRopeTablePositions)),
+  // shared by Q's rotation and the fused store's rotation of K.
+  const RopeTable& rope_table() const { return rope_table_; }
+  static constexpr std::uint32_t kRopeTablePositions = 32768;
 
   // One ragged step. tokens: all new tokens, entry b owns
   // [row_offsets[b], row_offsets[b+1]). logit_rows: indices into tokens
@@ -119,6 +125,7 @@ class Model {
   void check_tokens(std::span<const TokenId> tokens) const;
   ModelConfig config_;
   ModelWeights weights_;
+  RopeTable rope_table_;
 };
 
 }  // namespace kvcache::engine
