@@ -14,7 +14,7 @@
 // each K load feeds 2 * kQ FMAs and one transpose-add tree turns the kN
 // partial-product vectors into one vector of kN scores. The online softmax
 // runs on whole score vectors per (head, query), then V rows are accumulated
-// kPvTokens tokens at a time across the heads (up to 8 query vectors per V
+// a few tokens at a time across the heads (up to 8 query vectors per V
 // load; with one query per head, two heads' accumulators in registers).
 // bf16 rows are read as u32 and split into even/odd f32 vectors (shift /
 // mask, no shuffles); query and accumulator rows use that element order and
@@ -55,9 +55,15 @@ using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
 
 constexpr std::uint32_t kTile = 32;  // max KV tokens per tile (multiple of any lane count)
-// Tokens per PV step: each head's accumulators are loaded once per this many
-// tokens of V rows, read token by token across the heads.
-constexpr std::uint32_t kPvTokens = 4;
+// Tokens per PV step of the token-major (NHD) loops: each head's (or head
+// pair's) accumulators are loaded once per this many tokens of V rows, read
+// token by token across the heads. Against 4, DRAM, 2 threads, L2 pump:
+// NHD MHA 1.055-1.085x (medians of 12-14 rounds; 8 tokens 1.01x), NHD GQA 4
+// 0.99x slow memory, 1.03-1.06x fast (docs/PERFORMANCE.md, session 18).
+// With next_step_l1 the steps are kPvTokensStepL1 tokens, the next step's V
+// rows prefetched into L1 (16 tokens of 8 heads would be 32 KiB, most of L1).
+constexpr std::uint32_t kPvTokens = 16;
+constexpr std::uint32_t kPvTokensStepL1 = 4;
 // On NHD pages, query vectors per head from which the tile loops go head by
 // head (a head's rows 256 bytes apart in a page, but its queries and
 // accumulators stay in L1). DRAM, 2 threads, against token-major: GQA 8
@@ -851,7 +857,7 @@ class ItemRunner {
         if (tb + kT < nt) {
           prefetch_tokens_l1(rows.k, tb + kT, std::min<std::uint32_t>(nt, tb + 2 * kT), h0, nh);
         } else {
-          prefetch_tokens_l1(rows.v, 0, std::min(nt, kPvTokens), h0, nh);
+          prefetch_tokens_l1(rows.v, 0, std::min(nt, kPvTokensStepL1), h0, nh);
         }
       }
       for (std::uint32_t hl = 0; hl < nh; ++hl) score_block<kQ>(df, rows, tb, h0, hl, m, s);
@@ -910,7 +916,7 @@ class ItemRunner {
           const std::uint32_t last = std::min(pairs, p0 + 2 * kT) - 1;
           prefetch_tokens_l1(rows.k, (p0 + kT) / nh, last / nh + 1, h0, nh);
         } else {
-          prefetch_tokens_l1(rows.v, 0, std::min(rows.n, kPvTokens), h0, nh);
+          prefetch_tokens_l1(rows.v, 0, std::min(rows.n, kPvTokensStepL1), h0, nh);
         }
       }
       const T* kr[kT];
@@ -939,17 +945,27 @@ class ItemRunner {
     }
   }
 
-  // acc += p . V over the tile, kPvTokens tokens at a time: for each group
-  // of tokens, every head in turn (accumulators reloaded per group).
+  // acc += p . V over the tile kPvTokens (with next_step_l1
+  // kPvTokensStepL1) tokens at a time: for each group of tokens, every head
+  // in turn (accumulators reloaded per group).
   void pv_tile(DF df, const TileRows& rows, const TileRows* next, std::uint32_t h0,
                std::uint32_t nh, std::uint32_t m, Scratch& s) const {
+    if (c_.prefetch == AttentionPrefetch::next_step_l1) {
+      return pv_tile_steps<kPvTokensStepL1, true>(df, rows, next, h0, nh, m, s);
+    }
+    pv_tile_steps<kPvTokens, false>(df, rows, next, h0, nh, m, s);
+  }
+
+  template <std::uint32_t kStep, bool kStepL1>
+  void pv_tile_steps(DF df, const TileRows& rows, const TileRows* next, std::uint32_t h0,
+                     std::uint32_t nh, std::uint32_t m, Scratch& s) const {
     const std::uint32_t nt = rows.n;
     const std::size_t dimp = s.dimp;
-    for (std::uint32_t tg = 0; tg < nt; tg += kPvTokens) {
-      const std::uint32_t n = std::min(kPvTokens, nt - tg);
-      if (c_.prefetch == AttentionPrefetch::next_step_l1) {
-        if (tg + kPvTokens < nt) {
-          prefetch_tokens_l1(rows.v, tg + kPvTokens, std::min(nt, tg + 2 * kPvTokens), h0, nh);
+    for (std::uint32_t tg = 0; tg < nt; tg += kStep) {
+      const std::uint32_t n = std::min(kStep, nt - tg);
+      if constexpr (kStepL1) {
+        if (tg + kStep < nt) {
+          prefetch_tokens_l1(rows.v, tg + kStep, std::min(nt, tg + 2 * kStep), h0, nh);
         } else if (next != nullptr) {
           prefetch_tokens_l1(next->k, 0, std::min<std::uint32_t>(next->n, kN), h0, nh);
         }
@@ -960,7 +976,7 @@ class ItemRunner {
       }
       for (; hl < nh; ++hl) {
         const std::size_t off = std::size_t{h0 + hl} * c_.head_stride;
-        const T* vp[kPvTokens];
+        const T* vp[kStep];
         for (std::uint32_t i = 0; i < n; ++i) vp[i] = rows.v[tg + i] + off;
         pv_head(df, s.probs.get() + std::size_t{hl} * m * kTile + tg,
                 s.acc.get() + std::size_t{hl} * m * dimp, dimp, vp, n, m);
