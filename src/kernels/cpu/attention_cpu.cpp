@@ -769,8 +769,12 @@ class ItemRunner {
   };
   LinesRead pump_for(bool first_pass) const { return {this, first_pass && pump_active_}; }
 
+  // pv_rows and score_block are forced inline into their loops (GCC 12 had
+  // made them out-of-line clones): from L2, 1 thread, GQA 4 1.12x (HND) and
+  // 1.10x (NHD), MHA 1.02-1.05x; DRAM, 2 threads, slow memory state, HND
+  // GQA 4 0.975x, NHD GQA 4 0.99x, MHA 1.00x (docs/PERFORMANCE.md, session 18).
   template <int kR, std::uint32_t kEvery = 1>
-  void pv_rows(DF df, float* pr, float* acc, std::size_t dimp, const T* const* vp, std::uint32_t nt,
+  HWY_INLINE void pv_rows(DF df, float* pr, float* acc, std::size_t dimp, const T* const* vp, std::uint32_t nt,
                bool first_pass) const {
     const float* p[kR];
     float* a[kR];
@@ -868,7 +872,7 @@ class ItemRunner {
   // of the tile (rows past the tile repeat its last row; their scores land
   // in the probs padding).
   template <int kQ>
-  void score_block(DF df, const TileRows& rows, std::uint32_t tb, std::uint32_t h0,
+  HWY_INLINE void score_block(DF df, const TileRows& rows, std::uint32_t tb, std::uint32_t h0,
                    std::uint32_t hl, std::uint32_t m, Scratch& s) const {
     constexpr int kT = static_cast<int>(kN) / kQ;
     const std::uint32_t nt = rows.n;
