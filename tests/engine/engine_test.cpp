@@ -143,8 +143,7 @@ TEST(Model, CachedPrefillEqualsNoCacheForBothManagers) {
 TEST(Model, RopeOnQMatchesTheStoresRotationOfK) {
   const Model& m = tiny_model();
   const ModelConfig& c = m.config();
-  EXPECT_EQ(m.rope_table().max_positions(),
-            std::min(c.max_position, Model::kRopeTablePositions));
+  EXPECT_EQ(m.rope_table().max_positions(), std::min(c.max_position, Model::kRopeTablePositions));
   EXPECT_TRUE(m.rope_table().matches(RopeOptions{true, c.rope_theta, 0}, c.head_dim));
   const RopeTable small(RopeOptions{true, 500.0f, 0}, 6, 4);
   std::mt19937 rng(77);

@@ -774,8 +774,8 @@ class ItemRunner {
   // 1.10x (NHD), MHA 1.02-1.05x; DRAM, 2 threads, slow memory state, HND
   // GQA 4 0.975x, NHD GQA 4 0.99x, MHA 1.00x (docs/PERFORMANCE.md, session 18).
   template <int kR, std::uint32_t kEvery = 1>
-  HWY_INLINE void pv_rows(DF df, float* pr, float* acc, std::size_t dimp, const T* const* vp, std::uint32_t nt,
-               bool first_pass) const {
+  HWY_INLINE void pv_rows(DF df, float* pr, float* acc, std::size_t dimp, const T* const* vp,
+                          std::uint32_t nt, bool first_pass) const {
     const float* p[kR];
     float* a[kR];
     for (int r = 0; r < kR; ++r) {
@@ -873,7 +873,7 @@ class ItemRunner {
   // in the probs padding).
   template <int kQ>
   HWY_INLINE void score_block(DF df, const TileRows& rows, std::uint32_t tb, std::uint32_t h0,
-                   std::uint32_t hl, std::uint32_t m, Scratch& s) const {
+                              std::uint32_t hl, std::uint32_t m, Scratch& s) const {
     constexpr int kT = static_cast<int>(kN) / kQ;
     const std::uint32_t nt = rows.n;
     const std::size_t dimp = s.dimp;
