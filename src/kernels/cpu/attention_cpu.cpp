@@ -57,9 +57,10 @@ using VF = hn::Vec<DF>;
 constexpr std::uint32_t kTile = 32;  // max KV tokens per tile (multiple of any lane count)
 // Tokens per PV step of the token-major (NHD) loops: each head's (or head
 // pair's) accumulators are loaded once per this many tokens of V rows, read
-// token by token across the heads. Against 4, DRAM, 2 threads, L2 pump:
-// NHD MHA 1.055-1.085x (medians of 12-14 rounds; 8 tokens 1.01x), NHD GQA 4
-// 0.99x slow memory, 1.03-1.06x fast (docs/PERFORMANCE.md, session 18).
+// token by token across the heads. Against 4, with the L2 pump from L2 (1
+// thread): NHD MHA 1.09x, GQA 4 1.13x. In DRAM (2 threads) the A/B read
+// 1.00-1.085x, inside the +-5 % that builds with identical DRAM loops differ
+// by on this VM (docs/PERFORMANCE.md, session 18).
 // With next_step_l1 the steps are kPvTokensStepL1 tokens, the next step's V
 // rows prefetched into L1 (16 tokens of 8 heads would be 32 KiB, most of L1).
 constexpr std::uint32_t kPvTokens = 16;
@@ -194,8 +195,8 @@ HWY_INLINE void LoadChunk(DF df, const hwy::float16_t* p, VF& lo, VF& hi) {
 // On AVX-512 the bf16 chunk is loaded by an asm statement: with
 // KeepInRegister GCC still stored every loaded chunk to the stack (a dead
 // store per chunk). From L2, 1 thread: MHA 1.02-1.03x, GQA 4 1.035-1.04x;
-// DRAM 0.99-1.01x (docs/PERFORMANCE.md, session 18). Sanitizer builds keep
-// the intrinsic load, which they can check.
+// DRAM 0.99-1.01x, noise there (docs/PERFORMANCE.md, session 18).
+// Sanitizer builds keep the intrinsic load, which they can check.
 HWY_INLINE void LoadChunk(DF df, const hwy::bfloat16_t* p, VF& lo, VF& hi) {
   const hn::RebindToUnsigned<DF> du;
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3 && (HWY_COMPILER_GCC || HWY_COMPILER_CLANG) && \
@@ -783,7 +784,8 @@ class ItemRunner {
   // pv_rows and score_block are forced inline into their loops (GCC 12 had
   // made them out-of-line clones): from L2, 1 thread, GQA 4 1.12x (HND) and
   // 1.10x (NHD), MHA 1.02-1.05x; DRAM, 2 threads, slow memory state, HND
-  // GQA 4 0.975x, NHD GQA 4 0.99x, MHA 1.00x (docs/PERFORMANCE.md, session 18).
+  // GQA 4 0.975x, NHD GQA 4 0.99x, MHA 1.00x, inside the build-to-build
+  // noise there (docs/PERFORMANCE.md, session 18).
   template <int kR, std::uint32_t kEvery = 1>
   HWY_INLINE void pv_rows(DF df, float* pr, float* acc, std::size_t dimp, const T* const* vp,
                           std::uint32_t nt, bool first_pass) const {
