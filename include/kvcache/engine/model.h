@@ -102,7 +102,9 @@ class Model {
   const ModelConfig& config() const { return config_; }
   const ModelWeights& weights() const { return weights_; }
   // The RoPE angles of positions [0, min(max_position, kRopeTablePositions)),
-  // shared by Q's rotation and the fused store's rotation of K.
+  // shared by Q's rotation and the fused store's rotation of K (positions
+  // past it are computed per token). Built once by the constructor:
+  // positions x head_dim floats (16 MiB at 32768 x 128).
   const RopeTable& rope_table() const { return rope_table_; }
   static constexpr std::uint32_t kRopeTablePositions = 32768;
 
