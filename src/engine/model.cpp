@@ -170,8 +170,10 @@ void ModelWeights::check(const ModelConfig& c) const {
 
 namespace {
 
-RopeTable rope_table_of(const ModelConfig& c) {
-  c.validate();  // before RopeTable sees head_dim and rope_theta
+// The model's RoPE table, built once config and weights have been checked
+// (a malformed config gets InvalidArgument, not an allocation of its size).
+RopeTable rope_table_of(const ModelConfig& c, const ModelWeights& w) {
+  w.check(c);  // validates c too
   return RopeTable(RopeOptions{true, c.rope_theta, 0}, c.head_dim,
                    std::min(c.max_position, Model::kRopeTablePositions));
 }
@@ -181,9 +183,7 @@ RopeTable rope_table_of(const ModelConfig& c) {
 Model::Model(ModelConfig config, ModelWeights weights)
     : config_(std::move(config)),
       weights_(std::move(weights)),
-      rope_table_(rope_table_of(config_)) {
-  weights_.check(config_);
-}
+      rope_table_(rope_table_of(config_, weights_)) {}
 
 void Model::check_tokens(std::span<const TokenId> tokens) const {
   for (TokenId t : tokens) {

@@ -182,6 +182,16 @@ TEST(Model, RejectsBadInput) {
   broken.num_heads = 3;
   EXPECT_THROW(broken.validate(), InvalidArgument);
   EXPECT_THROW(model_preset("huge"), InvalidArgument);
+  // Weights that do not fit an absurd head_dim are refused before the RoPE
+  // table of that head_dim (4096 x 2^30 floats) is allocated.
+  ModelConfig absurd = model_preset("tiny");
+  absurd.head_dim = 1u << 30;
+  try {
+    Model(absurd, tiny_model().weights());
+    ADD_FAILURE() << "a model whose weights do not fit its config was built";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("q_proj"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Scheduler, RejectsBadRequestsAndQueuesNothing) {
