@@ -1,6 +1,8 @@
 // RopeTable: rope_cos_sin for every (position, pair), computed once.
 #include "kvcache/kernels/rope_table.h"
 
+#include <new>
+#include <stdexcept>
 #include <string>
 
 #include "kvcache/error.h"
@@ -8,14 +10,30 @@
 
 namespace kvcache {
 
+namespace {
+
+std::string too_large(std::uint32_t max_positions, std::size_t floats) {
+  return "RopeTable of " + std::to_string(max_positions) + " positions needs " +
+         std::to_string(floats) + " floats, which could not be allocated";
+}
+
+}  // namespace
+
 RopeTable::RopeTable(const RopeOptions& rope, std::uint32_t head_dim, std::uint32_t max_positions)
     : theta_(rope.theta),
       rotary_dim_(rope_rotary_dim(rope, head_dim)),
       max_positions_(max_positions) {
   if (max_positions == 0) throw InvalidArgument("RopeTable max_positions 0 must be at least 1");
+  const std::size_t floats = std::size_t{max_positions} * rotary_dim_;
+  try {
+    values_.resize(floats);
+  } catch (const std::length_error&) {
+    throw OutOfMemory(too_large(max_positions, floats));
+  } catch (const std::bad_alloc&) {
+    throw OutOfMemory(too_large(max_positions, floats));
+  }
   const std::uint32_t half = rotary_dim_ / 2;
   const std::vector<float> inv_freq = rope_inv_freqs(rotary_dim_, theta_);
-  values_.resize(std::size_t{max_positions} * rotary_dim_);
   for (std::uint32_t pos = 0; pos < max_positions; ++pos) {
     float* row = values_.data() + std::size_t{pos} * rotary_dim_;
     for (std::uint32_t i = 0; i < half; ++i) rope_cos_sin(pos, inv_freq[i], row[i], row[half + i]);

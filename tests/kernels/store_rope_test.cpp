@@ -137,6 +137,14 @@ TEST(StoreKvRope, TableHoldsRopeCosSin) {
   EXPECT_THROW(RopeTable(rope, 64, 0), InvalidArgument);
   EXPECT_THROW(RopeTable(RopeOptions{true, 10000.0f, 7}, 64, 10), InvalidArgument);
   EXPECT_THROW(RopeTable(RopeOptions{true, -1.0f, 0}, 64, 10), InvalidArgument);
+  // 2^32 - 1 positions of head dim 2^30: more floats than a vector can hold
+  // (std::length_error, never an allocation attempt, so sanitizers are fine).
+  try {
+    RopeTable(RopeOptions{true, 10000.0f, 0}, 1u << 30, 0xFFFFFFFFu);
+    ADD_FAILURE() << "an impossible RopeTable was built";
+  } catch (const OutOfMemory& e) {
+    EXPECT_NE(std::string(e.what()).find("4294967295 positions"), std::string::npos) << e.what();
+  }
 }
 
 TEST(StoreKvRope, MismatchedTableThrowsAndWritesNothing) {

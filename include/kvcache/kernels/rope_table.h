@@ -22,7 +22,8 @@
 //
 // Throws InvalidArgument for an odd rotary_dim or one larger than head_dim,
 // a theta that is not positive (as rope_rotary_dim does), max_positions 0,
-// and, from cos_sin, a position at or past max_positions.
+// and, from cos_sin, a position at or past max_positions; OutOfMemory when
+// the table cannot be allocated.
 #pragma once
 
 #include <cstddef>
