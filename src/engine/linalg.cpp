@@ -5,7 +5,6 @@
 #include <cblas.h>
 
 #include <cmath>
-#include <vector>
 
 #include "kvcache/kernels/rope.h"
 
@@ -33,21 +32,17 @@ void rms_norm(const float* x, std::size_t rows, std::size_t dim, const float* we
 
 void apply_rope(float* x, std::size_t rows, std::uint32_t heads, std::uint32_t head_dim,
                 std::span<const std::uint32_t> positions, const RopeTable& table) {
-  const std::uint32_t rd = table.rotary_dim(), half = rd / 2;
-  std::vector<float> computed(rd);  // angles of positions past the table
+  const std::uint32_t half = table.rotary_dim() / 2;
+  const RopeOptions rope{true, table.theta(), table.rotary_dim()};
   for (std::size_t r = 0; r < rows; ++r) {
-    std::span<const float> cs;
-    if (positions[r] < table.max_positions()) {
-      cs = table.cos_sin(positions[r]);
-    } else {
-      for (std::uint32_t i = 0; i < half; ++i) {
-        rope_cos_sin(positions[r], rope_inv_freq(i, rd, table.theta()), computed[i],
-                     computed[half + i]);
-      }
-      cs = computed;
+    const std::span<float> row(x + r * heads * head_dim, std::size_t{heads} * head_dim);
+    if (positions[r] >= table.max_positions()) {  // past the table: the angles computed
+      apply_rope_reference(row, heads, head_dim, positions[r], rope);
+      continue;
     }
+    const std::span<const float> cs = table.cos_sin(positions[r]);
     for (std::uint32_t h = 0; h < heads; ++h) {
-      float* v = x + (r * heads + h) * head_dim;
+      float* v = row.data() + std::size_t{h} * head_dim;
       for (std::uint32_t i = 0; i < half; ++i) {
         rope_rotate_pair(v[i], v[i + half], cs[i], cs[half + i], v[i], v[i + half]);
       }
