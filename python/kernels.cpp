@@ -131,6 +131,15 @@ float to_float(const py::handle& obj, const char* what) {
   return static_cast<float>(x);
 }
 
+// A Python str naming `what`'s value; InvalidArgument naming the value otherwise.
+std::string to_name(const py::handle& obj, const char* what) {
+  if (!py::isinstance<py::str>(obj)) {
+    throw InvalidArgument(std::string(what) + " is " + py::repr(obj).cast<std::string>() +
+                          ": must be a str");
+  }
+  return obj.cast<std::string>();
+}
+
 // The `pool` keyword: None runs on the calling thread.
 ThreadPool* pool_of(const py::handle& pool) {
   if (pool.is_none()) return nullptr;
@@ -143,10 +152,10 @@ ThreadPool* pool_of(const py::handle& pool) {
 
 // StoreOptions from store_kv's keywords: RoPE on K when rope_theta is given.
 StoreOptions store_options(const py::handle& rope_theta, const py::handle& rotary_dim,
-                           const RopeTable* rope_table, const std::string& prefetch) {
+                           const RopeTable* rope_table, const py::handle& prefetch) {
   StoreOptions options;
   options.rope_table = rope_table;
-  options.prefetch = parse_store_prefetch(prefetch);
+  options.prefetch = parse_store_prefetch(to_name(prefetch, "prefetch"));
   const std::uint32_t rd = to_u32(rotary_dim, "rotary_dim");
   if (rope_theta.is_none()) {
     if (rd != 0) {
@@ -163,7 +172,7 @@ StoreOptions store_options(const py::handle& rope_theta, const py::handle& rotar
 void store_kv_py(PyBatch& inputs, const py::handle& layer, const FloatArray& k_new,
                  const FloatArray& v_new, const py::handle& row_offsets, const py::handle& device,
                  const py::handle& rope_theta, const py::handle& rotary_dim,
-                 const RopeTable* rope_table, const py::handle& pool, const std::string& prefetch) {
+                 const RopeTable* rope_table, const py::handle& pool, const py::handle& prefetch) {
   const KVCacheBatch& b = inputs.batch;
   const KVCacheParams& p = b.params();
   check_rows(k_new, "k_new", p.n_kv_heads_per_device(), p.head_dim);
@@ -209,7 +218,7 @@ void bind_rope_table(py::module_& m) {
 py::array_t<float> attention_py(PyBatch& inputs, const py::handle& layer, const FloatArray& q,
                                 const py::handle& row_offsets, std::optional<py::array> out,
                                 const py::handle& scale, const py::handle& device,
-                                const py::handle& pool, const std::string& prefetch) {
+                                const py::handle& pool, const py::handle& prefetch) {
   const KVCacheBatch& b = inputs.batch;
   const std::uint32_t dim = b.params().head_dim;
   if (q.ndim() != 3 || q.shape(2) != dim) {
@@ -224,7 +233,8 @@ py::array_t<float> attention_py(PyBatch& inputs, const py::handle& layer, const 
     throw InvalidArgument("out must be a writable C-contiguous float32 array shaped like q");
   }
   const auto offsets = to_u32_vector(row_offsets, "row_offsets");
-  const AttentionOptions options{to_float(scale, "scale"), parse_attention_prefetch(prefetch)};
+  const AttentionOptions options{to_float(scale, "scale"),
+                                 parse_attention_prefetch(to_name(prefetch, "prefetch"))};
   ThreadPool* const threads = pool_of(pool);
   const std::span<float> out_span(result.mutable_data(), static_cast<std::size_t>(result.size()));
   with_layer(b, to_u32(layer, "layer"), to_u32(device, "device"),

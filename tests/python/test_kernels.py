@@ -279,6 +279,10 @@ def test_kernel_keyword_errors_name_the_value():
         kvcache.attention(inputs, 0, q, offsets, prefetch="l3")
     with pytest.raises(kvcache.InvalidArgument, match="'step-l1'.*auto, row-l1, none"):
         kvcache.store_kv(inputs, 0, k, v, offsets, prefetch="step-l1")
+    with pytest.raises(kvcache.InvalidArgument, match="prefetch is 3"):
+        kvcache.attention(inputs, 0, q, offsets, prefetch=3)
+    with pytest.raises(kvcache.InvalidArgument, match="prefetch is None"):
+        kvcache.store_kv(inputs, 0, k, v, offsets, prefetch=None)
     with pytest.raises(kvcache.InvalidArgument, match="pool is 2"):
         kvcache.attention(inputs, 0, q, offsets, pool=2)
     with pytest.raises(kvcache.InvalidArgument, match="pool is 'x'"):
