@@ -390,6 +390,92 @@ TEST(AttentionFast, ExplicitScale) {
     ASSERT_NEAR(a[i], b[i], kAbsTol + kRelTol * std::fabs(a[i]));
 }
 
+// Scores that rise along the context by more than the online softmax's
+// slack (kSoftmaxMaxSlack, 8) per tile, by less (so the stale maximum lags
+// until the rise adds up), and fall back: the running maximum must be raised
+// and the accumulators rescaled, or exp(s - max) overflows (scores reach
+// ~143). Every value is a small integer (exact in bf16 and f16) and the
+// scale a power of two, so the scores themselves are exact in any summation
+// order and the bound of check_case holds. Decodes long enough to split
+// across threads (merges of stale maxima), GQA 1 and 4, both layouts, paged
+// and continuous.
+template <CacheElement T>
+void check_rising_scores(bool paged, PageLayout layout, std::uint32_t group, std::size_t threads,
+                         std::mt19937& rng) {
+  constexpr std::uint32_t kDim = 64, kKv = 2, kContext = 1211;
+  SCOPED_TRACE(std::string(paged ? "paged " : "continuous ") + std::string(layout_name(layout)) +
+               " group " + std::to_string(group) + " threads " + std::to_string(threads) +
+               " dtype " + std::string(dtype_name(dtype_of_v<T>)));
+  OwnedCache<T> ref({{kContext - 1, 1}, {300, 1}}, paged, 16, kKv, kDim, rng, layout);
+  const std::uint32_t n_q = kKv * group;
+  std::uniform_int_distribution<int> sign(0, 1), noise(-1, 1);
+  std::vector<float> q(std::size_t{2} * n_q * kDim);
+  for (auto& x : q) x = sign(rng) != 0 ? 1.0f : -1.0f;
+  // Score of token t (before the +-1 of noise): +16 per 32-token tile, then
+  // lower, then +1.6 per tile, then flat.
+  const auto rise = [](std::uint32_t t) -> int {
+    if (t < 256) return static_cast<int>(t / 2);
+    if (t < 700) return 90;
+    if (t < 1000) return 127 + static_cast<int>((t - 700) / 20);
+    return 130;
+  };
+  test::with_collection(ref, [&](const auto& col) {
+    const auto k = col.get_key_cache(OwnedCache<T>::kLayer);
+    for (std::uint32_t b = 0; b < 2; ++b) {
+      for (std::uint32_t h = 0; h < kKv; ++h) {
+        const float* qh = q.data() + (std::size_t{b} * n_q + std::size_t{h} * group) * kDim;
+        for (std::uint32_t t = 0; t < ref.cache_lengths[b]; ++t) {
+          for (std::uint32_t e = 0; e < kDim; ++e) {
+            const float x = qh[e] * static_cast<float>(rise(t)) + static_cast<float>(noise(rng));
+            *k.ptr(b, h, t, e) = from_float<T>(x);
+          }
+        }
+      }
+    }
+  });
+  OwnedCache<T> fast(ref);
+  const auto k_new = test::random_floats(std::size_t{2} * kKv * kDim, -1, 1, rng);
+  const auto v_new = test::random_floats(std::size_t{2} * kKv * kDim, -1, 1, rng);
+  const AttentionOptions options{1.0f / kDim};
+  std::vector<float> out_ref(q.size(), 0.0f), out_fast(q.size(), -7.0f);
+  ThreadPool pool(threads);
+  const auto L = OwnedCache<T>::kLayer;
+  test::with_collection(ref, [&](const auto& col) {
+    store_kv_reference(col.get_key_cache(L), col.get_value_cache(L), std::span(k_new),
+                       std::span(v_new), std::span<const std::uint32_t>(ref.row_offsets));
+    attention_reference(col.get_key_cache(L), col.get_value_cache(L), std::span(q), n_q,
+                        std::span<const std::uint32_t>(ref.row_offsets), std::span(out_ref),
+                        options);
+  });
+  test::with_collection(fast, [&](const auto& col) {
+    store_kv(col.get_key_cache(L), col.get_value_cache(L), std::span(k_new), std::span(v_new),
+             std::span<const std::uint32_t>(fast.row_offsets), {}, &pool);
+    attention(col.get_key_cache(L), col.get_value_cache(L), std::span(q), n_q,
+              std::span<const std::uint32_t>(fast.row_offsets), std::span(out_fast), options,
+              &pool);
+  });
+  for (std::size_t i = 0; i < out_ref.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(out_ref[i])) << "reference element " << i;
+    ASSERT_LE(std::fabs(out_fast[i] - out_ref[i]), kAbsTol + kRelTol * std::fabs(out_ref[i]))
+        << "element " << i << " fast " << out_fast[i] << " reference " << out_ref[i];
+  }
+}
+
+TEST(AttentionFast, RisingScoresRaiseTheRunningMax) {
+  std::mt19937 rng(1618);
+  for_dtypes([&](auto tag) {
+    using T = decltype(tag);
+    for (const PageLayout layout : {PageLayout::nhd, PageLayout::hnd}) {
+      for (std::uint32_t group : {1u, 4u}) {
+        for (std::size_t threads : {std::size_t{1}, std::size_t{2}}) {
+          check_rising_scores<T>(true, layout, group, threads, rng);
+        }
+      }
+    }
+    check_rising_scores<T>(false, PageLayout::nhd, 4, 2, rng);
+  });
+}
+
 // Every prefetch strategy has a name that parses back to it; unknown names
 // throw InvalidArgument naming the value and the accepted names.
 TEST(PrefetchNames, RoundTripAndRejectUnknown) {
