@@ -391,6 +391,9 @@ HWY_INLINE void ScoreRows(DF df, const Query& q, const T* const* kr, std::size_t
 // 2 threads: 1.055-1.07x; DRAM HND MHA (same binary, switched by an
 // environment hook): 0.975x by gbps, 0.814 against 0.812 of stream, inside
 // this VM's noise (docs/PERFORMANCE.md, session 19).
+// Only where there are 32 vector registers (AVX-512): with AVX2's 16 the kN
+// row sums and the query spill (MHA from L2 0.83x).
+constexpr bool kQueryInRegisters = HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3;
 template <int kT, int kChunks, class T, class Pump>
 HWY_INLINE void ScoreRowsFixed(DF df, const float* q, const T* const* kr, VF* a, const Pump& pump) {
   constexpr std::uint32_t kRowLines = kChunks * kChunkLines<T>;
@@ -423,7 +426,7 @@ HWY_INLINE VF ScoreBlock(DF df, const Query& q, std::size_t dimp, const T* const
 #pragma GCC unroll 16
   for (std::size_t u = 0; u < kN; ++u) a[u] = hn::Zero(df);
   const std::size_t full = dim / kC * kC;
-  if constexpr (kQ == 1 && std::is_same_v<Query, SharedQuery>) {
+  if constexpr (kQ == 1 && kQueryInRegisters && std::is_same_v<Query, SharedQuery>) {
     if (full == dim) {
       switch (dim / kC) {
         case 2:
@@ -473,15 +476,22 @@ HWY_INLINE void PvChunks(DF df, const float* const* p, float* const* acc, const 
         pump(kEvery * kLines);
         n = 0;
       }
-      VF v[2 * kCh];
+      // Each chunk is consumed as it is loaded: with the row's 2 * kCh
+      // vectors loaded first, an AVX2 block of 4 chunks needs 18 registers
+      // of 16, and a change elsewhere in this file made GCC spill an
+      // accumulator (a store-to-load chain per token; MHA from L2 0.84x).
+      VF pr[kR];
 #pragma GCC unroll 16
-      for (int c = 0; c < kCh; ++c)
-        LoadChunkAt<kTail>(df, vr[t], d + c * kC, dim, v[2 * c], v[2 * c + 1]);
+      for (int r = 0; r < kR; ++r) pr[r] = hn::Set(df, p[r][t]);
 #pragma GCC unroll 16
-      for (int r = 0; r < kR; ++r) {
-        const VF pr = hn::Set(df, p[r][t]);
+      for (int c = 0; c < kCh; ++c) {
+        VF lo, hi;
+        LoadChunkAt<kTail>(df, vr[t], d + c * kC, dim, lo, hi);
 #pragma GCC unroll 16
-        for (int i = 0; i < 2 * kCh; ++i) a[r][i] = hn::MulAdd(pr, v[i], a[r][i]);
+        for (int r = 0; r < kR; ++r) {
+          a[r][2 * c] = hn::MulAdd(pr[r], lo, a[r][2 * c]);
+          a[r][2 * c + 1] = hn::MulAdd(pr[r], hi, a[r][2 * c + 1]);
+        }
       }
     }
     if (n != 0) pump(n * kLines);
