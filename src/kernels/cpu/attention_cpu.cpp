@@ -383,17 +383,16 @@ HWY_INLINE void ScoreRows(DF df, const Query& q, const T* const* kr, std::size_t
   }
 }
 
-// ScoreRows for one query shared by every row and rows of exactly kChunks
+// ScoreRows for one query shared by every row and rows of exactly 2-4
 // whole chunks (head dims 64, 96, 128 on AVX-512): the query held in
 // registers, each row's chunks unrolled, so a chunk costs its load, the bf16
 // split and two FMAs (the loop had 8 instructions a chunk, 3 loads). MHA
 // from L2, 1 thread: HND 1.15x, NHD (head-major when cached) 1.13x; from L3,
 // 2 threads: 1.055-1.07x; DRAM HND MHA (same binary, switched by an
 // environment hook): 0.975x by gbps, 0.814 against 0.812 of stream, inside
-// this VM's noise (docs/PERFORMANCE.md, session 19).
-// Only where there are 32 vector registers (AVX-512): with AVX2's 16 the kN
-// row sums and the query spill (MHA from L2 0.83x).
-constexpr bool kQueryInRegisters = HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3;
+// this VM's noise (docs/PERFORMANCE.md, session 19). AVX2 (head dims 32-64
+// there): dim 64 1.21x from L2; SSE4 and others keep ScoreRows.
+constexpr bool kQueryInRegisters = HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2;
 template <int kT, int kChunks, class T, class Pump>
 HWY_INLINE void ScoreRowsFixed(DF df, const float* q, const T* const* kr, VF* a, const Pump& pump) {
   constexpr std::uint32_t kRowLines = kChunks * kChunkLines<T>;
