@@ -44,8 +44,9 @@
 #include "hwy/aligned_allocator.h"
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
-// Must come after highway.h (per-target code of its own).
+// Must come after highway.h (per-target code of their own).
 #include "kernels/cpu/attention_prefill-inl.h"
+#include "kernels/cpu/exp_scores-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace kvcache::kernels::HWY_NAMESPACE {
@@ -617,38 +618,6 @@ struct Scratch {
 // the horizontal sum per tile had been half the softmax's samples (GQA 4
 // 1.025-1.04x, MHA 1.024x).
 constexpr float kSoftmaxMaxSlack = 8.0f;
-
-// e^x for the softmax's arguments (x <= kSoftmaxMaxSlack, or -inf for masked
-// tokens), 0 below -104 as hn::Exp. On AVX-512 the same reduction and
-// polynomial as Highway's Exp (x = n ln2 + r, |r| <= ln2 / 2; e^r = 1 + r +
-// r^2 P(r), its coefficients) evaluated by Horner, with 2^n applied by one
-// vscalefps instead of two exponent-field multiplies: 14 vector operations
-// against ~26. Within 0.99 ulp of exp over every float in [-87, 9] (a
-// one-off exhaustive check); NaN gives 0, as hn::Exp. From L2, 1 thread: GQA
-// 4 1.03-1.04x, MHA 1.026x (docs/PERFORMANCE.md, session 19). Elsewhere
-// hn::Exp.
-HWY_INLINE VF ExpScores(DF df, VF x) {
-#if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL)
-  (void)df;
-  const __m512 v = x.raw;
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693145751953125f), v);
-  r = _mm512_fmadd_ps(n, _mm512_set1_ps(-1.428606765330187045e-6f), r);
-  __m512 p = _mm512_set1_ps(+0.000198527617612853646278381f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(+0.00139304355252534151077271f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(+0.00833336077630519866943359f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(+0.0416664853692054748535156f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(+0.166666671633720397949219f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(+0.5f));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r);
-  p = _mm512_add_ps(p, _mm512_set1_ps(1.0f));
-  const __mmask16 in_range = _mm512_cmp_ps_mask(v, _mm512_set1_ps(-104.0f), _CMP_GE_OQ);
-  return VF{_mm512_maskz_scalef_ps(in_range, p, n)};
-#else
-  return hn::Exp(df, x);
-#endif
-}
 
 // Online-softmax update of one query vector from its tile scores p[0, nt)
 // (nvalid visible) on whole score vectors; turns p into probabilities

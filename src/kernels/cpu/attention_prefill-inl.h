@@ -34,6 +34,7 @@
 #include "hwy/aligned_allocator.h"
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
+#include "kernels/cpu/exp_scores-inl.h"
 #include "kernels/cpu/kernel_common.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -238,7 +239,7 @@ class Runner {
         const auto visible =
             hn::RebindMask(df, hn::Lt(hn::Set(di, static_cast<std::int32_t>(ta + t)), lim));
         float* p = st + std::size_t{t} * kW + v * kLanes;
-        const VF e = hn::Exp(df, hn::Max(hn::Sub(hn::Load(df, p), m_safe), floor));
+        const VF e = ExpScores(df, hn::Max(hn::Sub(hn::Load(df, p), m_safe), floor));
         const VF pv = hn::IfThenElseZero(visible, e);
         hn::Store(pv, df, p);
         sum = hn::Add(sum, pv);
