@@ -57,6 +57,50 @@ struct Case {
 // fresh prefill, a chunked prefill over history, short decodes.
 std::vector<Entry> mixed_batch() { return {{1500, 1}, {0, 19}, {61, 7}, {3, 1}, {33, 2}}; }
 
+// Stores k_new / v_new into `ref` and `fast` (identical caches) and attends
+// q there, by the references in `ref` and by the fast kernels (on `isa`, with
+// `threads`) in `fast`; checks that the stores agree bit for bit and every
+// output element within the bound above. Returns the reference's output.
+template <CacheElement T>
+std::vector<float> check_against_reference(const OwnedCache<T>& ref, const OwnedCache<T>& fast,
+                                           const std::vector<float>& k_new,
+                                           const std::vector<float>& v_new,
+                                           const std::vector<float>& q, std::uint32_t n_q,
+                                           AttentionOptions options, std::size_t threads,
+                                           const std::string& isa = "auto") {
+  std::vector<float> out_ref(q.size(), 0.0f), out_fast(q.size(), -7.0f);
+  ThreadPool pool(threads);
+  const auto L = OwnedCache<T>::kLayer;
+  test::with_collection(ref, [&](const auto& col) {
+    store_kv_reference(col.get_key_cache(L), col.get_value_cache(L), std::span(k_new),
+                       std::span(v_new), std::span<const std::uint32_t>(ref.row_offsets));
+    attention_reference(col.get_key_cache(L), col.get_value_cache(L), std::span(q), n_q,
+                        std::span<const std::uint32_t>(ref.row_offsets), std::span(out_ref),
+                        options);
+  });
+  test::with_collection(fast, [&](const auto& col) {
+    select_isa(isa);
+    store_kv(col.get_key_cache(L), col.get_value_cache(L), std::span(k_new), std::span(v_new),
+             std::span<const std::uint32_t>(fast.row_offsets), {}, &pool);
+    attention(col.get_key_cache(L), col.get_value_cache(L), std::span(q), n_q,
+              std::span<const std::uint32_t>(fast.row_offsets), std::span(out_fast), options,
+              &pool);
+    select_isa("auto");
+  });
+  EXPECT_EQ(0, std::memcmp(ref.blocks.data(), fast.blocks.data(), ref.blocks.size() * sizeof(T)))
+      << "store_kv differs from store_kv_reference";
+  float worst = 0.0f;
+  for (std::size_t i = 0; i < out_ref.size(); ++i) {
+    const float err = std::fabs(out_fast[i] - out_ref[i]);
+    worst = std::max(worst, err / (kAbsTol + kRelTol * std::fabs(out_ref[i])));
+    EXPECT_LE(err, kAbsTol + kRelTol * std::fabs(out_ref[i]))
+        << "element " << i << " fast " << out_fast[i] << " reference " << out_ref[i];
+    if (err > kAbsTol + kRelTol * std::fabs(out_ref[i])) break;
+  }
+  EXPECT_LE(worst, 1.0f);
+  return out_ref;
+}
+
 template <CacheElement T>
 void check_case(const Case& c, std::mt19937& rng) {
   SCOPED_TRACE(c.name() + " dtype " + std::string(dtype_name(dtype_of_v<T>)));
@@ -67,35 +111,8 @@ void check_case(const Case& c, std::mt19937& rng) {
   const auto k_new = test::random_floats(std::size_t{rows} * c.n_kv * c.dim, -1, 1, rng);
   const auto v_new = test::random_floats(std::size_t{rows} * c.n_kv * c.dim, -1, 1, rng);
   const auto q = test::random_floats(std::size_t{rows} * n_q * c.dim, -2, 2, rng);
-  std::vector<float> out_ref(q.size(), 0.0f), out_fast(q.size(), -7.0f);
-  ThreadPool pool(c.threads);
-  const auto L = OwnedCache<T>::kLayer;
-
-  test::with_collection(ref, [&](const auto& col) {
-    store_kv_reference(col.get_key_cache(L), col.get_value_cache(L), std::span(k_new),
-                       std::span(v_new), std::span<const std::uint32_t>(ref.row_offsets));
-    attention_reference(col.get_key_cache(L), col.get_value_cache(L), std::span(q), n_q,
-                        std::span<const std::uint32_t>(ref.row_offsets), std::span(out_ref));
-  });
-  test::with_collection(fast, [&](const auto& col) {
-    select_isa(c.isa);
-    store_kv(col.get_key_cache(L), col.get_value_cache(L), std::span(k_new), std::span(v_new),
-             std::span<const std::uint32_t>(fast.row_offsets), {}, &pool);
-    attention(col.get_key_cache(L), col.get_value_cache(L), std::span(q), n_q,
-              std::span<const std::uint32_t>(fast.row_offsets), std::span(out_fast),
-              {.prefetch = c.prefetch}, &pool);
-    select_isa("auto");
-  });
-  ASSERT_EQ(0, std::memcmp(ref.blocks.data(), fast.blocks.data(), ref.blocks.size() * sizeof(T)))
-      << "store_kv differs from store_kv_reference";
-  float worst = 0.0f;
-  for (std::size_t i = 0; i < out_ref.size(); ++i) {
-    const float err = std::fabs(out_fast[i] - out_ref[i]);
-    worst = std::max(worst, err / (kAbsTol + kRelTol * std::fabs(out_ref[i])));
-    ASSERT_LE(err, kAbsTol + kRelTol * std::fabs(out_ref[i]))
-        << "element " << i << " fast " << out_fast[i] << " reference " << out_ref[i];
-  }
-  EXPECT_LE(worst, 1.0f);
+  check_against_reference(ref, fast, k_new, v_new, q, n_q, {.prefetch = c.prefetch}, c.threads,
+                          c.isa);
 }
 
 template <class F>
@@ -438,29 +455,10 @@ void check_rising_scores(bool paged, PageLayout layout, std::uint32_t group, std
   OwnedCache<T> fast(ref);
   const auto k_new = test::random_floats(std::size_t{2} * kKv * kDim, -1, 1, rng);
   const auto v_new = test::random_floats(std::size_t{2} * kKv * kDim, -1, 1, rng);
-  const AttentionOptions options{1.0f / kDim};
-  std::vector<float> out_ref(q.size(), 0.0f), out_fast(q.size(), -7.0f);
-  ThreadPool pool(threads);
-  const auto L = OwnedCache<T>::kLayer;
-  test::with_collection(ref, [&](const auto& col) {
-    store_kv_reference(col.get_key_cache(L), col.get_value_cache(L), std::span(k_new),
-                       std::span(v_new), std::span<const std::uint32_t>(ref.row_offsets));
-    attention_reference(col.get_key_cache(L), col.get_value_cache(L), std::span(q), n_q,
-                        std::span<const std::uint32_t>(ref.row_offsets), std::span(out_ref),
-                        options);
-  });
-  test::with_collection(fast, [&](const auto& col) {
-    store_kv(col.get_key_cache(L), col.get_value_cache(L), std::span(k_new), std::span(v_new),
-             std::span<const std::uint32_t>(fast.row_offsets), {}, &pool);
-    attention(col.get_key_cache(L), col.get_value_cache(L), std::span(q), n_q,
-              std::span<const std::uint32_t>(fast.row_offsets), std::span(out_fast), options,
-              &pool);
-  });
-  for (std::size_t i = 0; i < out_ref.size(); ++i) {
+  const auto out_ref =
+      check_against_reference(ref, fast, k_new, v_new, q, n_q, {1.0f / kDim}, threads);
+  for (std::size_t i = 0; i < out_ref.size(); ++i)
     ASSERT_TRUE(std::isfinite(out_ref[i])) << "reference element " << i;
-    ASSERT_LE(std::fabs(out_fast[i] - out_ref[i]), kAbsTol + kRelTol * std::fabs(out_ref[i]))
-        << "element " << i << " fast " << out_fast[i] << " reference " << out_ref[i];
-  }
 }
 
 TEST(AttentionFast, RisingScoresRaiseTheRunningMax) {
