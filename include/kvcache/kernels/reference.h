@@ -45,7 +45,9 @@ namespace kvcache {
 //                re-measured since the token-major order of session 5).
 //  next_tile_l2: whole rows (all heads) of the next tile into L2,
 //                in address order, issued as fast as the loops read the
-//                current tile (best on Zen 4 and Zen 5).
+//                current tile (best on Zen 4 and Zen 5). Issued as
+//                prefetcht0, which measured faster than prefetcht1 on Zen 5
+//                (the lines reach L2; most leave L1 again before use).
 //  none:         hardware prefetchers only.
 enum class AttentionPrefetch : std::uint8_t { automatic, next_step_l1, next_tile_l2, none };
 

@@ -1301,6 +1301,12 @@ class ItemRunner {
   }
 
   // kPair: each range is a K run with its V run beside it (range_.q).
+  // The lines are requested with prefetcht0 (prefetch_l1), though they are
+  // wanted a tile later: on Zen 5, in DRAM, 2 threads, against prefetcht1,
+  // 6 rotated rounds, HND MHA 1.05x, NHD MHA 1.02x, GQA 4 1.02x (HND and
+  // NHD), f16 GQA 4 1.03x; prefetchnta 0.99-1.01x, prefetcht2 0.91-1.02x
+  // (docs/PERFORMANCE.md, session 20). The lines still land in L2; most
+  // have left L1 by the time the loops read them.
   template <bool kPair>
   HWY_INLINE void pump_ranges(std::uint32_t lines) const {
     while (range_.p != nullptr) {
@@ -1308,15 +1314,15 @@ class ItemRunner {
       if constexpr (kPair) {
         const std::size_t n = std::min<std::size_t>((std::size_t{lines} + 1) / 2, avail);
         for (std::size_t i = 0; i < n; ++i) {
-          prefetch_l2(range_.p + 64 * i);
-          prefetch_l2(range_.q + 64 * i);
+          prefetch_l1(range_.p + 64 * i);
+          prefetch_l1(range_.q + 64 * i);
         }
         range_.p += 64 * n;
         range_.q += 64 * n;
         lines = lines > 2 * n ? lines - static_cast<std::uint32_t>(2 * n) : 0;
       } else {
         const std::size_t n = std::min<std::size_t>(lines, avail);
-        for (std::size_t i = 0; i < n; ++i) prefetch_l2(range_.p + 64 * i);
+        for (std::size_t i = 0; i < n; ++i) prefetch_l1(range_.p + 64 * i);
         range_.p += 64 * n;
         lines -= static_cast<std::uint32_t>(n);
       }
