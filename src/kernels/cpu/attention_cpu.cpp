@@ -1288,10 +1288,15 @@ class ItemRunner {
 
   // Up to `lines` prefetches from the current range on. Inlined into the
   // loops: per call a compare or two and the prefetches; finding the next
-  // range is out of line, once per range. The pump that found its place
-  // anew on every call (out of line) took 27 % of MHA's time from L2 with
+  // range happens once per range. The pump that found its place anew on
+  // every call (out of line) took 27 % of MHA's time from L2 with
   // head-major loops, and cost token-major MHA 17-26 % there
-  // (docs/PERFORMANCE.md, session 9).
+  // (docs/PERFORMANCE.md, session 9). Finding the next range is inlined
+  // too: a call in the loops clobbers every vector register, and GCC 12
+  // saved and restored the PV loop's accumulators around every report
+  // (per token for MHA). Inlined, from L2, 1 thread: pumped HND MHA 1.28x,
+  // NHD MHA 1.09x, GQA 4 1.05-1.09x; unpumped GQA 4 1.05-1.085x; DRAM in
+  // the slow memory state 0.97-1.01x (docs/PERFORMANCE.md, session 20).
   HWY_INLINE void pump_lines(std::uint32_t lines) const {
     if (pump_pairs_) {
       pump_ranges<true>(lines);
@@ -1333,7 +1338,7 @@ class ItemRunner {
 
   // Loads the next range into range_ (p == nullptr once the tile is done)
   // and advances the cursor.
-  void next_pump_range() const {
+  HWY_INLINE void next_pump_range() const {
     PumpCursor& c = pump_;
     if (c.done) {
       range_ = {};
