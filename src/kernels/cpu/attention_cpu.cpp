@@ -1307,9 +1307,11 @@ class ItemRunner {
 
   // kPair: each range is a K run with its V run beside it (range_.q).
   // The lines are requested with prefetcht0 (prefetch_l1), though they are
-  // wanted a tile later: on Zen 5, in DRAM, 2 threads, against prefetcht1,
-  // 6 rotated rounds, HND MHA 1.05x, NHD MHA 1.02x, GQA 4 1.02x (HND and
-  // NHD), f16 GQA 4 1.03x; prefetchnta 0.99-1.01x, prefetcht2 0.91-1.02x
+  // wanted a tile later: on Zen 5, in DRAM, 2 threads, slow memory state,
+  // against prefetcht1: MHA 1.02-1.10x, GQA 4 1.02-1.045x, batch 1 at 32k
+  // 1.055x; prefetchnta 0.99-1.07x, prefetcht2 0.91-1.02x. In the fast
+  // state it cost the compute-bound GQA 4 6 % until the range walk below
+  // was inlined (then 1.00x); with it, prefetcht1 read 0.91x for NHD MHA
   // (docs/PERFORMANCE.md, session 20). The lines still land in L2; most
   // have left L1 by the time the loops read them.
   template <bool kPair>
