@@ -42,7 +42,6 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 // Must come after foreach_target.h.
 #include "hwy/aligned_allocator.h"
-#include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
 // Must come after highway.h (per-target code of their own).
 #include "kernels/cpu/attention_prefill-inl.h"
@@ -427,6 +426,9 @@ HWY_INLINE VF ScoreBlock(DF df, const Query& q, std::size_t dimp, const T* const
   for (std::size_t u = 0; u < kN; ++u) a[u] = hn::Zero(df);
   const std::size_t full = dim / kC * kC;
   if constexpr (kQ == 1 && kQueryInRegisters && std::is_same_v<Query, SharedQuery>) {
+    // Each case reduces on its own: the same code as an if-chain with one
+    // ReduceTokens after it compiled slower under GCC 12 (HND MHA from L2,
+    // 1 thread, 0.87-0.89x; session 20; not examined further).
     if (full == dim) {
       switch (dim / kC) {
         case 2:
@@ -634,7 +636,7 @@ HWY_INLINE void SoftmaxUpdate(DF df, float* p, std::uint32_t nt, std::uint32_t n
   const VF neg = hn::Set(df, -std::numeric_limits<float>::infinity());
   const VF limit = hn::Set(df, mx + kSoftmaxMaxSlack);
   VF s[kTile / kN];
-  auto over = hn::Lt(limit, limit);  // none
+  auto over = hn::FirstN(df, 0);  // no lane yet
   for (std::size_t g = 0; g < groups; ++g) {
     const std::size_t first = g * kN;
     const std::size_t visible = nvalid <= first ? 0 : std::min<std::size_t>(kN, nvalid - first);
