@@ -92,10 +92,11 @@ std::vector<float> check_against_reference(const OwnedCache<T>& ref, const Owned
   float worst = 0.0f;
   for (std::size_t i = 0; i < out_ref.size(); ++i) {
     const float err = std::fabs(out_fast[i] - out_ref[i]);
-    worst = std::max(worst, err / (kAbsTol + kRelTol * std::fabs(out_ref[i])));
-    EXPECT_LE(err, kAbsTol + kRelTol * std::fabs(out_ref[i]))
-        << "element " << i << " fast " << out_fast[i] << " reference " << out_ref[i];
-    if (err > kAbsTol + kRelTol * std::fabs(out_ref[i])) break;
+    const float bound = kAbsTol + kRelTol * std::fabs(out_ref[i]);
+    worst = std::max(worst, err / bound);
+    EXPECT_LE(err, bound) << "element " << i << " fast " << out_fast[i] << " reference "
+                          << out_ref[i];
+    if (err > bound) break;
   }
   EXPECT_LE(worst, 1.0f);
   return out_ref;
