@@ -1,4 +1,4 @@
-// Names of the prefetch strategies (kvcache/kernels/attention.h).
+// Names of the prefetch strategies and precisions (kvcache/kernels/attention.h).
 
 #include <array>
 #include <string>
@@ -24,6 +24,11 @@ constexpr std::array<std::pair<StorePrefetch, std::string_view>, 3> kStoreNames{
     {StorePrefetch::none, "none"},
 }};
 
+constexpr std::array<std::pair<AttentionPrecision, std::string_view>, 2> kPrecisionNames{{
+    {AttentionPrecision::fp32, "fp32"},
+    {AttentionPrecision::bf16, "bf16"},
+}};
+
 template <class E, std::size_t N>
 std::string_view name_of(const std::array<std::pair<E, std::string_view>, N>& names, E value) {
   for (const auto& [e, name] : names) {
@@ -40,7 +45,7 @@ E parse(const std::array<std::pair<E, std::string_view>, N>& names, std::string_
     if (n == name) return e;
     accepted += (accepted.empty() ? "" : ", ") + std::string(n);
   }
-  throw InvalidArgument(std::string(what) + " prefetch '" + std::string(name) + "' is not one of " +
+  throw InvalidArgument(std::string(what) + " '" + std::string(name) + "' is not one of " +
                         accepted);
 }
 
@@ -50,11 +55,17 @@ std::string_view prefetch_name(AttentionPrefetch p) { return name_of(kAttentionN
 std::string_view prefetch_name(StorePrefetch p) { return name_of(kStoreNames, p); }
 
 AttentionPrefetch parse_attention_prefetch(std::string_view name) {
-  return parse(kAttentionNames, name, "attention");
+  return parse(kAttentionNames, name, "attention prefetch");
 }
 
 StorePrefetch parse_store_prefetch(std::string_view name) {
-  return parse(kStoreNames, name, "store");
+  return parse(kStoreNames, name, "store prefetch");
+}
+
+std::string_view precision_name(AttentionPrecision p) { return name_of(kPrecisionNames, p); }
+
+AttentionPrecision parse_attention_precision(std::string_view name) {
+  return parse(kPrecisionNames, name, "attention precision");
 }
 
 }  // namespace kvcache

@@ -7,6 +7,12 @@
 // polynomial exp within 1 ulp, so each output differs from the reference by
 // a few tens of fp32 ulps of 1.0 (2^-23 ~ 1.2e-7): 2e-6 is ~17 ulps.
 // store_kv must be bit-identical to store_kv_reference (same rounding).
+// With AttentionPrecision::bf16 on a bf16 cache the kernel and the reference
+// round each probability to bf16 against different maxima (the kernel's
+// running one, the reference's final one), each within 2^-9 relative, so the
+// bound gains 2^-8 times the largest |V| element (V in [-1, 1] here): the
+// random cases check the bf16 paths compute attention at all; the crafted
+// cases (Bf16Precision*) check the rounding itself within the fp32 bound.
 #include "kvcache/kernels/attention.h"
 
 #include <gtest/gtest.h>
@@ -17,6 +23,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kernel_test_util.h"
@@ -33,6 +40,9 @@ using test::OwnedCache;
 
 constexpr float kAbsTol = 2e-6f;
 constexpr float kRelTol = 2e-6f;
+// AttentionPrecision::bf16: two independent bf16 roundings of a probability
+// (2^-9 relative each) times max |V| = 1 (see the top of the file).
+constexpr float kBf16ProbabilityTol = 1.0f / 256;
 
 struct Case {
   std::vector<Entry> entries;
@@ -45,6 +55,7 @@ struct Case {
   std::string isa = "auto";  // instruction set the fast kernels run (select_isa)
   AttentionPrefetch prefetch = AttentionPrefetch::automatic;
   PageLayout layout = PageLayout::nhd;
+  AttentionPrecision precision = AttentionPrecision::fp32;
   std::string name() const {
     return std::string(paged ? "paged" : "continuous") + " page " + std::to_string(page) + " kv " +
            std::to_string(n_kv) + " group " + std::to_string(group) + " dim " +
@@ -67,7 +78,8 @@ std::vector<float> check_against_reference(const OwnedCache<T>& ref, const Owned
                                            const std::vector<float>& v_new,
                                            const std::vector<float>& q, std::uint32_t n_q,
                                            AttentionOptions options, std::size_t threads,
-                                           const std::string& isa = "auto") {
+                                           const std::string& isa = "auto",
+                                           float extra_abs = 0.0f) {
   std::vector<float> out_ref(q.size(), 0.0f), out_fast(q.size(), -7.0f);
   ThreadPool pool(threads);
   const auto L = OwnedCache<T>::kLayer;
@@ -92,7 +104,7 @@ std::vector<float> check_against_reference(const OwnedCache<T>& ref, const Owned
   float worst = 0.0f;
   for (std::size_t i = 0; i < out_ref.size(); ++i) {
     const float err = std::fabs(out_fast[i] - out_ref[i]);
-    const float bound = kAbsTol + kRelTol * std::fabs(out_ref[i]);
+    const float bound = kAbsTol + extra_abs + kRelTol * std::fabs(out_ref[i]);
     worst = std::max(worst, err / bound);
     EXPECT_LE(err, bound) << "element " << i << " fast " << out_fast[i] << " reference "
                           << out_ref[i];
@@ -112,8 +124,10 @@ void check_case(const Case& c, std::mt19937& rng) {
   const auto k_new = test::random_floats(std::size_t{rows} * c.n_kv * c.dim, -1, 1, rng);
   const auto v_new = test::random_floats(std::size_t{rows} * c.n_kv * c.dim, -1, 1, rng);
   const auto q = test::random_floats(std::size_t{rows} * n_q * c.dim, -2, 2, rng);
-  check_against_reference(ref, fast, k_new, v_new, q, n_q, {.prefetch = c.prefetch}, c.threads,
-                          c.isa);
+  const bool bf16_inputs = c.precision == AttentionPrecision::bf16 && std::is_same_v<T, BFloat16>;
+  check_against_reference(ref, fast, k_new, v_new, q, n_q,
+                          {.prefetch = c.prefetch, .precision = c.precision}, c.threads, c.isa,
+                          bf16_inputs ? kBf16ProbabilityTol : 0.0f);
 }
 
 template <class F>
@@ -218,6 +232,173 @@ TEST(AttentionFast, EveryCompiledSimdTarget) {
       }
     });
   }
+}
+
+// AttentionPrecision::bf16 on random data: the pair-product paths where the
+// processor has AVX512-BF16 (head dims of whole 32-element chunks: 64, 96,
+// 128, 256) and the f32 loops on rounded values elsewhere (80, other
+// targets), GQA 1-8, both layouts, paged and continuous, page sizes 1, 16
+// and 128, 1 and 2 threads, decode, prefill and mixed batches; f32 and f16
+// caches ignore the option (the plain fp32 bound).
+TEST(AttentionFast, Bf16PrecisionAgainstReference) {
+  std::mt19937 rng(2026);
+  for (std::uint32_t dim : {64u, 80u, 96u, 128u, 256u}) {
+    for (std::uint32_t group : {1u, 2u, 4u, 8u}) {
+      for (const PageLayout layout : {PageLayout::nhd, PageLayout::hnd}) {
+        Case c{mixed_batch(), true, 16, 2, group, dim, 2};
+        c.layout = layout;
+        c.precision = AttentionPrecision::bf16;
+        check_case<BFloat16>(c, rng);
+      }
+    }
+  }
+  for (bool paged : {true, false}) {
+    for (std::uint32_t page : {1u, 16u, 128u}) {
+      if (!paged && page != 16) continue;
+      for (std::size_t threads : {1u, 2u}) {
+        Case c{{{700, 1}, {0, 37}, {129, 3}, {15, 1}, {255, 2}}, paged, page, 3, 4, 128, threads};
+        c.precision = AttentionPrecision::bf16;
+        check_case<BFloat16>(c, rng);
+        Case mha{{{701, 1}, {2, 1}, {64, 1}}, paged, page, 3, 1, 64, threads};
+        mha.precision = AttentionPrecision::bf16;
+        check_case<BFloat16>(mha, rng);
+      }
+    }
+  }
+  for (const std::string& isa : available_isas()) {
+    SCOPED_TRACE(isa);
+    Case c{{{300, 1}, {33, 3}, {0, 6}}, true, 7, 2, 4, 64, 2};
+    c.isa = isa;
+    c.precision = AttentionPrecision::bf16;
+    check_case<BFloat16>(c, rng);
+  }
+  for (const AttentionPrefetch pf : {AttentionPrefetch::next_step_l1,
+                                     AttentionPrefetch::next_tile_l2, AttentionPrefetch::none}) {
+    Case c{{{2000, 1}, {600, 1}}, true, 16, 2, 4, 128, 2};
+    c.prefetch = pf;
+    c.precision = AttentionPrecision::bf16;
+    check_case<BFloat16>(c, rng);
+  }
+  Case f32{mixed_batch(), true, 16, 2, 4, 64, 2};
+  f32.precision = AttentionPrecision::bf16;
+  check_case<float>(f32, rng);
+  check_case<Half>(f32, rng);
+}
+
+// Two tokens with crafted K/V on a bf16 cache, scale 1, one KV head and one
+// query head: token 0 in history, token 1 the new one. Every input is exact
+// in bf16, so only the option's roundings separate the outputs.
+struct TwoTokenCase {
+  std::vector<float> k0, v0, k1, v1, q;
+};
+
+std::vector<float> two_token_attention(const TwoTokenCase& t, std::uint32_t dim,
+                                       AttentionPrecision precision, bool fast,
+                                       const std::string& isa) {
+  std::mt19937 rng(5);
+  OwnedCache<BFloat16> cache({{1, 1}}, true, 16, 1, dim, rng);
+  std::vector<float> out(dim, -7.0f);
+  const AttentionOptions options{.scale = 1.0f, .precision = precision};
+  test::with_collection(cache, [&](const auto& col) {
+    const auto k = col.get_key_cache(OwnedCache<BFloat16>::kLayer);
+    const auto v = col.get_value_cache(OwnedCache<BFloat16>::kLayer);
+    for (std::uint32_t d = 0; d < dim; ++d) {
+      *k.ptr(0, 0, 0, d) = from_float<BFloat16>(t.k0[d]);
+      *v.ptr(0, 0, 0, d) = from_float<BFloat16>(t.v0[d]);
+    }
+    std::span<const std::uint32_t> ro(cache.row_offsets);
+    store_kv_reference(k, v, std::span(t.k1), std::span(t.v1), ro);
+    select_isa(isa);
+    if (fast) {
+      attention(k, v, std::span(t.q), 1, ro, std::span(out), options);
+    } else {
+      attention_reference(k, v, std::span(t.q), 1, ro, std::span(out), options);
+    }
+    select_isa("auto");
+  });
+  return out;
+}
+
+TwoTokenCase unit_case(std::uint32_t dim) {
+  TwoTokenCase t;
+  for (auto* x : {&t.k0, &t.v0, &t.k1, &t.v1, &t.q}) x->assign(dim, 0.0f);
+  t.v0[0] = 1.0f;
+  t.v1[1] = 1.0f;
+  return t;
+}
+
+// The scaled query is rounded before it meets K: q[0] = 1 + 2^-9 rounds to
+// 1, so against K rows 64 e_0 and 64 e_1 both scores are 64 and the output
+// is (V0 + V1) / 2 exactly; unrounded, token 0 scores 0.125 higher.
+TEST(AttentionFast, Bf16PrecisionRoundsTheQuery) {
+  for (std::uint32_t dim : {64u, 80u, 128u}) {
+    for (const std::string& isa : available_isas()) {
+      SCOPED_TRACE("dim " + std::to_string(dim) + " " + isa);
+      TwoTokenCase t = unit_case(dim);
+      t.k0[0] = 64.0f;
+      t.k1[1] = 64.0f;
+      t.q[0] = 1.0f + 1.0f / 512;
+      t.q[1] = 1.0f;
+      for (bool fast : {false, true}) {
+        const auto out = two_token_attention(t, dim, AttentionPrecision::bf16, fast, isa);
+        EXPECT_NEAR(out[0], 0.5f, kAbsTol) << (fast ? "fast" : "reference");
+        EXPECT_NEAR(out[1], 0.5f, kAbsTol) << (fast ? "fast" : "reference");
+        const auto exact = two_token_attention(t, dim, AttentionPrecision::fp32, fast, isa);
+        const float p1 = std::exp(-0.125f);
+        EXPECT_NEAR(exact[0], 1.0f / (1.0f + p1), kAbsTol) << (fast ? "fast" : "reference");
+      }
+    }
+  }
+}
+
+// A probability is rounded before it meets V, and the denominator sums the
+// unrounded one: scores 1 and 0 give p = (1, bf16(e^-1)), l = 1 + e^-1.
+TEST(AttentionFast, Bf16PrecisionRoundsTheProbabilities) {
+  for (std::uint32_t dim : {64u, 80u, 128u}) {
+    for (const std::string& isa : available_isas()) {
+      SCOPED_TRACE("dim " + std::to_string(dim) + " " + isa);
+      TwoTokenCase t = unit_case(dim);
+      t.k0[0] = 1.0f;
+      t.q[0] = 1.0f;
+      t.q[1] = 1.0f;
+      const float e = std::exp(-1.0f);
+      const float e_rounded = bf16_bits_to_f32(f32_to_bf16_bits(e));
+      ASSERT_GT(std::fabs(e - e_rounded), 1e-4f);  // the rounding is visible
+      for (bool fast : {false, true}) {
+        const auto out = two_token_attention(t, dim, AttentionPrecision::bf16, fast, isa);
+        EXPECT_NEAR(out[0], 1.0f / (1.0f + e), kAbsTol) << (fast ? "fast" : "reference");
+        EXPECT_NEAR(out[1], e_rounded / (1.0f + e), kAbsTol) << (fast ? "fast" : "reference");
+        for (std::uint32_t d = 2; d < dim; ++d) EXPECT_EQ(out[d], 0.0f) << d;
+      }
+    }
+  }
+}
+
+TEST(AttentionFast, PrecisionOutsideTheEnumThrows) {
+  std::mt19937 rng(3);
+  OwnedCache<BFloat16> cache({{5, 1}}, true, 16, 1, 64, rng);
+  const auto q = test::random_floats(64, -1, 1, rng);
+  std::vector<float> out(64, 3.0f);
+  AttentionOptions bad;
+  bad.precision = static_cast<AttentionPrecision>(7);
+  test::with_collection(cache, [&](const auto& col) {
+    const auto k = col.get_key_cache(OwnedCache<BFloat16>::kLayer);
+    const auto v = col.get_value_cache(OwnedCache<BFloat16>::kLayer);
+    std::span<const std::uint32_t> ro(cache.row_offsets);
+    for (bool fast : {false, true}) {
+      try {
+        if (fast) {
+          attention(k, v, std::span(q), 1, ro, std::span(out), bad);
+        } else {
+          attention_reference(k, v, std::span(q), 1, ro, std::span(out), bad);
+        }
+        ADD_FAILURE() << "no exception (" << (fast ? "fast" : "reference") << ")";
+      } catch (const InvalidArgument& e) {
+        EXPECT_NE(std::string(e.what()).find("precision value 7"), std::string::npos) << e.what();
+      }
+    }
+  });
+  for (float x : out) EXPECT_EQ(x, 3.0f);  // nothing written
 }
 
 // Every prefetch strategy computes the same attention (prefetches only move
@@ -501,6 +682,22 @@ TEST(PrefetchNames, RoundTripAndRejectUnknown) {
   }
   EXPECT_THROW(parse_store_prefetch("step-l1"), InvalidArgument);
   EXPECT_THROW(parse_store_prefetch(""), InvalidArgument);
+}
+
+TEST(PrecisionNames, RoundTripAndRejectUnknown) {
+  for (const AttentionPrecision p : {AttentionPrecision::fp32, AttentionPrecision::bf16}) {
+    EXPECT_EQ(parse_attention_precision(precision_name(p)), p);
+  }
+  EXPECT_EQ(precision_name(AttentionPrecision::bf16), "bf16");
+  EXPECT_EQ(precision_name(static_cast<AttentionPrecision>(9)), "?");
+  try {
+    parse_attention_precision("f16");
+    ADD_FAILURE() << "f16 parsed as a precision";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("precision 'f16' is not one of fp32, bf16"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(AttentionFast, BadArgumentsThrowInvalidArgument) {

@@ -17,7 +17,8 @@
 // across the pool's threads and merge the pieces by log-sum-exp; prefill
 // entries are tiled (query rows x one KV head) with an online softmax.
 // Results match attention_reference within fp32 rounding (different
-// summation order and a polynomial exp with <= 1 ulp error).
+// summation order and a polynomial exp with <= 1 ulp error); with
+// AttentionPrecision::bf16 on a bf16 cache, within the bound stated there.
 // store_kv: writes exactly what store_kv_reference writes (same f16 / bf16
 // round-to-nearest-even), optionally rotating K first (kernels/rope.h).
 // Calls writing at least kStoreStreamingBytes (K + V) into a cache whose
@@ -97,6 +98,13 @@ std::string_view prefetch_name(AttentionPrefetch p);
 std::string_view prefetch_name(StorePrefetch p);
 AttentionPrefetch parse_attention_prefetch(std::string_view name);
 StorePrefetch parse_store_prefetch(std::string_view name);
+
+// AttentionPrecision by name, as `kvcache bench --precision` and the Python
+// binding spell it: "fp32", "bf16". Parsing throws InvalidArgument naming
+// the value and the accepted names; the name of a value outside the enum
+// is "?".
+std::string_view precision_name(AttentionPrecision p);
+AttentionPrecision parse_attention_precision(std::string_view name);
 
 namespace detail {
 // Type-erased entry points (implemented with Highway in src/kernels/cpu/).

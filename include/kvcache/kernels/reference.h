@@ -21,6 +21,7 @@
 #include <limits>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kvcache/error.h"
@@ -51,9 +52,29 @@ namespace kvcache {
 //  none:         hardware prefetchers only.
 enum class AttentionPrefetch : std::uint8_t { automatic, next_step_l1, next_tile_l2, none };
 
+// What the query and the softmax probabilities are rounded to before they
+// multiply the cache's K and V elements. Every sum is fp32 either way.
+//  fp32: nothing is rounded (the default): results are within fp32 rounding
+//        of an exact computation on the stored K/V.
+//  bf16: on a bf16 cache, the scaled query (q * scale, an fp32 product) and
+//        each probability (exp(score - running max)) are rounded to bf16,
+//        nearest even, as GPU flash-attention kernels do with bf16 inputs.
+//        Their products with bf16 K/V elements are then exact in fp32. Where
+//        the processor has AVX512-BF16 the fast kernel multiplies bf16 pairs
+//        (vdpbf16ps: 32 products an instruction, fp32 FMAs do 16), which is
+//        what a compute-bound shape such as decode with several query heads
+//        per KV head gains from (docs/PERFORMANCE.md, session 21); elsewhere
+//        it computes the same values with fp32 FMAs. Query rounding is
+//        exact and reproducible; a probability is rounded against the running
+//        maximum of its tile walk (the reference rounds exp(score - max)),
+//        so the two agree within 2^-8 of the largest |V| element (two
+//        roundings of 2^-9 each) plus fp32 rounding. f32 and f16 caches ignore it.
+enum class AttentionPrecision : std::uint8_t { fp32, bf16 };
+
 struct AttentionOptions {
   float scale = 0.0f;  // 0 => 1 / sqrt(head_dim)
   AttentionPrefetch prefetch = AttentionPrefetch::automatic;
+  AttentionPrecision precision = AttentionPrecision::fp32;
 };
 
 namespace detail {
@@ -127,22 +148,36 @@ void attention_reference(const Cache& k_cache, const Cache& v_cache, std::span<c
   const std::size_t q_row = std::size_t{n_q_heads} * dim;
   detail::check_size("q", q.size(), row_offsets[batch] * q_row);
   detail::check_size("out", out.size(), row_offsets[batch] * q_row);
+  if (options.precision > AttentionPrecision::bf16) {
+    throw InvalidArgument("AttentionOptions::precision value " +
+                          std::to_string(static_cast<int>(options.precision)) +
+                          " is not fp32 or bf16");
+  }
   const float scale = options.scale != 0.0f ? options.scale : 1.0f / std::sqrt(float(dim));
   const std::uint32_t group = n_q_heads / n_kv;
-  std::vector<float> scores;
+  // AttentionPrecision::bf16 on a bf16 cache: q * scale and the probabilities
+  // rounded to bf16 before they multiply K and V.
+  const bool bf16_inputs = options.precision == AttentionPrecision::bf16 &&
+                           std::is_same_v<typename Cache::element_type, BFloat16>;
+  const auto round_bf16 = [](float x) { return bf16_bits_to_f32(f32_to_bf16_bits(x)); };
+  std::vector<float> scores, q_rounded(dim);
   for (std::uint32_t b = 0; b < batch; ++b) {
     for (std::uint32_t r = row_offsets[b]; r < row_offsets[b + 1]; ++r) {
       const std::uint32_t context = k_cache.cache_length(b) + (r - row_offsets[b]) + 1;
       scores.assign(context, 0.0f);
       for (std::uint32_t h = 0; h < n_q_heads; ++h) {
         const float* qh = q.data() + r * q_row + std::size_t{h} * dim;
+        if (bf16_inputs) {
+          for (std::uint32_t d = 0; d < dim; ++d) q_rounded[d] = round_bf16(qh[d] * scale);
+          qh = q_rounded.data();
+        }
         const std::uint32_t kvh = h / group;
         float max_score = -std::numeric_limits<float>::infinity();
         for (std::uint32_t t = 0; t < context; ++t) {
           const auto* k = k_cache.ptr(b, kvh, t, 0);
           float s = 0.0f;
           for (std::uint32_t d = 0; d < dim; ++d) s += qh[d] * to_float(k[d]);
-          scores[t] = s * scale;
+          scores[t] = bf16_inputs ? s : s * scale;
           max_score = std::max(max_score, scores[t]);
         }
         float sum = 0.0f;
@@ -154,7 +189,7 @@ void attention_reference(const Cache& k_cache, const Cache& v_cache, std::span<c
         for (std::uint32_t d = 0; d < dim; ++d) o[d] = 0.0f;
         for (std::uint32_t t = 0; t < context; ++t) {
           const auto* v = v_cache.ptr(b, kvh, t, 0);
-          const float p = scores[t] / sum;
+          const float p = (bf16_inputs ? round_bf16(scores[t]) : scores[t]) / sum;
           for (std::uint32_t d = 0; d < dim; ++d) o[d] += p * to_float(v[d]);
         }
       }

@@ -46,6 +46,7 @@
 // Must come after highway.h (per-target code of their own).
 #include "kernels/cpu/attention_prefill-inl.h"
 #include "kernels/cpu/exp_scores-inl.h"
+#include "kernels/cpu/round_bf16-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace kvcache::kernels::HWY_NAMESPACE {
@@ -579,6 +580,250 @@ HWY_INLINE void PvRows(DF df, const float* const* p, float* const* acc, const T*
   if (full < dim) PvChunks<kR, 1, true, kEvery>(df, p, acc, vr, nt, full, full + kC, dim, pump);
 }
 
+// ---- AttentionPrecision::bf16 with AVX512-BF16 ------------------------------
+// vdpbf16ps: lane i of acc += a.bf16[2i] * b.bf16[2i] + a.bf16[2i+1] *
+// b.bf16[2i+1], 32 products an instruction against an f32 FMA's 16, exact
+// products summed in fp32 (bf16 denormals, below 2^-126, count as zero).
+// Scores: the rounded query packed as bf16 pairs in element order
+// (Scratch::qb) against K rows as stored, one instruction per chunk. PV:
+// probabilities packed as bf16 pairs of consecutive tokens (Scratch::pairs)
+// against two tokens' V chunks merged into (even element, odd element) pairs,
+// so that the accumulators keep the even/odd layout of the f32 path. Used
+// where the processor has the instruction and dim is whole chunks
+// (ItemRunner::dot_); elsewhere the f32 loops run on the rounded values.
+// Packed query pairs of row u: the same for every row, or one pointer per
+// row (score_pairs).
+struct SharedPairs {
+  const std::uint32_t* q;
+  HWY_INLINE const std::uint32_t* operator()(int) const { return q; }
+};
+struct PairsPerRow {
+  const std::uint32_t* const* q;
+  HWY_INLINE const std::uint32_t* operator()(int u) const { return q[u]; }
+};
+
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3 && (HWY_COMPILER_GCC || HWY_COMPILER_CLANG)
+constexpr bool kDotBF16 = true;
+static_assert(kTile == 2 * kN, "PackPairs packs one tile of probabilities");
+using DU = hn::RebindToUnsigned<DF>;
+using VU = hn::Vec<DU>;
+
+// An asm statement: the AVX-512 targets are compiled without avx512bf16,
+// which only some of their processors have (callers check
+// cpu_has_avx512_bf16()).
+HWY_INLINE VF DotBF16(VF acc, VU a, VU b) {
+  asm("vdpbf16ps %2, %1, %0" : "+v"(acc.raw) : "v"(a.raw), "v"(b.raw));
+  return acc;
+}
+
+HWY_INLINE VU LoadPairs(const hwy::bfloat16_t* p) {
+  return hn::LoadU(DU(), reinterpret_cast<const std::uint32_t*>(p));
+}
+
+// ScoreRowsFixed's form: one query shared by the rows, its kChunks chunks in
+// registers, each row read whole (two chains).
+template <int kT, int kChunks, class Pump>
+HWY_INLINE void ScoreRowsDotFixed(const std::uint32_t* q, const hwy::bfloat16_t* const* kr, VF* a,
+                                  const Pump& pump) {
+  const DU du;
+  constexpr std::uint32_t kRowLines = kChunks * kChunkLines<hwy::bfloat16_t>;
+  VU qc[kChunks];
+#pragma GCC unroll 8
+  for (int c = 0; c < kChunks; ++c) qc[c] = hn::Load(du, q + c * kN);
+#pragma GCC unroll 16
+  for (int u = 0; u < kT; ++u) {
+    VF s1 = hn::Zero(DF());
+#pragma GCC unroll 8
+    for (int c = 0; c < kChunks; ++c) {
+      if (c % 2 == 0) {
+        a[u] = DotBF16(a[u], qc[c], LoadPairs(kr[u] + c * kC));
+      } else {
+        s1 = DotBF16(s1, qc[c], LoadPairs(kr[u] + c * kC));
+      }
+    }
+    a[u] = hn::Add(a[u], s1);
+    pump(kRowLines);
+  }
+}
+
+// One query vector per row, each row read whole (score_pairs, and shared
+// queries of other lengths).
+template <int kT, class Query, class Pump>
+HWY_INLINE void ScoreRowsDot(const Query& q, const hwy::bfloat16_t* const* kr, std::size_t chunks,
+                             VF* a, const Pump& pump) {
+  const DU du;
+  const auto row_lines = static_cast<std::uint32_t>(chunks) * kChunkLines<hwy::bfloat16_t>;
+#pragma GCC unroll 16
+  for (int u = 0; u < kT; ++u) {
+    VF s1 = hn::Zero(DF());
+    const std::uint32_t* qu = q(u);
+    std::size_t c = 0;
+    for (; c + 2 <= chunks; c += 2) {
+      a[u] = DotBF16(a[u], hn::Load(du, qu + c * kN), LoadPairs(kr[u] + c * kC));
+      s1 = DotBF16(s1, hn::Load(du, qu + (c + 1) * kN), LoadPairs(kr[u] + (c + 1) * kC));
+    }
+    if (c < chunks) a[u] = DotBF16(a[u], hn::Load(du, qu + c * kN), LoadPairs(kr[u] + c * kC));
+    a[u] = hn::Add(a[u], s1);
+    pump(row_lines);
+  }
+}
+
+// ScoreBlock by bf16 pair products: kQ query vectors (packed pairs, qstride
+// u32 apart) against kT rows of dim = whole chunks; lane j * kT + u =
+// q_j . k_u.
+template <int kQ, int kT, class Query, class Pump>
+HWY_INLINE VF ScoreBlockDot(DF df, const Query& q, std::size_t qstride,
+                            const hwy::bfloat16_t* const* kr, std::size_t dim, const Pump& pump) {
+  static_assert(kQ * kT == static_cast<int>(kN), "one score vector per block");
+  VF a[kN];
+#pragma GCC unroll 16
+  for (std::size_t u = 0; u < kN; ++u) a[u] = hn::Zero(df);
+  const std::size_t chunks = dim / kC;
+  if constexpr (kQ == 1) {
+    if constexpr (std::is_same_v<Query, SharedPairs>) {
+      switch (chunks) {
+        case 2:
+          ScoreRowsDotFixed<kT, 2>(q.q, kr, a, pump);
+          return ReduceTokens(df, a);
+        case 4:
+          ScoreRowsDotFixed<kT, 4>(q.q, kr, a, pump);
+          return ReduceTokens(df, a);
+        case 8:
+          ScoreRowsDotFixed<kT, 8>(q.q, kr, a, pump);
+          return ReduceTokens(df, a);
+        default:
+          break;
+      }
+    }
+    ScoreRowsDot<kT>(q, kr, chunks, a, pump);
+  } else {
+    static_assert(std::is_same_v<Query, SharedPairs>, "query blocks share their rows");
+    const DU du;
+    constexpr std::uint32_t kLines = kT * kChunkLines<hwy::bfloat16_t>;
+    constexpr std::uint32_t kEvery = kLines >= kPumpLines ? 1 : kPumpLines / kLines;
+    std::uint32_t n = 0;
+    for (std::size_t c = 0; c < chunks; ++c) {
+      if (++n == kEvery) {
+        pump(kEvery * kLines);
+        n = 0;
+      }
+      VU qc[kQ];
+#pragma GCC unroll 8
+      for (int j = 0; j < kQ; ++j) qc[j] = hn::Load(du, q.q + j * qstride + c * kN);
+#pragma GCC unroll 16
+      for (int u = 0; u < kT; ++u) {
+        const VU k = LoadPairs(kr[u] + c * kC);
+#pragma GCC unroll 8
+        for (int j = 0; j < kQ; ++j) a[j * kT + u] = DotBF16(a[j * kT + u], qc[j], k);
+      }
+    }
+    if (n != 0) pump(n * kLines);
+  }
+  return ReduceTokens(df, a);
+}
+
+// PvChunks by bf16 pair products over two tokens at a time: pp[r][i] holds
+// the probabilities of tokens 2i and 2i + 1 of query vector r (an odd last
+// token pairs with probability 0 and its own row).
+template <int kR, int kCh, std::uint32_t kEvery, class Pump>
+HWY_INLINE void PvChunksDot(const std::uint32_t* const* pp, float* const* acc,
+                            const hwy::bfloat16_t* const* vr, std::uint32_t nt, std::size_t d0,
+                            std::size_t d1, const Pump& pump) {
+  const DF df;
+  const DU du;
+  constexpr std::uint32_t kLines = kCh * kChunkLines<hwy::bfloat16_t>;
+  for (std::size_t d = d0; d + kCh * kC <= d1; d += kCh * kC) {
+    VF a[kR][2 * kCh];
+#pragma GCC unroll 16
+    for (int r = 0; r < kR; ++r)
+#pragma GCC unroll 16
+      for (int i = 0; i < 2 * kCh; ++i) a[r][i] = hn::Load(df, acc[r] + d + i * kN);
+    std::uint32_t n = 0;
+    for (std::uint32_t t = 0; t < nt; t += 2) {
+      const hwy::bfloat16_t* v0 = vr[t];
+      const hwy::bfloat16_t* v1 = t + 1 < nt ? vr[t + 1] : v0;
+      n += t + 1 < nt ? 2 : 1;
+      if (n >= kEvery) {
+        pump(n * kLines);
+        n = 0;
+      }
+      VU pr[kR];
+#pragma GCC unroll 16
+      for (int r = 0; r < kR; ++r) pr[r] = hn::Set(du, pp[r][t / 2]);
+#pragma GCC unroll 16
+      for (int c = 0; c < kCh; ++c) {
+        const VU w0 = LoadPairs(v0 + d + c * kC);
+        const VU w1 = LoadPairs(v1 + d + c * kC);
+        // Words 2i: token t's element; words 2i + 1: token t + 1's.
+        const VU even{_mm512_mask_blend_epi16(0xAAAAAAAAu, w0.raw, hn::ShiftLeft<16>(w1).raw)};
+        const VU odd{_mm512_mask_blend_epi16(0xAAAAAAAAu, hn::ShiftRight<16>(w0).raw, w1.raw)};
+#pragma GCC unroll 16
+        for (int r = 0; r < kR; ++r) {
+          a[r][2 * c] = DotBF16(a[r][2 * c], pr[r], even);
+          a[r][2 * c + 1] = DotBF16(a[r][2 * c + 1], pr[r], odd);
+        }
+      }
+    }
+    if (n != 0) pump(n * kLines);
+#pragma GCC unroll 16
+    for (int r = 0; r < kR; ++r)
+#pragma GCC unroll 16
+      for (int i = 0; i < 2 * kCh; ++i) hn::Store(a[r][i], df, acc[r] + d + i * kN);
+  }
+}
+
+// PvRows by bf16 pair products (dim whole chunks).
+template <int kR, std::uint32_t kEvery, class Pump>
+HWY_INLINE void PvRowsDot(const std::uint32_t* const* pp, float* const* acc,
+                          const hwy::bfloat16_t* const* vr, std::uint32_t nt, std::size_t dim,
+                          const Pump& pump) {
+  constexpr int kChMax = kAccRegs / (2 * kR) > 0 ? kAccRegs / (2 * kR) : 1;
+  std::size_t d = dim / (kChMax * kC) * (kChMax * kC);
+  PvChunksDot<kR, kChMax, kEvery>(pp, acc, vr, nt, 0, d, pump);
+  if constexpr (kChMax > 4) {
+    PvChunksDot<kR, 4, kEvery>(pp, acc, vr, nt, d, d + (dim - d) / (4 * kC) * (4 * kC), pump);
+    d += (dim - d) / (4 * kC) * (4 * kC);
+  }
+  if constexpr (kChMax > 2) {
+    PvChunksDot<kR, 2, kEvery>(pp, acc, vr, nt, d, d + (dim - d) / (2 * kC) * (2 * kC), pump);
+    d += (dim - d) / (2 * kC) * (2 * kC);
+  }
+  if constexpr (kChMax > 1) PvChunksDot<kR, 1, kEvery>(pp, acc, vr, nt, d, dim, pump);
+}
+
+// Rounded probabilities of tokens [0, kN) (p0) and [kN, 2 * kN) (p1)
+// packed as bf16 pairs of consecutive tokens: pairs[i] = p[2i] | p[2i + 1]
+// << 16.
+HWY_INLINE void PackPairs(VF p0, VF p1, std::uint32_t* pairs) {
+  const hn::Repartition<std::uint16_t, DU> dw;
+  const auto lo = hn::BitCast(dw, p0);
+  const auto hi = hn::BitCast(dw, p1);
+  hn::Store(hn::BitCast(DU(), hn::ConcatOdd(dw, hi, lo)), DU(), pairs);
+}
+
+// Rounded query chunks in the even/odd layout (lo: even elements, hi: odd)
+// packed as bf16 pairs in element order: q[2i] | q[2i + 1] << 16.
+HWY_INLINE void PackQuery(const float* q, std::size_t dimp, std::uint32_t* out) {
+  const DU du;
+  for (std::size_t c = 0; c < dimp / kC; ++c) {
+    const VU lo = hn::BitCast(du, hn::Load(DF(), q + c * kC));
+    const VU hi = hn::BitCast(du, hn::Load(DF(), q + c * kC + kN));
+    hn::Store(hn::Or(hn::ShiftRight<16>(lo), hi), du, out + c * kN);
+  }
+}
+#else
+constexpr bool kDotBF16 = false;
+// Declared only: ItemRunner names them in branches that kDotBF16 discards.
+void PackQuery(const float* q, std::size_t dimp, std::uint32_t* out);
+void PackPairs(VF p0, VF p1, std::uint32_t* pairs);
+template <int kQ, int kT, class Query, class Pump>
+VF ScoreBlockDot(DF df, const Query& q, std::size_t qstride, const hwy::bfloat16_t* const* kr,
+                 std::size_t dim, const Pump& pump);
+template <int kR, std::uint32_t kEvery, class Pump>
+void PvRowsDot(const std::uint32_t* const* pp, float* const* acc, const hwy::bfloat16_t* const* vr,
+               std::uint32_t nt, std::size_t dim, const Pump& pump);
+#endif
+
 // Per-worker buffers. Query and accumulator rows are dimp long (dim rounded
 // up to kC, padding zero) in the layout of the cache's element type.
 struct Scratch {
@@ -588,6 +833,10 @@ struct Scratch {
   // as kN partial sums while the tiles run (summed into l at the end).
   std::vector<float> mx, l;
   hwy::AlignedFreeUniquePtr<float[]> lv;
+  // AttentionPrecision::bf16 by pair products (ItemRunner::dot_): each query
+  // vector as dimp / 2 packed bf16 pairs, each probability row as kTile / 2
+  // (pairs[i / 2] holds probs[i] and probs[i + 1], i even).
+  hwy::AlignedFreeUniquePtr<std::uint32_t[]> qb, pairs;
   void ensure(std::size_t total, std::size_t dim) {
     dimp = (dim + kC - 1) / kC * kC;
     if (rows < total) {
@@ -596,6 +845,8 @@ struct Scratch {
       acc = Zeroed(total * dimp);
       probs = Zeroed(total * kTile);
       lv = Zeroed(total * kN);
+      qb = hwy::AllocateAligned<std::uint32_t>(total * dimp / 2);
+      pairs = hwy::AllocateAligned<std::uint32_t>(total * kTile / 2);
       mx.resize(total);
       l.resize(total);
     }
@@ -625,12 +876,17 @@ constexpr float kSoftmaxMaxSlack = 8.0f;
 // (nvalid visible) on whole score vectors; turns p into probabilities
 // exp(s - mx), mx the running maximum, raised only where a score exceeds it
 // by more than kSoftmaxMaxSlack (then to the tile's maximum); lv[0, kN) += the
-// probabilities, lane by lane.
+// probabilities, lane by lane. With kRound (AttentionPrecision::bf16) p
+// receives them rounded to bf16 (lv the exact ones), and with pairs (the dot
+// path, kDotBF16) they go there packed as bf16 pairs instead of into p.
+template <bool kRound = false>
 HWY_INLINE void SoftmaxUpdate(DF df, float* p, std::uint32_t nt, std::uint32_t nvalid, float& mx,
-                              float* lv, float* acc, std::size_t dimp) {
+                              float* lv, float* acc, std::size_t dimp,
+                              std::uint32_t* pairs = nullptr) {
   const std::size_t groups = (nt + kN - 1) / kN;
   if (nvalid == 0) {
     std::fill(p, p + groups * kN, 0.0f);
+    if (pairs != nullptr) std::fill(pairs, pairs + kTile / 2, 0u);
     return;
   }
   const VF neg = hn::Set(df, -std::numeric_limits<float>::infinity());
@@ -657,18 +913,24 @@ HWY_INLINE void SoftmaxUpdate(DF df, float* p, std::uint32_t nt, std::uint32_t n
   }
   const VF vm = hn::Set(df, mx);
   VF vsum = hn::Load(df, lv);
+  VF e[kTile / kN];
   for (std::size_t g = 0; g < groups; ++g) {
-    const VF e = ExpScores(df, hn::Sub(s[g], vm));
-    hn::Store(e, df, p + g * kN);
-    vsum = hn::Add(vsum, e);
+    e[g] = ExpScores(df, hn::Sub(s[g], vm));
+    vsum = hn::Add(vsum, e[g]);
+    if constexpr (kRound) e[g] = RoundToBF16(df, e[g]);
+    if (pairs == nullptr) hn::Store(e[g], df, p + g * kN);
   }
   hn::Store(vsum, df, lv);
+  if constexpr (kRound && kDotBF16) {
+    if (pairs != nullptr) PackPairs(e[0], groups > 1 ? e[1] : hn::Zero(df), pairs);
+  }
 }
 
 template <class T>
 class ItemRunner {
  public:
-  explicit ItemRunner(const AttentionCtx& c) : c_(c) {}
+  explicit ItemRunner(const AttentionCtx& c)
+      : c_(c), dot_(kDotT && c.bf16_inputs && c.dim % kC == 0 && cpu_has_avx512_bf16()) {}
 
   // Runs one item. `claim_next()` is called at most once, when the pump
   // runs out of the item's tiles: it returns the item this runner will run
@@ -690,6 +952,8 @@ class ItemRunner {
     // NHD rows hold only the item's heads when it has them all (decode).
     pump_pairs_ = heads_contiguous() && std::size_t{nh} * dim != c_.token_stride;
     s.ensure(total, dim);
+    probs_ = s.probs.get();
+    pairs_ = s.pairs.get();
     load_queries(it, s);
     std::fill(s.mx.begin(), s.mx.begin() + total, -std::numeric_limits<float>::infinity());
     std::fill(s.lv.get(), s.lv.get() + total * kN, 0.0f);
@@ -829,7 +1093,12 @@ class ItemRunner {
       for (std::uint32_t r = it.r0; r < it.r1; ++r) {
         for (std::uint32_t g = 0; g < c_.group; ++g, ++idx) {
           const float* src = c_.q + r * q_row + std::size_t{h * c_.group + g} * dim;
-          ToLayout<T>(src, dim, c_.scale, s.qs.get() + idx * s.dimp);
+          float* q = s.qs.get() + idx * s.dimp;
+          ToLayout<T>(src, dim, c_.scale, q);
+          if (c_.bf16_inputs) RoundRowToBF16(DF(), q, s.dimp);
+          if constexpr (kDotT) {
+            if (dot_) PackQuery(q, s.dimp, s.qb.get() + idx * s.dimp / 2);
+          }
         }
       }
     }
@@ -882,6 +1151,14 @@ class ItemRunner {
       p[r] = pr + r * kTile;
       a[r] = acc + r * dimp;
     }
+    if constexpr (kDotT) {
+      if (dot_) {
+        // pairs_ is indexed as probs_ is, two tokens a pair.
+        const std::uint32_t* pp[kR];
+        for (int r = 0; r < kR; ++r) pp[r] = pairs_ + (p[r] - probs_) / 2;
+        return PvRowsDot<kR, kEvery>(pp, a, vp, nt, c_.dim, pump_for(first_pass));
+      }
+    }
     PvRows<kR, kEvery>(df, p, a, vp, nt, c_.dim, pump_for(first_pass));
   }
 
@@ -909,8 +1186,17 @@ class ItemRunner {
         const std::size_t idx = std::size_t{hl} * m + j;
         const std::uint32_t limit = first_limit + j / c_.group;
         const std::uint32_t nvalid = limit <= ta ? 0 : std::min(nt, limit - ta);
-        SoftmaxUpdate(df, pr + idx * kTile, nt, nvalid, s.mx[idx], s.lv.get() + idx * kN,
-                      acc + idx * s.dimp, s.dimp);
+        float* p = pr + idx * kTile;
+        if (dot_) {
+          SoftmaxUpdate<true>(df, p, nt, nvalid, s.mx[idx], s.lv.get() + idx * kN,
+                              acc + idx * s.dimp, s.dimp, pairs_ + idx * kTile / 2);
+        } else if (c_.bf16_inputs) {
+          SoftmaxUpdate<true>(df, p, nt, nvalid, s.mx[idx], s.lv.get() + idx * kN,
+                              acc + idx * s.dimp, s.dimp);
+        } else {
+          SoftmaxUpdate(df, p, nt, nvalid, s.mx[idx], s.lv.get() + idx * kN, acc + idx * s.dimp,
+                        s.dimp);
+        }
         if (pump_active_) pump_lines(softmax_pump_lines_);
       }
     }
@@ -984,8 +1270,18 @@ class ItemRunner {
     float* pr = s.probs.get();
     for (std::uint32_t j = 0; j < m; j += kQ) {
       const std::size_t idx = std::size_t{hl} * m + j;
-      const SharedQuery q{s.qs.get() + idx * dimp};
-      hn::Store(ScoreBlock<kQ, kT>(df, q, dimp, kr, c_.dim, pump_for(j == 0)), df, out);
+      VF scores;
+      if constexpr (kDotT) {
+        if (dot_) {
+          const SharedPairs q{s.qb.get() + idx * dimp / 2};
+          scores = ScoreBlockDot<kQ, kT>(df, q, dimp / 2, kr, c_.dim, pump_for(j == 0));
+        }
+      }
+      if (!dot_) {
+        const SharedQuery q{s.qs.get() + idx * dimp};
+        scores = ScoreBlock<kQ, kT>(df, q, dimp, kr, c_.dim, pump_for(j == 0));
+      }
+      hn::Store(scores, df, out);
       for (int jj = 0; jj < kQ; ++jj)
         std::memcpy(pr + (idx + jj) * kTile + tb, out + jj * kT, kT * sizeof(float));
     }
@@ -1025,11 +1321,13 @@ class ItemRunner {
       }
       const T* kr[kT];
       const float* qp[kT];
+      const std::uint32_t* qbp[kT];
       std::uint32_t slot[kT];
       for (int u = 0; u < kT; ++u) {
         if (p0 + u < pairs) {
           kr[u] = rows.k[tn] + std::size_t{h0 + hn_} * c_.head_stride;
           qp[u] = s.qs.get() + std::size_t{hn_} * s.dimp;
+          qbp[u] = s.qb.get() + std::size_t{hn_} * s.dimp / 2;
           slot[u] = hn_ * kTile + tn;
           if (++hn_ == nh) {
             hn_ = 0;
@@ -1038,11 +1336,18 @@ class ItemRunner {
         } else {  // past the last pair (u >= 1 here): repeat it, drop the score
           kr[u] = kr[u - 1];
           qp[u] = qp[u - 1];
+          qbp[u] = qbp[u - 1];
           slot[u] = kSkip;
         }
       }
-      hn::Store(ScoreBlock<1, kT>(df, QueryPerRow{qp}, s.dimp, kr, c_.dim, pump_for(true)), df,
-                out);
+      VF scores;
+      if constexpr (kDotT) {
+        if (dot_)
+          scores = ScoreBlockDot<1, kT>(df, PairsPerRow{qbp}, 0, kr, c_.dim, pump_for(true));
+      }
+      if (!dot_)
+        scores = ScoreBlock<1, kT>(df, QueryPerRow{qp}, s.dimp, kr, c_.dim, pump_for(true));
+      hn::Store(scores, df, out);
       for (int u = 0; u < kT; ++u) {
         if (slot[u] != kSkip) pr[slot[u]] = out[u];
       }
@@ -1075,7 +1380,7 @@ class ItemRunner {
         }
       }
       std::uint32_t hl = 0;
-      if (m == 1 && c_.dim % kC == 0) {
+      if (m == 1 && c_.dim % kC == 0 && !dot_) {
         for (; hl + 2 <= nh; hl += 2) pv_head_pair(df, rows, tg, n, h0, hl, s);
       }
       for (; hl < nh; ++hl) {
@@ -1387,7 +1692,14 @@ class ItemRunner {
   // 1.16-1.21x, GQA 4 1.09-1.11x (session 18).
   bool head_major() const { return head_major_; }
 
+  // Whether bf16 pair products can serve this element type.
+  static constexpr bool kDotT = kDotBF16 && std::is_same_v<T, hwy::bfloat16_t>;
   const AttentionCtx& c_;
+  // AttentionPrecision::bf16 by pair products (vdpbf16ps), see kDotBF16.
+  const bool dot_;
+  // The worker's probability rows and their packed pairs (Scratch).
+  const float* probs_ = nullptr;
+  std::uint32_t* pairs_ = nullptr;
   mutable PumpCursor pump_;
   mutable PumpRange range_;
   // Pacing (start_pump): prefetches per line the loops read, in 1/kPumpOne,
@@ -1587,6 +1899,11 @@ void attention_cpu(DType dtype, const LayerCacheDesc<float>& k, const LayerCache
                    std::span<const std::uint32_t> row_offsets, std::span<float> out,
                    const AttentionOptions& options, ThreadPool* pool) {
   kernels::check_shapes(k, v, row_offsets);
+  if (options.precision > AttentionPrecision::bf16) {
+    throw InvalidArgument("AttentionOptions::precision value " +
+                          std::to_string(static_cast<int>(options.precision)) +
+                          " is not fp32 or bf16");
+  }
   if (n_q_heads == 0 || n_q_heads % k.n_kv_heads != 0) {
     throw InvalidArgument("n_q_heads " + std::to_string(n_q_heads) +
                           " must be a positive multiple of n_kv_heads " +
@@ -1624,6 +1941,7 @@ void attention_cpu(DType dtype, const LayerCacheDesc<float>& k, const LayerCache
   c.prefetch = resolve_attention_prefetch(options.prefetch);
   c.probe_residency = options.prefetch == AttentionPrefetch::automatic &&
                       c.prefetch == AttentionPrefetch::next_tile_l2;
+  c.bf16_inputs = options.precision == AttentionPrecision::bf16 && dtype == DType::bf16;
   switch (dtype) {
     case DType::f32:
       HWY_DYNAMIC_DISPATCH(kernels::AttentionF32)(c);

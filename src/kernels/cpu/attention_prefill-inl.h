@@ -36,6 +36,7 @@
 #include "hwy/highway.h"
 #include "kernels/cpu/exp_scores-inl.h"
 #include "kernels/cpu/kernel_common.h"
+#include "kernels/cpu/round_bf16-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace kvcache::kernels::HWY_NAMESPACE {
@@ -153,6 +154,7 @@ class Runner {
       const float* src = c_.q + r * q_row + std::size_t{it.h0 * c_.group + g} * dim;
       for (std::uint32_t d = 0; d < dim; ++d) qt[std::size_t{d} * kW + j] = src[d] * c_.scale;
     }
+    if (c_.bf16_inputs) RoundRowToBF16(DF(), qt, std::size_t{dim} * kW);
   }
 
   const T* row(const LayerRef& ref, std::uint32_t b, std::uint32_t tok, std::uint32_t h) const {
@@ -241,7 +243,9 @@ class Runner {
         float* p = st + std::size_t{t} * kW + v * kLanes;
         const VF e = ExpScores(df, hn::Max(hn::Sub(hn::Load(df, p), m_safe), floor));
         const VF pv = hn::IfThenElseZero(visible, e);
-        hn::Store(pv, df, p);
+        // AttentionPrecision::bf16: V meets the rounded probability; the
+        // denominator sums the exact one, as the reference does.
+        hn::Store(c_.bf16_inputs ? RoundToBF16(df, pv) : pv, df, p);
         sum = hn::Add(sum, pv);
       }
       const VF alpha = hn::Exp(df, hn::Max(hn::Sub(m_old, m_safe), floor));

@@ -3,6 +3,10 @@
 // SIMD code.
 #pragma once
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#endif
+
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -117,7 +121,27 @@ struct AttentionCtx {
   // next_tile_l2 chosen by `automatic`: decode items whose rows a probe finds
   // in the caches run without it (ItemRunner::rows_resident).
   bool probe_residency = false;
+  // AttentionPrecision::bf16 on a bf16 cache: the scaled queries and the
+  // probabilities are rounded to bf16 before they multiply K and V.
+  bool bf16_inputs = false;
 };
+
+// Whether the processor has AVX512-BF16 (vdpbf16ps), which the AVX-512
+// targets use for AttentionPrecision::bf16.
+inline bool cpu_has_avx512_bf16() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  static const bool has = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    // CPUID leaf 7, subleaf 1: EAX bit 5 is AVX512_BF16. (The AVX-512
+    // targets that use it run only where the OS saves the zmm state.)
+    if (__get_cpuid_count(7, 1, &a, &b, &c, &d) == 0) return false;
+    return ((a >> 5) & 1u) != 0;
+  }();
+  return has;
+#else
+  return false;
+#endif
+}
 
 // Whether this is an AMD processor: the automatic prefetch choices depend on
 // it (docs/PERFORMANCE.md, session 3: what is fastest on Zen 4 is slowest on

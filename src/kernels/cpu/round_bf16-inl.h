@@ -1,0 +1,46 @@
+// Rounding to bf16 for AttentionPrecision::bf16 (kernels/reference.h), per
+// Highway target (included by attention_cpu.cpp and attention_prefill-inl.h).
+//
+// RoundToBF16(df, v): each lane rounded to the nearest bf16, ties to even,
+// returned as f32 (the low 16 bits zero), the value f32_to_bf16_bits
+// (kvcache/dtype.h) gives for every lane that is not NaN. Products of such
+// values with bf16 K/V elements are exact in fp32.
+#if defined(KVCACHE_KERNELS_CPU_ROUND_BF16_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef KVCACHE_KERNELS_CPU_ROUND_BF16_INL_H_
+#undef KVCACHE_KERNELS_CPU_ROUND_BF16_INL_H_
+#else
+#define KVCACHE_KERNELS_CPU_ROUND_BF16_INL_H_
+#endif
+
+#include <cstddef>
+
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace kvcache::kernels::HWY_NAMESPACE {
+
+template <class DF>
+HWY_INLINE hwy::HWY_NAMESPACE::Vec<DF> RoundToBF16(DF df, hwy::HWY_NAMESPACE::Vec<DF> v) {
+  namespace hn = hwy::HWY_NAMESPACE;
+  const hn::RebindToUnsigned<DF> du;
+  const auto bits = hn::BitCast(du, v);
+  // Adding 0x7fff plus the lowest kept bit carries into the kept bits
+  // exactly when the dropped half is above a tie, or a tie with the kept
+  // value odd.
+  const auto bias =
+      hn::Add(hn::Set(du, 0x7fffu), hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u)));
+  return hn::BitCast(df, hn::And(hn::Add(bits, bias), hn::Set(du, 0xffff0000u)));
+}
+
+// p[0, n) rounded in place (n a multiple of the lane count, p aligned).
+template <class DF>
+HWY_INLINE void RoundRowToBF16(DF df, float* p, std::size_t n) {
+  namespace hn = hwy::HWY_NAMESPACE;
+  for (std::size_t i = 0; i < n; i += hn::Lanes(df))
+    hn::Store(RoundToBF16(df, hn::Load(df, p + i)), df, p + i);
+}
+
+}  // namespace kvcache::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // include guard
