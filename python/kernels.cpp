@@ -218,7 +218,8 @@ void bind_rope_table(py::module_& m) {
 py::array_t<float> attention_py(PyBatch& inputs, const py::handle& layer, const FloatArray& q,
                                 const py::handle& row_offsets, std::optional<py::array> out,
                                 const py::handle& scale, const py::handle& device,
-                                const py::handle& pool, const py::handle& prefetch) {
+                                const py::handle& pool, const py::handle& prefetch,
+                                const py::handle& precision) {
   const KVCacheBatch& b = inputs.batch;
   const std::uint32_t dim = b.params().head_dim;
   if (q.ndim() != 3 || q.shape(2) != dim) {
@@ -234,7 +235,8 @@ py::array_t<float> attention_py(PyBatch& inputs, const py::handle& layer, const 
   }
   const auto offsets = to_u32_vector(row_offsets, "row_offsets");
   const AttentionOptions options{to_float(scale, "scale"),
-                                 parse_attention_prefetch(to_name(prefetch, "prefetch"))};
+                                 parse_attention_prefetch(to_name(prefetch, "prefetch")),
+                                 parse_attention_precision(to_name(precision, "precision"))};
   ThreadPool* const threads = pool_of(pool);
   const std::span<float> out_span(result.mutable_data(), static_cast<std::size_t>(result.size()));
   with_layer(b, to_u32(layer, "layer"), to_u32(device, "device"),
@@ -282,11 +284,15 @@ void bind_kernels(py::module_& m) {
   m.def("attention", &attention_py, py::arg("kv_cache_inputs"), py::arg("layer"), py::arg("q"),
         py::arg("row_offsets"), py::kw_only(), py::arg("out") = py::none(), py::arg("scale") = 0.0f,
         py::arg("device") = 0, py::arg("pool") = py::none(), py::arg("prefetch") = "auto",
+        py::arg("precision") = "fp32",
         "Causal attention of q ([tokens, n_q_heads, head_dim] floats, GQA) over each entry's "
         "history and new tokens in `layer`; returns (or fills `out`) float32 [tokens, n_q_heads, "
         "head_dim]. scale 0 means 1/sqrt(head_dim). pool (a ThreadPool) spreads the work, long "
         "contexts included, over its threads; prefetch is 'auto', 'step-l1', 'tile-l2' or 'none' "
-        "(AttentionPrefetch; results never depend on it). Releases the GIL.");
+        "(AttentionPrefetch; results never depend on it). precision 'bf16' on a bfloat16 cache "
+        "rounds the scaled query and the softmax probabilities to bf16 before they meet K and V "
+        "(AttentionPrecision, as GPU kernels do; faster where the CPU has AVX512-BF16); 'fp32' "
+        "(the default) rounds nothing. Releases the GIL.");
 }
 
 }  // namespace kvcache::python

@@ -43,11 +43,23 @@ def gather_kv(inputs, layer, b, length):
     return np.array(rows_k), np.array(rows_v)
 
 
-def attention_oracle(inputs, layer, q, row_offsets, scale=None):
-    """Causal GQA attention in float64 over what the views hold."""
+def round_to_bf16(x):
+    """float32 values rounded to the nearest bf16 (ties to even), as float64."""
+    bits = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+def attention_oracle(inputs, layer, q, row_offsets, scale=None, bf16_inputs=False):
+    """Causal GQA attention in float64 over what the views hold. bf16_inputs:
+    AttentionPrecision::bf16 (q * scale and exp(score - max) rounded to bf16
+    before they meet K and V; the denominator sums the unrounded ones)."""
     q = np.asarray(q, dtype=np.float64)
     n_q_heads, head_dim = q.shape[1], q.shape[2]
     scale = 1.0 / np.sqrt(head_dim) if scale is None else scale
+    if bf16_inputs:
+        q = round_to_bf16(np.float32(q) * np.float32(scale))
+        scale = 1.0
     out = np.zeros_like(q)
     for b in range(len(row_offsets) - 1):
         start, end = row_offsets[b], row_offsets[b + 1]
@@ -59,7 +71,8 @@ def attention_oracle(inputs, layer, q, row_offsets, scale=None):
             for h in range(n_q_heads):
                 scores = k[:context, h // group] @ q[r, h] * scale
                 p = np.exp(scores - scores.max())
-                out[r, h] = (p / p.sum()) @ v[:context, h // group]
+                weights = round_to_bf16(p) if bf16_inputs else p
+                out[r, h] = (weights / p.sum()) @ v[:context, h // group]
     return out
 
 

@@ -269,6 +269,36 @@ def test_thread_pool_and_prefetch_keep_the_results(page_layout):
             np.testing.assert_allclose(out, ref, rtol=1e-4, atol=2e-5)
 
 
+def test_bf16_precision_rounds_query_and_probabilities():
+    """precision='bf16' on a bfloat16 cache matches an oracle that rounds
+    q * scale and the probabilities to bf16 (within 2^-8 of max |V|: the
+    kernel rounds against its running maximum), and differs from the fp32
+    result by more than that bound allows the fp32 result to differ from its
+    own oracle; a float32 cache ignores it."""
+    rng = np.random.default_rng(33)
+    m = make_manager("paged", dtype="bfloat16", n_kv_heads=2, head_dim=64, num_layers=1,
+                     page_size=16, max_batch=2, max_seq_len=700)
+    ids = m.claim(2)
+    inputs = m.fetch(ids, [600, 7])
+    offsets = offsets_of([600, 7])
+    k, v = random_rows(rng, 607, 2, 64), random_rows(rng, 607, 2, 64)
+    kvcache.store_kv(inputs, 0, k, v, offsets)
+    q = (3 * rng.standard_normal((607, 8, 64))).astype(np.float32)  # GQA 4
+    v_max = float(np.abs(kvcache.bf16_to_float32(inputs.blocks)).max())
+    ref_bf16 = attention_oracle(inputs, 0, q, offsets, bf16_inputs=True)
+    ref_fp32 = attention_oracle(inputs, 0, q, offsets)
+    out = kvcache.attention(inputs, 0, q, offsets, precision="bf16")
+    np.testing.assert_allclose(out, ref_bf16, rtol=1e-4, atol=2e-5 + v_max / 256)
+    exact = kvcache.attention(inputs, 0, q, offsets)
+    np.testing.assert_allclose(exact, ref_fp32, rtol=1e-4, atol=2e-5)
+    assert np.abs(out - exact).max() > 1e-3  # the rounding shows
+    with pytest.raises(kvcache.InvalidArgument, match="'f16'.*fp32, bf16"):
+        kvcache.attention(inputs, 0, q, offsets, precision="f16")
+    f32, q32, offsets32 = scenario("paged", "float32", seed=9)
+    np.testing.assert_array_equal(kvcache.attention(f32, 0, q32, offsets32, precision="bf16"),
+                                  kvcache.attention(f32, 0, q32, offsets32))
+
+
 def test_kernel_keyword_errors_name_the_value():
     inputs, q, offsets = scenario("paged", "float32", seed=8)
     total = int(offsets[-1])

@@ -930,7 +930,7 @@ template <class T>
 class ItemRunner {
  public:
   explicit ItemRunner(const AttentionCtx& c)
-      : c_(c), dot_(kDotT && c.bf16_inputs && c.dim % kC == 0 && cpu_has_avx512_bf16()) {}
+      : c_(c), dot_capable_(kDotT && c.bf16_inputs && c.dim % kC == 0 && cpu_has_avx512_bf16()) {}
 
   // Runs one item. `claim_next()` is called at most once, when the pump
   // runs out of the item's tiles: it returns the item this runner will run
@@ -951,6 +951,12 @@ class ItemRunner {
     head_major_ = !heads_contiguous() || m_per_head >= kNhdHeadMajorVectors || resident;
     // NHD rows hold only the item's heads when it has them all (decode).
     pump_pairs_ = heads_contiguous() && std::size_t{nh} * dim != c_.token_stride;
+    // The pair products only where the loops are not pumping rows in from
+    // memory: there they only made the wait longer (DRAM, 2 threads, HND
+    // GQA 4: 0.92-0.94x in the slow memory state, 0.98-1.0x in the fast one,
+    // docs/PERFORMANCE.md session 21); the f32 loops compute the same
+    // rounded products.
+    dot_ = dot_capable_ && (c_.prefetch != AttentionPrefetch::next_tile_l2 || resident);
     s.ensure(total, dim);
     probs_ = s.probs.get();
     pairs_ = s.pairs.get();
@@ -1695,8 +1701,10 @@ class ItemRunner {
   // Whether bf16 pair products can serve this element type.
   static constexpr bool kDotT = kDotBF16 && std::is_same_v<T, hwy::bfloat16_t>;
   const AttentionCtx& c_;
-  // AttentionPrecision::bf16 by pair products (vdpbf16ps), see kDotBF16.
-  const bool dot_;
+  // AttentionPrecision::bf16 by pair products (vdpbf16ps), see kDotBF16:
+  // possible for this call, and chosen for the current item.
+  const bool dot_capable_;
+  bool dot_ = false;
   // The worker's probability rows and their packed pairs (Scratch).
   const float* probs_ = nullptr;
   std::uint32_t* pairs_ = nullptr;
