@@ -235,20 +235,26 @@ TEST(AttentionFast, EveryCompiledSimdTarget) {
 }
 
 // AttentionPrecision::bf16 on random data: the pair-product paths where the
-// processor has AVX512-BF16 (head dims of whole 32-element chunks: 64, 96,
+// processor has AVX512-BF16 (items with 2 or more query vectors per KV head
+// whose rows are not pumped: prefetch `none` here, or `automatic` where the
+// probe finds them cached; head dims of whole 32-element chunks: 64, 96,
 // 128, 256) and the f32 loops on rounded values elsewhere (80, other
-// targets), GQA 1-8, both layouts, paged and continuous, page sizes 1, 16
+// targets, one query vector per KV head, pumped items), GQA 1-8 (3: single
+// query vectors by pair products), both layouts, paged and continuous, page sizes 1, 16
 // and 128, 1 and 2 threads, decode, prefill and mixed batches; f32 and f16
 // caches ignore the option (the plain fp32 bound).
 TEST(AttentionFast, Bf16PrecisionAgainstReference) {
   std::mt19937 rng(2026);
   for (std::uint32_t dim : {64u, 80u, 96u, 128u, 256u}) {
-    for (std::uint32_t group : {1u, 2u, 4u, 8u}) {
+    for (std::uint32_t group : {1u, 2u, 3u, 4u, 8u}) {
       for (const PageLayout layout : {PageLayout::nhd, PageLayout::hnd}) {
-        Case c{mixed_batch(), true, 16, 2, group, dim, 2};
-        c.layout = layout;
-        c.precision = AttentionPrecision::bf16;
-        check_case<BFloat16>(c, rng);
+        for (const AttentionPrefetch pf : {AttentionPrefetch::automatic, AttentionPrefetch::none}) {
+          Case c{mixed_batch(), true, 16, 2, group, dim, 2};
+          c.layout = layout;
+          c.prefetch = pf;
+          c.precision = AttentionPrecision::bf16;
+          check_case<BFloat16>(c, rng);
+        }
       }
     }
   }
@@ -257,6 +263,7 @@ TEST(AttentionFast, Bf16PrecisionAgainstReference) {
       if (!paged && page != 16) continue;
       for (std::size_t threads : {1u, 2u}) {
         Case c{{{700, 1}, {0, 37}, {129, 3}, {15, 1}, {255, 2}}, paged, page, 3, 4, 128, threads};
+        c.prefetch = AttentionPrefetch::none;
         c.precision = AttentionPrecision::bf16;
         check_case<BFloat16>(c, rng);
         Case mha{{{701, 1}, {2, 1}, {64, 1}}, paged, page, 3, 1, 64, threads};
@@ -269,6 +276,7 @@ TEST(AttentionFast, Bf16PrecisionAgainstReference) {
     SCOPED_TRACE(isa);
     Case c{{{300, 1}, {33, 3}, {0, 6}}, true, 7, 2, 4, 64, 2};
     c.isa = isa;
+    c.prefetch = AttentionPrefetch::none;
     c.precision = AttentionPrecision::bf16;
     check_case<BFloat16>(c, rng);
   }
@@ -285,20 +293,26 @@ TEST(AttentionFast, Bf16PrecisionAgainstReference) {
   check_case<Half>(f32, rng);
 }
 
-// Two tokens with crafted K/V on a bf16 cache, scale 1, one KV head and one
-// query head: token 0 in history, token 1 the new one. Every input is exact
-// in bf16, so only the option's roundings separate the outputs.
+// Two tokens with crafted K/V on a bf16 cache, scale 1, one KV head and
+// n_q query heads with the same query (n_q 1: the f32 loops on rounded
+// values; 2: the pair products where the processor has them, prefetch none
+// so that no item is pumped): token 0 in history, token 1 the new one.
+// Every input is exact in bf16, so only the option's roundings separate the
+// outputs. Returns head 0's output (head 1's must equal it).
 struct TwoTokenCase {
   std::vector<float> k0, v0, k1, v1, q;
 };
 
-std::vector<float> two_token_attention(const TwoTokenCase& t, std::uint32_t dim,
+std::vector<float> two_token_attention(const TwoTokenCase& t, std::uint32_t dim, std::uint32_t n_q,
                                        AttentionPrecision precision, bool fast,
                                        const std::string& isa) {
   std::mt19937 rng(5);
   OwnedCache<BFloat16> cache({{1, 1}}, true, 16, 1, dim, rng);
-  std::vector<float> out(dim, -7.0f);
-  const AttentionOptions options{.scale = 1.0f, .precision = precision};
+  std::vector<float> q;
+  for (std::uint32_t h = 0; h < n_q; ++h) q.insert(q.end(), t.q.begin(), t.q.end());
+  std::vector<float> out(std::size_t{n_q} * dim, -7.0f);
+  const AttentionOptions options{
+      .scale = 1.0f, .prefetch = AttentionPrefetch::none, .precision = precision};
   test::with_collection(cache, [&](const auto& col) {
     const auto k = col.get_key_cache(OwnedCache<BFloat16>::kLayer);
     const auto v = col.get_value_cache(OwnedCache<BFloat16>::kLayer);
@@ -310,12 +324,16 @@ std::vector<float> two_token_attention(const TwoTokenCase& t, std::uint32_t dim,
     store_kv_reference(k, v, std::span(t.k1), std::span(t.v1), ro);
     select_isa(isa);
     if (fast) {
-      attention(k, v, std::span(t.q), 1, ro, std::span(out), options);
+      attention(k, v, std::span(q), n_q, ro, std::span(out), options);
     } else {
-      attention_reference(k, v, std::span(t.q), 1, ro, std::span(out), options);
+      attention_reference(k, v, std::span(q), n_q, ro, std::span(out), options);
     }
     select_isa("auto");
   });
+  for (std::uint32_t h = 1; h < n_q; ++h) {
+    for (std::uint32_t d = 0; d < dim; ++d) EXPECT_EQ(out[std::size_t{h} * dim + d], out[d]) << d;
+  }
+  out.resize(dim);
   return out;
 }
 
@@ -333,19 +351,21 @@ TwoTokenCase unit_case(std::uint32_t dim) {
 TEST(AttentionFast, Bf16PrecisionRoundsTheQuery) {
   for (std::uint32_t dim : {64u, 80u, 128u}) {
     for (const std::string& isa : available_isas()) {
-      SCOPED_TRACE("dim " + std::to_string(dim) + " " + isa);
-      TwoTokenCase t = unit_case(dim);
-      t.k0[0] = 64.0f;
-      t.k1[1] = 64.0f;
-      t.q[0] = 1.0f + 1.0f / 512;
-      t.q[1] = 1.0f;
-      for (bool fast : {false, true}) {
-        const auto out = two_token_attention(t, dim, AttentionPrecision::bf16, fast, isa);
-        EXPECT_NEAR(out[0], 0.5f, kAbsTol) << (fast ? "fast" : "reference");
-        EXPECT_NEAR(out[1], 0.5f, kAbsTol) << (fast ? "fast" : "reference");
-        const auto exact = two_token_attention(t, dim, AttentionPrecision::fp32, fast, isa);
-        const float p1 = std::exp(-0.125f);
-        EXPECT_NEAR(exact[0], 1.0f / (1.0f + p1), kAbsTol) << (fast ? "fast" : "reference");
+      for (std::uint32_t n_q : {1u, 2u}) {
+        SCOPED_TRACE("dim " + std::to_string(dim) + " " + isa + " n_q " + std::to_string(n_q));
+        TwoTokenCase t = unit_case(dim);
+        t.k0[0] = 64.0f;
+        t.k1[1] = 64.0f;
+        t.q[0] = 1.0f + 1.0f / 512;
+        t.q[1] = 1.0f;
+        for (bool fast : {false, true}) {
+          const auto out = two_token_attention(t, dim, n_q, AttentionPrecision::bf16, fast, isa);
+          EXPECT_NEAR(out[0], 0.5f, kAbsTol) << (fast ? "fast" : "reference");
+          EXPECT_NEAR(out[1], 0.5f, kAbsTol) << (fast ? "fast" : "reference");
+          const auto exact = two_token_attention(t, dim, n_q, AttentionPrecision::fp32, fast, isa);
+          const float p1 = std::exp(-0.125f);
+          EXPECT_NEAR(exact[0], 1.0f / (1.0f + p1), kAbsTol) << (fast ? "fast" : "reference");
+        }
       }
     }
   }
@@ -356,19 +376,21 @@ TEST(AttentionFast, Bf16PrecisionRoundsTheQuery) {
 TEST(AttentionFast, Bf16PrecisionRoundsTheProbabilities) {
   for (std::uint32_t dim : {64u, 80u, 128u}) {
     for (const std::string& isa : available_isas()) {
-      SCOPED_TRACE("dim " + std::to_string(dim) + " " + isa);
-      TwoTokenCase t = unit_case(dim);
-      t.k0[0] = 1.0f;
-      t.q[0] = 1.0f;
-      t.q[1] = 1.0f;
-      const float e = std::exp(-1.0f);
-      const float e_rounded = bf16_bits_to_f32(f32_to_bf16_bits(e));
-      ASSERT_GT(std::fabs(e - e_rounded), 1e-4f);  // the rounding is visible
-      for (bool fast : {false, true}) {
-        const auto out = two_token_attention(t, dim, AttentionPrecision::bf16, fast, isa);
-        EXPECT_NEAR(out[0], 1.0f / (1.0f + e), kAbsTol) << (fast ? "fast" : "reference");
-        EXPECT_NEAR(out[1], e_rounded / (1.0f + e), kAbsTol) << (fast ? "fast" : "reference");
-        for (std::uint32_t d = 2; d < dim; ++d) EXPECT_EQ(out[d], 0.0f) << d;
+      for (std::uint32_t n_q : {1u, 2u}) {
+        SCOPED_TRACE("dim " + std::to_string(dim) + " " + isa + " n_q " + std::to_string(n_q));
+        TwoTokenCase t = unit_case(dim);
+        t.k0[0] = 1.0f;
+        t.q[0] = 1.0f;
+        t.q[1] = 1.0f;
+        const float e = std::exp(-1.0f);
+        const float e_rounded = bf16_bits_to_f32(f32_to_bf16_bits(e));
+        ASSERT_GT(std::fabs(e - e_rounded), 1e-4f);  // the rounding is visible
+        for (bool fast : {false, true}) {
+          const auto out = two_token_attention(t, dim, n_q, AttentionPrecision::bf16, fast, isa);
+          EXPECT_NEAR(out[0], 1.0f / (1.0f + e), kAbsTol) << (fast ? "fast" : "reference");
+          EXPECT_NEAR(out[1], e_rounded / (1.0f + e), kAbsTol) << (fast ? "fast" : "reference");
+          for (std::uint32_t d = 2; d < dim; ++d) EXPECT_EQ(out[d], 0.0f) << d;
+        }
       }
     }
   }

@@ -591,15 +591,10 @@ HWY_INLINE void PvRows(DF df, const float* const* p, float* const* acc, const T*
 // so that the accumulators keep the even/odd layout of the f32 path. Used
 // where the processor has the instruction and dim is whole chunks
 // (ItemRunner::dot_); elsewhere the f32 loops run on the rounded values.
-// Packed query pairs of row u: the same for every row, or one pointer per
-// row (score_pairs).
+// Packed query pairs of row u: the same for every row (one KV head).
 struct SharedPairs {
   const std::uint32_t* q;
   HWY_INLINE const std::uint32_t* operator()(int) const { return q; }
-};
-struct PairsPerRow {
-  const std::uint32_t* const* q;
-  HWY_INLINE const std::uint32_t* operator()(int u) const { return q[u]; }
 };
 
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3 && (HWY_COMPILER_GCC || HWY_COMPILER_CLANG)
@@ -646,8 +641,8 @@ HWY_INLINE void ScoreRowsDotFixed(const std::uint32_t* q, const hwy::bfloat16_t*
   }
 }
 
-// One query vector per row, each row read whole (score_pairs, and shared
-// queries of other lengths).
+// One query vector shared by the rows, rows of any number of chunks, each
+// read whole.
 template <int kT, class Query, class Pump>
 HWY_INLINE void ScoreRowsDot(const Query& q, const hwy::bfloat16_t* const* kr, std::size_t chunks,
                              VF* a, const Pump& pump) {
@@ -951,12 +946,14 @@ class ItemRunner {
     head_major_ = !heads_contiguous() || m_per_head >= kNhdHeadMajorVectors || resident;
     // NHD rows hold only the item's heads when it has them all (decode).
     pump_pairs_ = heads_contiguous() && std::size_t{nh} * dim != c_.token_stride;
-    // The pair products only where the loops are not pumping rows in from
-    // memory: there they only made the wait longer (DRAM, 2 threads, HND
-    // GQA 4: 0.92-0.94x in the slow memory state, 0.98-1.0x in the fast one,
-    // docs/PERFORMANCE.md session 21); the f32 loops compute the same
-    // rounded products.
-    dot_ = dot_capable_ && (c_.prefetch != AttentionPrefetch::next_tile_l2 || resident);
+    // The pair products only where each K/V row serves several query vectors
+    // and the loops are not pumping rows in from memory; the f32 loops
+    // compute the same rounded products. Cached, 2 threads: GQA 2 1.09-1.12x,
+    // GQA 4 1.13-1.18x, GQA 8 1.15x, but MHA 0.95-0.97x; pumped from DRAM
+    // they only made the wait longer (HND GQA 4 0.92-0.94x in the slow
+    // memory state; docs/PERFORMANCE.md, session 21).
+    dot_ = dot_capable_ && m_per_head >= 2 &&
+           (c_.prefetch != AttentionPrefetch::next_tile_l2 || resident);
     s.ensure(total, dim);
     probs_ = s.probs.get();
     pairs_ = s.pairs.get();
@@ -1327,13 +1324,11 @@ class ItemRunner {
       }
       const T* kr[kT];
       const float* qp[kT];
-      const std::uint32_t* qbp[kT];
       std::uint32_t slot[kT];
       for (int u = 0; u < kT; ++u) {
         if (p0 + u < pairs) {
           kr[u] = rows.k[tn] + std::size_t{h0 + hn_} * c_.head_stride;
           qp[u] = s.qs.get() + std::size_t{hn_} * s.dimp;
-          qbp[u] = s.qb.get() + std::size_t{hn_} * s.dimp / 2;
           slot[u] = hn_ * kTile + tn;
           if (++hn_ == nh) {
             hn_ = 0;
@@ -1342,18 +1337,11 @@ class ItemRunner {
         } else {  // past the last pair (u >= 1 here): repeat it, drop the score
           kr[u] = kr[u - 1];
           qp[u] = qp[u - 1];
-          qbp[u] = qbp[u - 1];
           slot[u] = kSkip;
         }
       }
-      VF scores;
-      if constexpr (kDotT) {
-        if (dot_)
-          scores = ScoreBlockDot<1, kT>(df, PairsPerRow{qbp}, 0, kr, c_.dim, pump_for(true));
-      }
-      if (!dot_)
-        scores = ScoreBlock<1, kT>(df, QueryPerRow{qp}, s.dimp, kr, c_.dim, pump_for(true));
-      hn::Store(scores, df, out);
+      hn::Store(ScoreBlock<1, kT>(df, QueryPerRow{qp}, s.dimp, kr, c_.dim, pump_for(true)), df,
+                out);
       for (int u = 0; u < kT; ++u) {
         if (slot[u] != kSkip) pr[slot[u]] = out[u];
       }
@@ -1386,7 +1374,7 @@ class ItemRunner {
         }
       }
       std::uint32_t hl = 0;
-      if (m == 1 && c_.dim % kC == 0 && !dot_) {
+      if (m == 1 && c_.dim % kC == 0) {
         for (; hl + 2 <= nh; hl += 2) pv_head_pair(df, rows, tg, n, h0, hl, s);
       }
       for (; hl < nh; ++hl) {
