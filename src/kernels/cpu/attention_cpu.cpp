@@ -589,8 +589,10 @@ HWY_INLINE void PvRows(DF df, const float* const* p, float* const* acc, const T*
 // probabilities packed as bf16 pairs of consecutive tokens (Scratch::pairs)
 // against two tokens' V chunks merged into (even element, odd element) pairs,
 // so that the accumulators keep the even/odd layout of the f32 path. Used
-// where the processor has the instruction and dim is whole chunks
-// (ItemRunner::dot_); elsewhere the f32 loops run on the rounded values.
+// where the processor has the instruction, dim is whole chunks, and the item
+// has 2 or more query vectors per KV head and is not pumped (ItemRunner::dot_);
+// elsewhere the f32 loops run on the rounded values.
+
 // Packed query pairs of row u: the same for every row (one KV head).
 struct SharedPairs {
   const std::uint32_t* q;
