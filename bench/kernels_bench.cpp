@@ -42,7 +42,7 @@ struct Cache {
 };
 
 template <class T>
-void BM_DecodeAttention(benchmark::State& state) {
+void DecodeAttention(benchmark::State& state, const AttentionOptions& options) {
   const auto q_heads = static_cast<std::uint32_t>(state.range(0));
   const auto context = static_cast<std::uint32_t>(state.range(1));
   const auto threads = static_cast<std::size_t>(state.range(2));
@@ -52,11 +52,22 @@ void BM_DecodeAttention(benchmark::State& state) {
   ThreadPool pool(threads);
   for (auto _ : state) {
     attention(col.get_key_cache(0), col.get_value_cache(0), std::span<const float>(q), q_heads,
-              std::span<const std::uint32_t>(c.ro), std::span(out), {}, &pool);
+              std::span<const std::uint32_t>(c.ro), std::span(out), options, &pool);
     benchmark::DoNotOptimize(out.data());
   }
   state.SetBytesProcessed(state.iterations() * std::int64_t{context} * kKv * kDim * 2 *
                           std::int64_t(sizeof(T)));
+}
+
+template <class T>
+void BM_DecodeAttention(benchmark::State& state) {
+  DecodeAttention<T>(state, {});
+}
+
+// AttentionPrecision::bf16 (bf16 pair products where the processor has
+// AVX512-BF16), against the BFloat16 rows of BM_DecodeAttention.
+void BM_DecodeAttentionBf16Precision(benchmark::State& state) {
+  DecodeAttention<BFloat16>(state, {.precision = AttentionPrecision::bf16});
 }
 BENCHMARK_TEMPLATE(BM_DecodeAttention, BFloat16)
     ->ArgsProduct({{8, 32}, {4096, 32768}, {1, 2}})
@@ -73,6 +84,9 @@ BENCHMARK_TEMPLATE(BM_DecodeAttention, Half)
     ->ArgsProduct({{32, 64}, {512, 4096}, {1}})
     ->UseRealTime();
 BENCHMARK_TEMPLATE(BM_DecodeAttention, float)->ArgsProduct({{8, 32}, {512}, {1}})->UseRealTime();
+BENCHMARK(BM_DecodeAttentionBf16Precision)
+    ->ArgsProduct({{16, 32, 64}, {512, 4096}, {1}})
+    ->UseRealTime();
 
 void BM_PrefillAttention(benchmark::State& state) {
   const auto tokens = static_cast<std::uint32_t>(state.range(0));
