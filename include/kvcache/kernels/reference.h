@@ -62,10 +62,11 @@ enum class AttentionPrefetch : std::uint8_t { automatic, next_step_l1, next_tile
 //        Their products with bf16 K/V elements are then exact in fp32. Where
 //        the processor has AVX512-BF16 the fast kernel multiplies bf16 pairs
 //        (vdpbf16ps: 32 products an instruction, fp32 FMAs do 16) in decode
-//        with several query heads per KV head over rows in the caches, the
-//        compute-bound case (1.1-1.2x there; docs/PERFORMANCE.md, session
-//        21); elsewhere it computes the same values with fp32 FMAs, at the
-//        speed of `fp32` (within 1-2 %). Query rounding is
+//        with several query heads per KV head over rows in the caches and in
+//        prefill's score loop, the compute-bound cases (decode 1.1-1.2x,
+//        prefill 1.3x; docs/PERFORMANCE.md, session 21); elsewhere it
+//        computes the same values with fp32 FMAs, at the speed of `fp32`
+//        (within 1-2 %). Query rounding is
 //        exact and reproducible; a probability is rounded against the running
 //        maximum of its tile walk (the reference rounds exp(score - max)),
 //        so the two agree within 2^-8 of the largest |V| element (two

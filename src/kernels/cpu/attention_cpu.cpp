@@ -605,13 +605,7 @@ static_assert(kTile == 2 * kN, "PackPairs packs one tile of probabilities");
 using DU = hn::RebindToUnsigned<DF>;
 using VU = hn::Vec<DU>;
 
-// An asm statement: the AVX-512 targets are compiled without avx512bf16,
-// which only some of their processors have (callers check
-// cpu_has_avx512_bf16()).
-HWY_INLINE VF DotBF16(VF acc, VU a, VU b) {
-  asm("vdpbf16ps %2, %1, %0" : "+v"(acc.raw) : "v"(a.raw), "v"(b.raw));
-  return acc;
-}
+// DotBF16 (vdpbf16ps) is in round_bf16-inl.h.
 
 HWY_INLINE VU LoadPairs(const hwy::bfloat16_t* p) {
   return hn::LoadU(DU(), reinterpret_cast<const std::uint32_t*>(p));

@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "hwy/aligned_allocator.h"
 #include "hwy/contrib/math/math-inl.h"
@@ -86,6 +87,9 @@ HWY_INLINE void RowToF32(const T* row, std::uint32_t dim, float* dst) {
 struct Buffers {
   std::uint32_t dim = 0, dim_o = 0, width = 0, rows_k = 0;
   hwy::AlignedFreeUniquePtr<float[]> qt, kf, vf, st, ot, mx, l, alpha;
+  // AttentionPrecision::bf16 by pair products: Q^T as bf16 pairs of
+  // consecutive dims, [dim / 2][lanes].
+  hwy::AlignedFreeUniquePtr<std::uint32_t[]> qtp;
   hwy::AlignedFreeUniquePtr<std::int32_t[]> limit;
 
   static hwy::AlignedFreeUniquePtr<float[]> Zeroed(std::size_t n) {
@@ -106,6 +110,7 @@ struct Buffers {
     l = Zeroed(w);
     alpha = Zeroed(w);
     limit = hwy::AllocateAligned<std::int32_t>(w);
+    qtp = hwy::AllocateAligned<std::uint32_t>(std::size_t{(d + 1) / 2} * w);
   }
 };
 
@@ -116,7 +121,11 @@ class Runner {
   static constexpr int kD = kAccRegs / kV;  // dims per output block
   static constexpr std::uint32_t kW = static_cast<std::uint32_t>(kV * kLanes);
 
-  Runner(const AttentionCtx& c, Buffers& b) : c_(c), b_(b) {}
+  Runner(const AttentionCtx& c, Buffers& b)
+      : c_(c),
+        b_(b),
+        dot_(kHaveDotBF16 && std::is_same_v<T, hwy::bfloat16_t> && c.bf16_inputs &&
+             c.dim % 2 == 0 && cpu_has_avx512_bf16()) {}
 
   void run(const WorkItem& it) {
     const std::uint32_t dim = c_.dim;
@@ -155,6 +164,18 @@ class Runner {
       for (std::uint32_t d = 0; d < dim; ++d) qt[std::size_t{d} * kW + j] = src[d] * c_.scale;
     }
     if (c_.bf16_inputs) RoundRowToBF16(DF(), qt, std::size_t{dim} * kW);
+    if (dot_) {
+      // Lane j of qtp[i]: q_j[2i] | q_j[2i + 1] << 16 (both rounded).
+      const DF df;
+      const hn::RebindToUnsigned<DF> du;
+      for (std::uint32_t i = 0; i < dim / 2; ++i) {
+        for (std::uint32_t l = 0; l < kW; l += kLanes) {
+          const auto lo = hn::BitCast(du, hn::Load(df, qt + std::size_t{2 * i} * kW + l));
+          const auto hi = hn::BitCast(du, hn::Load(df, qt + std::size_t{2 * i + 1} * kW + l));
+          hn::Store(hn::Or(hn::ShiftRight<16>(lo), hi), du, b_.qtp.get() + std::size_t{i} * kW + l);
+        }
+      }
+    }
   }
 
   const T* row(const LayerRef& ref, std::uint32_t b, std::uint32_t tok, std::uint32_t h) const {
@@ -164,11 +185,18 @@ class Runner {
   }
 
   // K rows of the tile into kf [token][dim], V rows into vf [token][dim_o].
+  // With dot_ K stays as stored: krow_ holds its rows (those past nt repeat
+  // the last one; their scores are masked).
   void load_tile(std::uint32_t b, std::uint32_t ta, std::uint32_t nt, std::uint32_t h) {
     for (std::uint32_t t = 0; t < nt; ++t) {
-      RowToF32(row(c_.k, b, ta + t, h), c_.dim, b_.kf.get() + std::size_t{t} * c_.dim);
+      if (dot_) {
+        krow_[t] = row(c_.k, b, ta + t, h);
+      } else {
+        RowToF32(row(c_.k, b, ta + t, h), c_.dim, b_.kf.get() + std::size_t{t} * c_.dim);
+      }
       RowToF32(row(c_.v, b, ta + t, h), c_.dim, b_.vf.get() + std::size_t{t} * b_.dim_o);
     }
+    if (dot_) std::fill(krow_ + nt, krow_ + nt + kT, krow_[nt - 1]);
   }
 
   // The next tile's K and V rows into L2 (L1 holds this tile's buffers)
@@ -187,6 +215,9 @@ class Runner {
 
   // S^T [t][lanes] for t < nt rounded up to kT (rows past nt are masked later).
   void scores(std::uint32_t nt) {
+    if constexpr (kHaveDotBF16 && std::is_same_v<T, hwy::bfloat16_t>) {
+      if (dot_) return scores_dot(nt);
+    }
     const DF df;
     const std::uint32_t dim = c_.dim;
     const float* qt = b_.qt.get();
@@ -213,6 +244,45 @@ class Runner {
       for (int u = 0; u < kT; ++u)
 #pragma GCC unroll 4
         for (int v = 0; v < kV; ++v) hn::Store(acc[u][v], df, st + u * kW + v * kLanes);
+    }
+  }
+
+  // scores() by bf16 pair products: for each pair of dims, one broadcast
+  // pair of a K row (as stored) against a row of Q^T pairs.
+  void scores_dot(std::uint32_t nt) {
+    if constexpr (kHaveDotBF16 && std::is_same_v<T, hwy::bfloat16_t>) {
+      const DF df;
+      const hn::RebindToUnsigned<DF> du;
+      const std::uint32_t pairs = c_.dim / 2;
+      const std::uint32_t* qtp = b_.qtp.get();
+      for (std::uint32_t t0 = 0; t0 < nt; t0 += kT) {
+        VF acc[kT][kV];
+#pragma GCC unroll 32
+        for (int u = 0; u < kT; ++u)
+#pragma GCC unroll 4
+          for (int v = 0; v < kV; ++v) acc[u][v] = hn::Zero(df);
+        const std::uint32_t* kp[kT];
+#pragma GCC unroll 32
+        for (int u = 0; u < kT; ++u) kp[u] = reinterpret_cast<const std::uint32_t*>(krow_[t0 + u]);
+        for (std::uint32_t i = 0; i < pairs; ++i) {
+          hn::Vec<decltype(du)> q[kV];
+#pragma GCC unroll 4
+          for (int v = 0; v < kV; ++v) q[v] = hn::Load(du, qtp + std::size_t{i} * kW + v * kLanes);
+#pragma GCC unroll 32
+          for (int u = 0; u < kT; ++u) {
+            const auto k = hn::Set(du, kp[u][i]);
+#pragma GCC unroll 4
+            for (int v = 0; v < kV; ++v) acc[u][v] = DotBF16(acc[u][v], k, q[v]);
+          }
+        }
+        float* st = b_.st.get() + std::size_t{t0} * kW;
+#pragma GCC unroll 32
+        for (int u = 0; u < kT; ++u)
+#pragma GCC unroll 4
+          for (int v = 0; v < kV; ++v) hn::Store(acc[u][v], df, st + u * kW + v * kLanes);
+      }
+    } else {
+      (void)nt;
     }
   }
 
@@ -306,6 +376,10 @@ class Runner {
 
   const AttentionCtx& c_;
   Buffers& b_;
+  // AttentionPrecision::bf16 by pair products in the score loop (the PV
+  // loop multiplies the rounded probabilities with f32 FMAs).
+  const bool dot_;
+  const T* krow_[kTileTokens + kAccRegs];
   std::uint32_t m_ = 0;
 };
 

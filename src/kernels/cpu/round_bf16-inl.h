@@ -5,6 +5,7 @@
 // returned as f32 (the low 16 bits zero), the value f32_to_bf16_bits
 // (kvcache/dtype.h) gives for every lane that is not NaN. Products of such
 // values with bf16 K/V elements are exact in fp32.
+// DotBF16(acc, a, b) (AVX-512 targets, kHaveDotBF16): bf16 pair products.
 #if defined(KVCACHE_KERNELS_CPU_ROUND_BF16_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef KVCACHE_KERNELS_CPU_ROUND_BF16_INL_H_
 #undef KVCACHE_KERNELS_CPU_ROUND_BF16_INL_H_
@@ -39,6 +40,24 @@ HWY_INLINE void RoundRowToBF16(DF df, float* p, std::size_t n) {
   for (std::size_t i = 0; i < n; i += hn::Lanes(df))
     hn::Store(RoundToBF16(df, hn::Load(df, p + i)), df, p + i);
 }
+
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3 && (HWY_COMPILER_GCC || HWY_COMPILER_CLANG)
+// Whether this target has DotBF16 (the processor must still have
+// AVX512-BF16: cpu_has_avx512_bf16() in kernel_common.h).
+constexpr bool kHaveDotBF16 = true;
+// acc lane i += a.bf16[2i] * b.bf16[2i] + a.bf16[2i + 1] * b.bf16[2i + 1]
+// (vdpbf16ps: exact products summed in fp32, bf16 denormals as zero). An
+// asm statement: the AVX-512 targets are compiled without avx512bf16, which
+// only some of their processors have.
+HWY_INLINE hwy::HWY_NAMESPACE::Vec512<float> DotBF16(hwy::HWY_NAMESPACE::Vec512<float> acc,
+                                                     hwy::HWY_NAMESPACE::Vec512<uint32_t> a,
+                                                     hwy::HWY_NAMESPACE::Vec512<uint32_t> b) {
+  asm("vdpbf16ps %2, %1, %0" : "+v"(acc.raw) : "v"(a.raw), "v"(b.raw));
+  return acc;
+}
+#else
+constexpr bool kHaveDotBF16 = false;
+#endif
 
 }  // namespace kvcache::kernels::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
