@@ -14,6 +14,7 @@
 #endif
 
 #include <cstddef>
+#include <cstdint>
 
 #include "hwy/highway.h"
 
@@ -50,8 +51,8 @@ constexpr bool kHaveDotBF16 = true;
 // asm statement: the AVX-512 targets are compiled without avx512bf16, which
 // only some of their processors have.
 HWY_INLINE hwy::HWY_NAMESPACE::Vec512<float> DotBF16(hwy::HWY_NAMESPACE::Vec512<float> acc,
-                                                     hwy::HWY_NAMESPACE::Vec512<uint32_t> a,
-                                                     hwy::HWY_NAMESPACE::Vec512<uint32_t> b) {
+                                                     hwy::HWY_NAMESPACE::Vec512<std::uint32_t> a,
+                                                     hwy::HWY_NAMESPACE::Vec512<std::uint32_t> b) {
   asm("vdpbf16ps %2, %1, %0" : "+v"(acc.raw) : "v"(a.raw), "v"(b.raw));
   return acc;
 }
