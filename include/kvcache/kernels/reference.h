@@ -99,6 +99,13 @@ inline void check_row_offsets(std::span<const std::uint32_t> row_offsets,
   }
 }
 
+inline void check_precision(AttentionPrecision precision) {
+  if (precision > AttentionPrecision::bf16) {
+    throw InvalidArgument("AttentionOptions::precision value " +
+                          std::to_string(static_cast<int>(precision)) + " is not fp32 or bf16");
+  }
+}
+
 inline void check_size(const char* what, std::size_t got, std::size_t want) {
   if (got != want) {
     throw InvalidArgument(std::string(what) + " has " + std::to_string(got) +
@@ -150,11 +157,7 @@ void attention_reference(const Cache& k_cache, const Cache& v_cache, std::span<c
   const std::size_t q_row = std::size_t{n_q_heads} * dim;
   detail::check_size("q", q.size(), row_offsets[batch] * q_row);
   detail::check_size("out", out.size(), row_offsets[batch] * q_row);
-  if (options.precision > AttentionPrecision::bf16) {
-    throw InvalidArgument("AttentionOptions::precision value " +
-                          std::to_string(static_cast<int>(options.precision)) +
-                          " is not fp32 or bf16");
-  }
+  detail::check_precision(options.precision);
   const float scale = options.scale != 0.0f ? options.scale : 1.0f / std::sqrt(float(dim));
   const std::uint32_t group = n_q_heads / n_kv;
   // AttentionPrecision::bf16 on a bf16 cache: q * scale and the probabilities

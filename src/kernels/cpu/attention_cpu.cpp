@@ -593,14 +593,7 @@ HWY_INLINE void PvRows(DF df, const float* const* p, float* const* acc, const T*
 // has 2 or more query vectors per KV head and is not pumped (ItemRunner::dot_);
 // elsewhere the f32 loops run on the rounded values.
 
-// Packed query pairs of row u: the same for every row (one KV head).
-struct SharedPairs {
-  const std::uint32_t* q;
-  HWY_INLINE const std::uint32_t* operator()(int) const { return q; }
-};
-
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3 && (HWY_COMPILER_GCC || HWY_COMPILER_CLANG)
-constexpr bool kDotBF16 = true;
 static_assert(kTile == 2 * kN, "PackPairs packs one tile of probabilities");
 using DU = hn::RebindToUnsigned<DF>;
 using VU = hn::Vec<DU>;
@@ -639,31 +632,30 @@ HWY_INLINE void ScoreRowsDotFixed(const std::uint32_t* q, const hwy::bfloat16_t*
 
 // One query vector shared by the rows, rows of any number of chunks, each
 // read whole.
-template <int kT, class Query, class Pump>
-HWY_INLINE void ScoreRowsDot(const Query& q, const hwy::bfloat16_t* const* kr, std::size_t chunks,
-                             VF* a, const Pump& pump) {
+template <int kT, class Pump>
+HWY_INLINE void ScoreRowsDot(const std::uint32_t* q, const hwy::bfloat16_t* const* kr,
+                             std::size_t chunks, VF* a, const Pump& pump) {
   const DU du;
   const auto row_lines = static_cast<std::uint32_t>(chunks) * kChunkLines<hwy::bfloat16_t>;
 #pragma GCC unroll 16
   for (int u = 0; u < kT; ++u) {
     VF s1 = hn::Zero(DF());
-    const std::uint32_t* qu = q(u);
     std::size_t c = 0;
     for (; c + 2 <= chunks; c += 2) {
-      a[u] = DotBF16(a[u], hn::Load(du, qu + c * kN), LoadPairs(kr[u] + c * kC));
-      s1 = DotBF16(s1, hn::Load(du, qu + (c + 1) * kN), LoadPairs(kr[u] + (c + 1) * kC));
+      a[u] = DotBF16(a[u], hn::Load(du, q + c * kN), LoadPairs(kr[u] + c * kC));
+      s1 = DotBF16(s1, hn::Load(du, q + (c + 1) * kN), LoadPairs(kr[u] + (c + 1) * kC));
     }
-    if (c < chunks) a[u] = DotBF16(a[u], hn::Load(du, qu + c * kN), LoadPairs(kr[u] + c * kC));
+    if (c < chunks) a[u] = DotBF16(a[u], hn::Load(du, q + c * kN), LoadPairs(kr[u] + c * kC));
     a[u] = hn::Add(a[u], s1);
     pump(row_lines);
   }
 }
 
-// ScoreBlock by bf16 pair products: kQ query vectors (packed pairs, qstride
-// u32 apart) against kT rows of dim = whole chunks; lane j * kT + u =
-// q_j . k_u.
-template <int kQ, int kT, class Query, class Pump>
-HWY_INLINE VF ScoreBlockDot(DF df, const Query& q, std::size_t qstride,
+// ScoreBlock by bf16 pair products: kQ query vectors of one KV head (packed
+// pairs from q, qstride u32 apart) against kT rows of dim = whole chunks;
+// lane j * kT + u = q_j . k_u.
+template <int kQ, int kT, class Pump>
+HWY_INLINE VF ScoreBlockDot(DF df, const std::uint32_t* q, std::size_t qstride,
                             const hwy::bfloat16_t* const* kr, std::size_t dim, const Pump& pump) {
   static_assert(kQ * kT == static_cast<int>(kN), "one score vector per block");
   VF a[kN];
@@ -671,24 +663,21 @@ HWY_INLINE VF ScoreBlockDot(DF df, const Query& q, std::size_t qstride,
   for (std::size_t u = 0; u < kN; ++u) a[u] = hn::Zero(df);
   const std::size_t chunks = dim / kC;
   if constexpr (kQ == 1) {
-    if constexpr (std::is_same_v<Query, SharedPairs>) {
-      switch (chunks) {
-        case 2:
-          ScoreRowsDotFixed<kT, 2>(q.q, kr, a, pump);
-          return ReduceTokens(df, a);
-        case 4:
-          ScoreRowsDotFixed<kT, 4>(q.q, kr, a, pump);
-          return ReduceTokens(df, a);
-        case 8:
-          ScoreRowsDotFixed<kT, 8>(q.q, kr, a, pump);
-          return ReduceTokens(df, a);
-        default:
-          break;
-      }
+    switch (chunks) {
+      case 2:
+        ScoreRowsDotFixed<kT, 2>(q, kr, a, pump);
+        return ReduceTokens(df, a);
+      case 4:
+        ScoreRowsDotFixed<kT, 4>(q, kr, a, pump);
+        return ReduceTokens(df, a);
+      case 8:
+        ScoreRowsDotFixed<kT, 8>(q, kr, a, pump);
+        return ReduceTokens(df, a);
+      default:
+        break;
     }
     ScoreRowsDot<kT>(q, kr, chunks, a, pump);
   } else {
-    static_assert(std::is_same_v<Query, SharedPairs>, "query blocks share their rows");
     const DU du;
     constexpr std::uint32_t kLines = kT * kChunkLines<hwy::bfloat16_t>;
     constexpr std::uint32_t kEvery = kLines >= kPumpLines ? 1 : kPumpLines / kLines;
@@ -700,7 +689,7 @@ HWY_INLINE VF ScoreBlockDot(DF df, const Query& q, std::size_t qstride,
       }
       VU qc[kQ];
 #pragma GCC unroll 8
-      for (int j = 0; j < kQ; ++j) qc[j] = hn::Load(du, q.q + j * qstride + c * kN);
+      for (int j = 0; j < kQ; ++j) qc[j] = hn::Load(du, q + j * qstride + c * kN);
 #pragma GCC unroll 16
       for (int u = 0; u < kT; ++u) {
         const VU k = LoadPairs(kr[u] + c * kC);
@@ -763,23 +752,26 @@ HWY_INLINE void PvChunksDot(const std::uint32_t* const* pp, float* const* acc,
   }
 }
 
+// PvChunksDot over [d0, d1 rounded down to kCh chunks); returns the end.
+template <int kR, int kCh, std::uint32_t kEvery, class Pump>
+HWY_INLINE std::size_t PvBlocksDot(const std::uint32_t* const* pp, float* const* acc,
+                                   const hwy::bfloat16_t* const* vr, std::uint32_t nt,
+                                   std::size_t d0, std::size_t d1, const Pump& pump) {
+  const std::size_t end = d0 + (d1 - d0) / (kCh * kC) * (kCh * kC);
+  PvChunksDot<kR, kCh, kEvery>(pp, acc, vr, nt, d0, end, pump);
+  return end;
+}
+
 // PvRows by bf16 pair products (dim whole chunks).
 template <int kR, std::uint32_t kEvery, class Pump>
 HWY_INLINE void PvRowsDot(const std::uint32_t* const* pp, float* const* acc,
                           const hwy::bfloat16_t* const* vr, std::uint32_t nt, std::size_t dim,
                           const Pump& pump) {
   constexpr int kChMax = kAccRegs / (2 * kR) > 0 ? kAccRegs / (2 * kR) : 1;
-  std::size_t d = dim / (kChMax * kC) * (kChMax * kC);
-  PvChunksDot<kR, kChMax, kEvery>(pp, acc, vr, nt, 0, d, pump);
-  if constexpr (kChMax > 4) {
-    PvChunksDot<kR, 4, kEvery>(pp, acc, vr, nt, d, d + (dim - d) / (4 * kC) * (4 * kC), pump);
-    d += (dim - d) / (4 * kC) * (4 * kC);
-  }
-  if constexpr (kChMax > 2) {
-    PvChunksDot<kR, 2, kEvery>(pp, acc, vr, nt, d, d + (dim - d) / (2 * kC) * (2 * kC), pump);
-    d += (dim - d) / (2 * kC) * (2 * kC);
-  }
-  if constexpr (kChMax > 1) PvChunksDot<kR, 1, kEvery>(pp, acc, vr, nt, d, dim, pump);
+  std::size_t d = PvBlocksDot<kR, kChMax, kEvery>(pp, acc, vr, nt, 0, dim, pump);
+  if constexpr (kChMax > 4) d = PvBlocksDot<kR, 4, kEvery>(pp, acc, vr, nt, d, dim, pump);
+  if constexpr (kChMax > 2) d = PvBlocksDot<kR, 2, kEvery>(pp, acc, vr, nt, d, dim, pump);
+  if constexpr (kChMax > 1) PvBlocksDot<kR, 1, kEvery>(pp, acc, vr, nt, d, dim, pump);
 }
 
 // Rounded probabilities of tokens [0, kN) (p0) and [kN, 2 * kN) (p1)
@@ -803,13 +795,12 @@ HWY_INLINE void PackQuery(const float* q, std::size_t dimp, std::uint32_t* out) 
   }
 }
 #else
-constexpr bool kDotBF16 = false;
-// Declared only: ItemRunner names them in branches that kDotBF16 discards.
+// Declared only: ItemRunner names them in branches that kHaveDotBF16 discards.
 void PackQuery(const float* q, std::size_t dimp, std::uint32_t* out);
 void PackPairs(VF p0, VF p1, std::uint32_t* pairs);
-template <int kQ, int kT, class Query, class Pump>
-VF ScoreBlockDot(DF df, const Query& q, std::size_t qstride, const hwy::bfloat16_t* const* kr,
-                 std::size_t dim, const Pump& pump);
+template <int kQ, int kT, class Pump>
+VF ScoreBlockDot(DF df, const std::uint32_t* q, std::size_t qstride,
+                 const hwy::bfloat16_t* const* kr, std::size_t dim, const Pump& pump);
 template <int kR, std::uint32_t kEvery, class Pump>
 void PvRowsDot(const std::uint32_t* const* pp, float* const* acc, const hwy::bfloat16_t* const* vr,
                std::uint32_t nt, std::size_t dim, const Pump& pump);
@@ -869,7 +860,7 @@ constexpr float kSoftmaxMaxSlack = 8.0f;
 // by more than kSoftmaxMaxSlack (then to the tile's maximum); lv[0, kN) += the
 // probabilities, lane by lane. With kRound (AttentionPrecision::bf16) p
 // receives them rounded to bf16 (lv the exact ones), and with pairs (the dot
-// path, kDotBF16) they go there packed as bf16 pairs instead of into p.
+// path, kHaveDotBF16) they go there packed as bf16 pairs instead of into p.
 template <bool kRound = false>
 HWY_INLINE void SoftmaxUpdate(DF df, float* p, std::uint32_t nt, std::uint32_t nvalid, float& mx,
                               float* lv, float* acc, std::size_t dimp,
@@ -912,7 +903,7 @@ HWY_INLINE void SoftmaxUpdate(DF df, float* p, std::uint32_t nt, std::uint32_t n
     if (pairs == nullptr) hn::Store(e[g], df, p + g * kN);
   }
   hn::Store(vsum, df, lv);
-  if constexpr (kRound && kDotBF16) {
+  if constexpr (kRound && kHaveDotBF16) {
     if (pairs != nullptr) PackPairs(e[0], groups > 1 ? e[1] : hn::Zero(df), pairs);
   }
 }
@@ -1186,12 +1177,10 @@ class ItemRunner {
         const std::uint32_t limit = first_limit + j / c_.group;
         const std::uint32_t nvalid = limit <= ta ? 0 : std::min(nt, limit - ta);
         float* p = pr + idx * kTile;
-        if (dot_) {
+        if (c_.bf16_inputs) {
           SoftmaxUpdate<true>(df, p, nt, nvalid, s.mx[idx], s.lv.get() + idx * kN,
-                              acc + idx * s.dimp, s.dimp, pairs_ + idx * kTile / 2);
-        } else if (c_.bf16_inputs) {
-          SoftmaxUpdate<true>(df, p, nt, nvalid, s.mx[idx], s.lv.get() + idx * kN,
-                              acc + idx * s.dimp, s.dimp);
+                              acc + idx * s.dimp, s.dimp,
+                              dot_ ? pairs_ + idx * kTile / 2 : nullptr);
         } else {
           SoftmaxUpdate(df, p, nt, nvalid, s.mx[idx], s.lv.get() + idx * kN, acc + idx * s.dimp,
                         s.dimp);
@@ -1272,8 +1261,8 @@ class ItemRunner {
       VF scores;
       if constexpr (kDotT) {
         if (dot_) {
-          const SharedPairs q{s.qb.get() + idx * dimp / 2};
-          scores = ScoreBlockDot<kQ, kT>(df, q, dimp / 2, kr, c_.dim, pump_for(j == 0));
+          scores = ScoreBlockDot<kQ, kT>(df, s.qb.get() + idx * dimp / 2, dimp / 2, kr, c_.dim,
+                                         pump_for(j == 0));
         }
       }
       if (!dot_) {
@@ -1683,9 +1672,9 @@ class ItemRunner {
   bool head_major() const { return head_major_; }
 
   // Whether bf16 pair products can serve this element type.
-  static constexpr bool kDotT = kDotBF16 && std::is_same_v<T, hwy::bfloat16_t>;
+  static constexpr bool kDotT = kHaveDotBF16 && std::is_same_v<T, hwy::bfloat16_t>;
   const AttentionCtx& c_;
-  // AttentionPrecision::bf16 by pair products (vdpbf16ps), see kDotBF16:
+  // AttentionPrecision::bf16 by pair products (vdpbf16ps), see kHaveDotBF16:
   // possible for this call, and chosen for the current item.
   const bool dot_capable_;
   bool dot_ = false;
@@ -1891,11 +1880,7 @@ void attention_cpu(DType dtype, const LayerCacheDesc<float>& k, const LayerCache
                    std::span<const std::uint32_t> row_offsets, std::span<float> out,
                    const AttentionOptions& options, ThreadPool* pool) {
   kernels::check_shapes(k, v, row_offsets);
-  if (options.precision > AttentionPrecision::bf16) {
-    throw InvalidArgument("AttentionOptions::precision value " +
-                          std::to_string(static_cast<int>(options.precision)) +
-                          " is not fp32 or bf16");
-  }
+  detail::check_precision(options.precision);
   if (n_q_heads == 0 || n_q_heads % k.n_kv_heads != 0) {
     throw InvalidArgument("n_q_heads " + std::to_string(n_q_heads) +
                           " must be a positive multiple of n_kv_heads " +
