@@ -1126,6 +1126,15 @@ class ItemRunner {
     }
   };
   LinesRead pump_for(bool first_pass) const { return {this, first_pass && pump_active_}; }
+  // For loops whose pass does not drive the pump (later query blocks, or
+  // no pump at all): reports cost nothing. pv_rows picks it instead of
+  // LinesRead{first_pass = false}, whose flag GCC 12 tested on every token
+  // of the PV loop (a load, a compare and a second taken branch a token).
+  // Zen 3 (AVX2), from L2, 1 thread, 9 rounds: GQA 4 1.03-1.09x, MHA 1.02x;
+  // DRAM, 2 threads, 0.99-1.00x (docs/PERFORMANCE.md, session 22).
+  struct NoLinesRead {
+    HWY_INLINE void operator()(std::uint32_t) const {}
+  };
 
   // pv_rows and score_block are forced inline into their loops (GCC 12 had
   // made them out-of-line clones): from L2, 1 thread, GQA 4 1.12x (HND) and
@@ -1149,7 +1158,11 @@ class ItemRunner {
         return PvRowsDot<kR, kEvery>(pp, a, vp, nt, c_.dim, pump_for(first_pass));
       }
     }
-    PvRows<kR, kEvery>(df, p, a, vp, nt, c_.dim, pump_for(first_pass));
+    if (first_pass && pump_active_) {
+      PvRows<kR, kEvery>(df, p, a, vp, nt, c_.dim, pump_for(true));
+    } else {
+      PvRows<kR, kEvery>(df, p, a, vp, nt, c_.dim, NoLinesRead{});
+    }
   }
 
   // One tile (tokens ta .. ta + rows.n) of KV heads [h0, h0 + nh) for the
