@@ -1127,11 +1127,14 @@ class ItemRunner {
   };
   LinesRead pump_for(bool first_pass) const { return {this, first_pass && pump_active_}; }
   // For loops whose pass does not drive the pump (later query blocks, or
-  // no pump at all): reports cost nothing. pv_rows picks it instead of
-  // LinesRead{first_pass = false}, whose flag GCC 12 tested on every token
-  // of the PV loop (a load, a compare and a second taken branch a token).
-  // Zen 3 (AVX2), from L2, 1 thread, 9 rounds: GQA 4 1.03-1.09x, MHA 1.02x;
-  // DRAM, 2 threads, 0.99-1.00x (docs/PERFORMANCE.md, session 22).
+  // no pump at all): reports cost nothing. The loops (pv_rows, score_block,
+  // score_pairs, pv_head_pair) are instantiated with it where they would
+  // have taken LinesRead{first_pass = false}, whose flag GCC 12 tested on
+  // every token of the PV loop and every row of the score loop, and which
+  // made it spill the AVX2 4-query score loop (see score_block). Zen 3
+  // (AVX2), from L2, 1 thread, 9 rounds each: PV alone GQA 4 1.03-1.09x;
+  // then the score loops GQA 4 1.26x (median), MHA 1.14x; DRAM, 2 threads,
+  // 0.97-1.06x (docs/PERFORMANCE.md, session 22).
   struct NoLinesRead {
     HWY_INLINE void operator()(std::uint32_t) const {}
   };
@@ -1280,7 +1283,17 @@ class ItemRunner {
       }
       if (!dot_) {
         const SharedQuery q{s.qs.get() + idx * dimp};
-        scores = ScoreBlock<kQ, kT>(df, q, dimp, kr, c_.dim, pump_for(j == 0));
+        // Unswitched as pv_rows is: with the pump's flag tested inside,
+        // GCC 12 spilled the AVX2 query vectors and the loop counter of the
+        // 4-query score loop to the stack (8 stores and 5 stack operands a
+        // chunk). Zen 3 (AVX2), NHD GQA 4 from L2, 1 thread, 9 rounds:
+        // 1.10-1.84x (median 1.26x); HND 1.05x; DRAM, 2 threads, 0.97-1.06x
+        // (docs/PERFORMANCE.md, session 22).
+        if (j == 0 && pump_active_) {
+          scores = ScoreBlock<kQ, kT>(df, q, dimp, kr, c_.dim, pump_for(true));
+        } else {
+          scores = ScoreBlock<kQ, kT>(df, q, dimp, kr, c_.dim, NoLinesRead{});
+        }
       }
       hn::Store(scores, df, out);
       for (int jj = 0; jj < kQ; ++jj)
@@ -1338,8 +1351,10 @@ class ItemRunner {
           slot[u] = kSkip;
         }
       }
-      hn::Store(ScoreBlock<1, kT>(df, QueryPerRow{qp}, s.dimp, kr, c_.dim, pump_for(true)), df,
-                out);
+      const QueryPerRow q{qp};
+      const VF scores = pump_active_ ? ScoreBlock<1, kT>(df, q, s.dimp, kr, c_.dim, pump_for(true))
+                                     : ScoreBlock<1, kT>(df, q, s.dimp, kr, c_.dim, NoLinesRead{});
+      hn::Store(scores, df, out);
       for (int u = 0; u < kT; ++u) {
         if (slot[u] != kSkip) pr[slot[u]] = out[u];
       }
@@ -1446,7 +1461,19 @@ class ItemRunner {
       p[h] = s.probs.get() + std::size_t{hl + h} * kTile + tg;
       acc[h] = s.acc.get() + std::size_t{hl + h} * s.dimp;
     }
-    const auto pump = pump_for(true);
+    if (pump_active_) {
+      pv_heads_blocks<kH>(df, p, acc, vr, n, pump_for(true));
+    } else {
+      pv_heads_blocks<kH>(df, p, acc, vr, n, NoLinesRead{});
+    }
+  }
+
+  // PvHeads over the whole row in register blocks as wide as the
+  // accumulator budget allows, then narrower ones.
+  template <int kH, class Pump>
+  HWY_INLINE void pv_heads_blocks(DF df, const float* const* p, float* const* acc,
+                                  const T* const* const* vr, std::uint32_t n,
+                                  const Pump& pump) const {
     constexpr int kChMax = kAccRegs / (2 * kH) > 0 ? kAccRegs / (2 * kH) : 1;
     const std::size_t full = c_.dim;
     std::size_t d = PvHeads<kH, kChMax>(df, p, acc, vr, n, 0, full, pump);
