@@ -1283,12 +1283,9 @@ class ItemRunner {
       }
       if (!dot_) {
         const SharedQuery q{s.qs.get() + idx * dimp};
-        // Unswitched as pv_rows is: with the pump's flag tested inside,
-        // GCC 12 spilled the AVX2 query vectors and the loop counter of the
-        // 4-query score loop to the stack (8 stores and 5 stack operands a
-        // chunk). Zen 3 (AVX2), NHD GQA 4 from L2, 1 thread, 9 rounds:
-        // 1.10-1.84x (median 1.26x); HND 1.05x; DRAM, 2 threads, 0.97-1.06x
-        // (docs/PERFORMANCE.md, session 22).
+        // Unswitched on the pump (NoLinesRead): with the flag tested
+        // inside, GCC 12 kept the AVX2 4-query loop's counter and query
+        // vectors on the stack (8 stores and 5 stack operands a chunk).
         if (j == 0 && pump_active_) {
           scores = ScoreBlock<kQ, kT>(df, q, dimp, kr, c_.dim, pump_for(true));
         } else {
