@@ -4,7 +4,8 @@
 #   make build    configure (Release, Ninja) and build into build/
 #   make demo     deps + build + run `kvcache demo`
 #   make test     deps + build + ctest
-#   make asan / make tsan   test under AddressSanitizer / ThreadSanitizer (build-asan/, build-tsan/)
+#   make asan / make tsan   test under AddressSanitizer / ThreadSanitizer (build-asan/, build-tsan/;
+#                           fewer SIMD targets, see ASAN_HWY_DISABLED below)
 #   make fuzz     build the libFuzzer targets (clang, ASan+UBSan) and run each for FUZZ_SECONDS
 #   make format   clang-format every C++ file we own
 #   make clean    remove build directories
@@ -44,15 +45,29 @@ test: deps
 	$(MAKE) --no-print-directory build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j$(JOBS)
 
+# The sanitizer and fuzz builds compile fewer Highway targets (a bit mask of
+# HWY_* from hwy/detect_targets.h): every target is another instantiation of
+# the kernels, several minutes each under a sanitizer on 2 cores. `make test`
+# runs every target against the reference kernels; ASan keeps AVX3 (512-bit,
+# where this processor runs it), AVX2 and the EMU128 baseline and drops
+# SSSE3 / SSE4 (4096 + 2048) and AVX3_DL (128); TSan, which is about threads,
+# also drops AVX3 (256); the fuzzers, which never reach a kernel, also drop
+# AVX2 (512).
+HAVE_AVX512 := $(shell grep -qw avx512f /proc/cpuinfo 2>/dev/null && echo yes)
+ASAN_HWY_DISABLED ?= $(if $(HAVE_AVX512),6272,6528)
+TSAN_HWY_DISABLED ?= 6528
+FUZZ_HWY_DISABLED ?= 7040
+
 asan: deps
-	$(MAKE) --no-print-directory test BUILD_DIR=build-asan BUILD_TYPE=RelWithDebInfo CMAKE_FLAGS=-DKVCACHE_SANITIZE=address
+	$(MAKE) --no-print-directory test BUILD_DIR=build-asan BUILD_TYPE=RelWithDebInfo \
+	  CMAKE_FLAGS="-DKVCACHE_SANITIZE=address -DKVCACHE_HWY_DISABLED_TARGETS=$(ASAN_HWY_DISABLED)"
 
 # ThreadSanitizer runs the tests that exercise threads (managers hammered from
 # many threads, the thread pool, multi-threaded kernels).
 TSAN_TESTS ?= Concurrency|Stress|ThreadPool|SplitsAcrossThreads|StrategiesAndThreads
 tsan: deps
 	$(MAKE) build BUILD_DIR=build-tsan BUILD_TYPE=RelWithDebInfo BUILD_TARGET=kvcache_tests \
-	  CMAKE_FLAGS=-DKVCACHE_SANITIZE=thread
+	  CMAKE_FLAGS="-DKVCACHE_SANITIZE=thread -DKVCACHE_HWY_DISABLED_TARGETS=$(TSAN_HWY_DISABLED)"
 	TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan --output-on-failure -j$(JOBS) \
 	  -R '$(TSAN_TESTS)'
 
@@ -60,7 +75,8 @@ FUZZ_SECONDS ?= 60
 FUZZERS := manager parsers
 fuzz: deps
 	CXX=clang++ $(MAKE) build BUILD_DIR=build-fuzz BUILD_TYPE=RelWithDebInfo \
-	  BUILD_TARGET="$(FUZZERS:%=%_fuzzer)" CMAKE_FLAGS="-DKVCACHE_SANITIZE=address -DKVCACHE_FUZZ=ON"
+	  BUILD_TARGET="$(FUZZERS:%=%_fuzzer)" CMAKE_FLAGS="-DKVCACHE_SANITIZE=address -DKVCACHE_FUZZ=ON \
+	  -DKVCACHE_HWY_DISABLED_TARGETS=$(FUZZ_HWY_DISABLED)"
 	for f in $(FUZZERS); do \
 	  mkdir -p build-fuzz/corpus/$$f && \
 	  build-fuzz/bin/$${f}_fuzzer -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \

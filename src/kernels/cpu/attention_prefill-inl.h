@@ -1,5 +1,5 @@
 // Prefill work items of the CPU attention kernel, per Highway target
-// (included by attention_cpu.cpp once per target).
+// (included by attention_cpu-inl.h once per target).
 //
 // A prefill item is one KV head and a block of query rows: m query vectors
 // (rows x GQA group, m <= 4 vectors' worth of lanes) against the item's

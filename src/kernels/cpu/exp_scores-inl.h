@@ -1,5 +1,5 @@
 // e^x for the online softmax of the CPU attention kernels, per Highway
-// target (included by attention_cpu.cpp and attention_prefill-inl.h).
+// target (included by attention_cpu-inl.h and attention_prefill-inl.h).
 //
 // ExpScores(df, x): e^x for x below ~88, 0 below -104 and for NaN, as
 // hn::Exp. On AVX-512 the same reduction and polynomial as Highway's Exp

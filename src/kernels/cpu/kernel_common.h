@@ -126,6 +126,14 @@ struct AttentionCtx {
   bool bf16_inputs = false;
 };
 
+// Runs the planned attention on the best target the processor has, one entry
+// per cache element type (attention_f32.cpp, attention_f16.cpp,
+// attention_bf16.cpp: separate translation units so a parallel build
+// compiles the three instantiations at once).
+void attention_f32(const AttentionCtx& c);
+void attention_f16(const AttentionCtx& c);
+void attention_bf16(const AttentionCtx& c);
+
 // Whether the processor has AVX512-BF16 (vdpbf16ps), which the AVX-512
 // targets use for AttentionPrecision::bf16.
 inline bool cpu_has_avx512_bf16() {

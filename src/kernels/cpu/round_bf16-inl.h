@@ -1,5 +1,5 @@
 // Rounding to bf16 for AttentionPrecision::bf16 (kernels/reference.h), per
-// Highway target (included by attention_cpu.cpp and attention_prefill-inl.h).
+// Highway target (included by attention_cpu-inl.h and attention_prefill-inl.h).
 //
 // RoundToBF16(df, v): each lane rounded to the nearest bf16, ties to even,
 // returned as f32 (the low 16 bits zero), the value f32_to_bf16_bits
