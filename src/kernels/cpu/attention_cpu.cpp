@@ -38,6 +38,11 @@ namespace kvcache {
 namespace kernels {
 HWY_EXPORT(PrefillQueryVectors);
 
+// Query vectors per prefill item on the best target. Dispatched from inside
+// namespace kernels: with one target compiled, HWY_DYNAMIC_DISPATCH is a
+// static call to N_<TARGET>::name, which only resolves here.
+std::uint32_t prefill_query_vectors() { return HWY_DYNAMIC_DISPATCH(PrefillQueryVectors)(); }
+
 namespace {
 void check_same_shape(const LayerCacheDesc<float>& k, const LayerCacheDesc<float>& v) {
   if (k.batch_size != v.batch_size || k.n_kv_heads != v.n_kv_heads || k.head_dim != v.head_dim ||
@@ -112,9 +117,8 @@ void attention_cpu(DType dtype, const LayerCacheDesc<float>& k, const LayerCache
   check_size("out", out.size(), row_offsets[k.batch_size] * q_row);
   if (row_offsets[k.batch_size] == 0) return;
 
-  kernels::AttentionShape shape{
-      k.batch_size, k.n_kv_heads,   n_q_heads / k.n_kv_heads,
-      k.head_dim,   k.block_tokens, HWY_DYNAMIC_DISPATCH(kernels::PrefillQueryVectors)()};
+  kernels::AttentionShape shape{k.batch_size, k.n_kv_heads,   n_q_heads / k.n_kv_heads,
+                                k.head_dim,   k.block_tokens, kernels::prefill_query_vectors()};
   const kernels::AttentionPlan plan = kernels::make_attention_plan(
       shape, k.cache_lengths, row_offsets, pool == nullptr ? 1 : pool->num_threads());
   kernels::AttentionCtx c;

@@ -344,6 +344,23 @@ namespace kernels {
 HWY_EXPORT(StoreF32);
 HWY_EXPORT(StoreF16);
 HWY_EXPORT(StoreBF16);
+
+// The store on the best target. Dispatched from inside namespace kernels:
+// with one target compiled, HWY_DYNAMIC_DISPATCH is a static call to
+// N_<TARGET>::name, which only resolves here.
+void run_store(DType dtype, const StoreCtx& c) {
+  switch (dtype) {
+    case DType::f32:
+      HWY_DYNAMIC_DISPATCH(StoreF32)(c);
+      break;
+    case DType::f16:
+      HWY_DYNAMIC_DISPATCH(StoreF16)(c);
+      break;
+    case DType::bf16:
+      HWY_DYNAMIC_DISPATCH(StoreBF16)(c);
+      break;
+  }
+}
 }  // namespace kernels
 
 StorePrefetch resolve_store_prefetch(const StoreOptions& options, DType dtype) {
@@ -402,17 +419,7 @@ void store_kv_cpu(DType dtype, const LayerCacheDesc<float>& k, const LayerCacheD
   c.total_rows = total;
   c.prefetch_next_row = resolve_store_prefetch(options, dtype) == StorePrefetch::next_row_l1;
   c.pool = pool;
-  switch (dtype) {
-    case DType::f32:
-      HWY_DYNAMIC_DISPATCH(kernels::StoreF32)(c);
-      break;
-    case DType::f16:
-      HWY_DYNAMIC_DISPATCH(kernels::StoreF16)(c);
-      break;
-    case DType::bf16:
-      HWY_DYNAMIC_DISPATCH(kernels::StoreBF16)(c);
-      break;
-  }
+  kernels::run_store(dtype, c);
 }
 
 }  // namespace detail
