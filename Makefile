@@ -50,9 +50,8 @@ test: deps
 # the kernels, several minutes each under a sanitizer on 2 cores. `make test`
 # runs every target against the reference kernels; ASan keeps AVX3 (512-bit,
 # where this processor runs it), AVX2 and the baseline (scalar with GCC 12)
-# and drops
-# SSSE3 / SSE4 (4096 + 2048) and AVX3_DL (128); TSan, which is about threads,
-# also drops AVX3 (256). The fuzzers never reach a kernel: they compile the
+# and drops SSSE3 / SSE4 (4096 + 2048) and AVX3_DL (128); TSan, which is
+# about threads, also drops AVX3 (256). The fuzzers never reach a kernel: they compile the
 # scalar target only (KVCACHE_HWY_SCALAR_ONLY; clang took 9m20 for the f32
 # kernel's AVX2 + EMU128 under ASan and coverage, 38 s for scalar alone).
 HAVE_AVX512 := $(shell grep -qw avx512f /proc/cpuinfo 2>/dev/null && echo yes)
