@@ -7,6 +7,7 @@
 #   make asan / make tsan   test under AddressSanitizer / ThreadSanitizer (build-asan/, build-tsan/;
 #                           fewer SIMD targets, see ASAN_HWY_DISABLED below)
 #   make fuzz     build the libFuzzer targets (clang, ASan+UBSan) and run each for FUZZ_SECONDS
+#   make cuda     the optional CUDA backend's tests and bench into build-cuda/ (nvcc; docs/CUDA.md)
 #   make format   clang-format every C++ file we own
 #   make clean    remove build directories
 
@@ -20,7 +21,7 @@ DEB_PACKAGES := cmake ninja-build g++ pkg-config libgtest-dev libbenchmark-dev l
 	python3-dev pybind11-dev python3-pybind11 python3-numpy python3-pytest clang libclang-rt-14-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps build demo test asan tsan fuzz format clean
+.PHONY: all deps build demo test asan tsan fuzz cuda format clean
 
 all: build
 
@@ -83,8 +84,17 @@ fuzz: deps
 	    build-fuzz/corpus/$$f fuzz/corpus/$$f || exit 1; \
 	done
 
+# The CUDA backend (off in every other target): kvcache_cuda_tests and
+# kvcache_cuda_bench only, which need the kvcache library but nothing else.
+CUDA_ARCHS ?= 90
+cuda:
+	cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVCACHE_CUDA=ON \
+	  -DKVCACHE_PYTHON=OFF -DCMAKE_CUDA_COMPILER=$(or $(NVCC),/usr/local/cuda/bin/nvcc) \
+	  -DCMAKE_CUDA_ARCHITECTURES=$(CUDA_ARCHS) $(CMAKE_FLAGS)
+	cmake --build build-cuda -j$(JOBS) --target kvcache_cuda_tests kvcache_cuda_bench
+
 format:
-	clang-format -i $$(git ls-files '*.h' '*.cpp')
+	clang-format -i $$(git ls-files '*.h' '*.cpp' '*.cu' '*.cuh')
 
 clean:
-	rm -rf build build-asan build-tsan build-fuzz
+	rm -rf build build-asan build-tsan build-fuzz build-cuda

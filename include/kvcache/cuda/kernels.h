@@ -1,0 +1,102 @@
+// kvcache/cuda/kernels.h — store_kv and attention on an NVIDIA GPU.
+//
+// Same semantics and argument conventions as the CPU kernels
+// (kvcache/kernels/attention.h, oracle kvcache/kernels/reference.h): ragged
+// batch given by row_offsets (batch_size + 1 entries), q / out
+// [total_new_tokens][n_q_heads][head_dim] f32, k_new / v_new
+// [total_new_tokens][n_kv_heads][head_dim] f32, new token i of entry b at
+// position cache_lengths[b] + i, causal over history + new tokens, GQA
+// (query head h reads KV head h / (n_q_heads / n_kv_heads)), fp32
+// accumulation, f32 / f16 / bf16 cache elements, NHD and HND, paged and
+// continuous descriptors. The difference: EVERY pointer inside the
+// LayerCacheDesc and every span is DEVICE memory (see device_collection.h for
+// making such descriptors from a host manager's batch).
+//
+// Validation on the host, before anything is launched (InvalidArgument naming
+// the value and the limit; the call then changes nothing): K and V
+// descriptors of the same shape; non-null blocks / cache_lengths /
+// lookup_table that are device memory; 1 <= head_dim <= kMaxHeadDim;
+// n_kv_heads, block_tokens, lookup_stride >= 1; row_offsets.size() ==
+// batch_size + 1; n_q_heads a positive multiple of n_kv_heads; span sizes a
+// whole number of rows (q.size() == out.size(), k_new.size() ==
+// v_new.size()), spans in device memory; AttentionOptions::precision fp32.
+// NOT validated (device-resident, reading it would cost a synchronisation):
+// the contents of cache_lengths, lookup_table and row_offsets. The caller
+// guarantees what a host collection guarantees: row_offsets non-decreasing
+// from 0 with row_offsets[batch_size] == total_new_tokens (q.size() /
+// (n_q_heads * head_dim)), every entry's new tokens <= max_seq_length, and
+// cache_lengths[b] + new tokens within the entry's page table. Violations
+// are undefined behaviour (rows past max_seq_length are not computed; bad
+// page ids read or write out of bounds).
+//
+// Asynchrony: both functions only enqueue work on `stream` (nullptr: the
+// null stream) and return; the results are ready once the stream is
+// synchronised. attention allocates its split-KV workspace stream-ordered
+// (cudaMallocAsync) and frees it the same way. Launch failures throw
+// DeviceError; faults inside a kernel surface at the next synchronisation.
+//
+// Results: store_kv writes exactly what store_kv_reference writes (the same
+// round-to-nearest-even f16 / bf16 conversion, bit for bit). attention
+// matches attention_reference within fp32 rounding (different summation
+// order, split-KV log-sum-exp merge); tests/cuda/ states the bound.
+// Not supported yet: RoPE on K in store_kv, AttentionPrecision::bf16
+// (InvalidArgument); AttentionOptions::prefetch is ignored.
+// Thread-safety: concurrent calls on disjoint outputs are safe.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "kvcache/cuda/device.h"
+#include "kvcache/kernels/attention.h"
+#include "kvcache/kv_cache.h"
+
+namespace kvcache::cuda {
+
+inline constexpr std::uint32_t kMaxHeadDim = 256;
+
+namespace detail {
+// Type-erased entry points (src/kernels/cuda/).
+void attention_cuda(DType dtype, const LayerCacheDesc<float>& k, const LayerCacheDesc<float>& v,
+                    std::span<const float> q, std::uint32_t n_q_heads,
+                    std::span<const std::uint32_t> row_offsets, std::span<float> out,
+                    const AttentionOptions& options, CUstream_st* stream);
+void store_kv_cuda(DType dtype, const LayerCacheDesc<float>& k, const LayerCacheDesc<float>& v,
+                   std::span<const float> k_new, std::span<const float> v_new,
+                   std::span<const std::uint32_t> row_offsets, CUstream_st* stream);
+}  // namespace detail
+
+template <CacheElement T>
+void attention(const LayerCacheDesc<T>& k_cache, const LayerCacheDesc<T>& v_cache,
+               std::span<const float> q, std::uint32_t n_q_heads,
+               std::span<const std::uint32_t> row_offsets, std::span<float> out,
+               AttentionOptions options = {}, CUstream_st* stream = nullptr) {
+  detail::attention_cuda(dtype_of_v<T>, kvcache::detail::erase(k_cache),
+                         kvcache::detail::erase(v_cache), q, n_q_heads, row_offsets, out, options,
+                         stream);
+}
+
+template <KVCacheT Cache>
+void attention(const Cache& k_cache, const Cache& v_cache, std::span<const float> q,
+               std::uint32_t n_q_heads, std::span<const std::uint32_t> row_offsets,
+               std::span<float> out, AttentionOptions options = {},
+               CUstream_st* stream = nullptr) {
+  attention(k_cache.desc(), v_cache.desc(), q, n_q_heads, row_offsets, out, options, stream);
+}
+
+template <CacheElement T>
+void store_kv(const LayerCacheDesc<T>& k_cache, const LayerCacheDesc<T>& v_cache,
+              std::span<const float> k_new, std::span<const float> v_new,
+              std::span<const std::uint32_t> row_offsets, CUstream_st* stream = nullptr) {
+  detail::store_kv_cuda(dtype_of_v<T>, kvcache::detail::erase(k_cache),
+                        kvcache::detail::erase(v_cache), k_new, v_new, row_offsets, stream);
+}
+
+template <KVCacheT Cache>
+void store_kv(const Cache& k_cache, const Cache& v_cache, std::span<const float> k_new,
+              std::span<const float> v_new, std::span<const std::uint32_t> row_offsets,
+              CUstream_st* stream = nullptr) {
+  store_kv(k_cache.desc(), v_cache.desc(), k_new, v_new, row_offsets, stream);
+}
+
+}  // namespace kvcache::cuda

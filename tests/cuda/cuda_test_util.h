@@ -1,0 +1,121 @@
+// Helpers of the CUDA kernel tests: a host cache (kernels/kernel_test_util.h)
+// mirrored into a device pool, run through the reference on the host and the
+// CUDA kernels on the device, and compared.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kernels/kernel_test_util.h"
+#include "kvcache/cuda/device.h"
+#include "kvcache/cuda/device_buffer.h"
+#include "kvcache/cuda/device_collection.h"
+#include "kvcache/cuda/kernels.h"
+#include "kvcache/kernels/reference.h"
+
+namespace kvcache::cuda::test {
+
+using kvcache::test::Entry;
+using kvcache::test::OwnedCache;
+
+struct Case {
+  std::vector<Entry> entries;
+  bool paged = true;
+  std::uint32_t page = 16;
+  std::uint32_t n_kv = 2;
+  std::uint32_t group = 1;
+  std::uint32_t dim = 64;
+  PageLayout layout = PageLayout::nhd;
+  std::string name() const {
+    return std::string(paged ? "paged" : "continuous") + " page " + std::to_string(page) +
+           " kv " + std::to_string(n_kv) + " group " + std::to_string(group) + " dim " +
+           std::to_string(dim) + " " + std::string(layout_name(layout)) + " entries " +
+           std::to_string(entries.size()) + " first context " +
+           std::to_string(entries[0].cache_length + entries[0].new_tokens);
+  }
+};
+
+// One case's host data and its device mirror.
+template <CacheElement T>
+struct Mirrored {
+  OwnedCache<T> host;
+  DeviceBuffer<T> pool;
+  DeviceCollection<T> dev;
+  std::vector<float> k_new, v_new, q;
+  DeviceBuffer<float> k_new_d, v_new_d, q_d, out_d;
+  DeviceBuffer<std::uint32_t> offsets_d;
+  std::uint32_t n_q;
+
+  Mirrored(const Case& c, std::mt19937& rng)
+      : host(c.entries, c.paged, c.page, c.n_kv, c.dim, rng, c.layout),
+        pool(DeviceBuffer<T>::from_host({host.blocks.data(), host.blocks.size()})),
+        dev(host.desc, pool.data()),
+        n_q(c.n_kv * c.group) {
+    const std::size_t rows = host.total_rows();
+    k_new = kvcache::test::random_floats(rows * c.n_kv * c.dim, -1.0f, 1.0f, rng);
+    v_new = kvcache::test::random_floats(rows * c.n_kv * c.dim, -1.0f, 1.0f, rng);
+    q = kvcache::test::random_floats(rows * n_q * c.dim, -1.0f, 1.0f, rng);
+    k_new_d = DeviceBuffer<float>::from_host(k_new);
+    v_new_d = DeviceBuffer<float>::from_host(v_new);
+    q_d = DeviceBuffer<float>::from_host(q);
+    out_d = DeviceBuffer<float>(q.size());
+    out_d.fill_bytes(0xff);  // poison: every float a NaN
+    offsets_d = DeviceBuffer<std::uint32_t>::from_host(host.row_offsets);
+  }
+
+  LayerCacheDesc<T> key() const { return dev.key(OwnedCache<T>::kLayer); }
+  LayerCacheDesc<T> value() const { return dev.value(OwnedCache<T>::kLayer); }
+
+  void store_on_device() {
+    cuda::store_kv(key(), value(), std::span<const float>(k_new_d.span()),
+                   std::span<const float>(v_new_d.span()),
+                   std::span<const std::uint32_t>(offsets_d.span()));
+  }
+  void attend_on_device() {
+    cuda::attention(key(), value(), std::span<const float>(q_d.span()), n_q,
+                    std::span<const std::uint32_t>(offsets_d.span()), out_d.span());
+  }
+  // The references on the host cache; returns attention_reference's output.
+  std::vector<float> reference() {
+    std::vector<float> out(q.size());
+    kvcache::test::with_collection(host, [&](const auto& col) {
+      const auto k = col.get_key_cache(OwnedCache<T>::kLayer);
+      const auto v = col.get_value_cache(OwnedCache<T>::kLayer);
+      store_kv_reference(k, v, std::span<const float>(k_new), std::span<const float>(v_new),
+                         std::span<const std::uint32_t>(host.row_offsets));
+      attention_reference(k, v, std::span<const float>(q), n_q,
+                          std::span<const std::uint32_t>(host.row_offsets), std::span<float>(out));
+    });
+    return out;
+  }
+  // Whether the device pool equals the host pool byte for byte.
+  bool pools_equal() const {
+    const std::vector<T> d = pool.to_host();
+    return std::memcmp(d.data(), host.blocks.data(), d.size() * sizeof(T)) == 0;
+  }
+};
+
+// Every element finite (written: the poison is NaN) and within
+// abs_tol + rel_tol * |ref|. Reports the first few failures.
+inline void expect_close(const std::vector<float>& got, const std::vector<float>& ref,
+                         float abs_tol, float rel_tol, const std::string& what) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  int failures = 0;
+  for (std::size_t i = 0; i < got.size() && failures < 5; ++i) {
+    const float bound = abs_tol + rel_tol * std::fabs(ref[i]);
+    if (!std::isfinite(got[i]) || std::fabs(got[i] - ref[i]) > bound) {
+      ADD_FAILURE() << what << ": element " << i << " is " << got[i] << ", reference " << ref[i]
+                    << " (bound " << bound << ")";
+      ++failures;
+    }
+  }
+}
+
+}  // namespace kvcache::cuda::test
