@@ -1,0 +1,366 @@
+// kvcache_cuda_bench: decode / prefill attention and store_kv on the GPU.
+//
+//   kvcache_cuda_bench [--json FILE] [--repeats N] [--quick]
+//
+// Decode: head dim 128, 8 KV heads, 8 and 32 query heads, page 16 with a
+// shuffled page table, bf16 and f16, several batch x context shapes. Each
+// timed call reads a different copy of the cache (the copies are the pool's
+// "layers"), with enough copies that the working set is >= 4x the L2, so the
+// figures are DRAM-resident. Timed with CUDA events around each call, after
+// warm-up; the median of the repeats is reported. bytes_kv = unique K+V bytes
+// read; gbps = bytes_kv / median_s; copy_gbps = device-to-device cudaMemcpy
+// (read + write bytes / time) measured in the same run; fraction_of_copy =
+// gbps / copy_gbps (copy_read_gbps = read bytes only / time is printed too).
+// Prefill: one entry of 2048 new tokens, GQA 4, head dim 128: GFLOP/s of the
+// causal attention (4 * head_dim flops per (query head, visible key)).
+// store_kv: GB/s of (f32 input read + cache write) bytes.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kvcache/collection.h"
+#include "kvcache/cuda/device.h"
+#include "kvcache/cuda/device_buffer.h"
+#include "kvcache/cuda/device_collection.h"
+#include "kvcache/cuda/kernels.h"
+
+namespace {
+
+using kvcache::BFloat16;
+using kvcache::CacheElement;
+using kvcache::DType;
+using kvcache::Half;
+namespace kc = kvcache::cuda;
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw kc::DeviceError(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+// Non-zero pseudo-random values in +-[1/64, 1] (hash of the index).
+template <class T>
+__global__ void fill_kernel(T* p, std::size_t n, std::uint32_t seed) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::size_t{gridDim.x} * blockDim.x) {
+    std::uint32_t h = static_cast<std::uint32_t>(i) * 2654435761u ^ seed ^
+                      static_cast<std::uint32_t>(i >> 32) * 40503u;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    const float mag = float((h & 63u) + 1u) / 64.0f;
+    const float x = (h >> 31) ? -mag : mag;
+    if constexpr (std::is_same_v<T, float>) {
+      p[i] = x;
+    } else if constexpr (std::is_same_v<T, Half>) {
+      p[i] = Half{__half_as_ushort(__float2half_rn(x))};
+    } else {
+      p[i] = BFloat16{static_cast<std::uint16_t>(__float_as_uint(x) >> 16)};  // exact: 7 bits
+    }
+  }
+}
+
+template <class T>
+void fill(T* p, std::size_t n, std::uint32_t seed) {
+  fill_kernel<T><<<1024, 256>>>(p, n, seed);
+  check(cudaGetLastError(), "fill kernel");
+}
+
+class Events {
+ public:
+  Events() {
+    check(cudaEventCreate(&a_), "cudaEventCreate");
+    check(cudaEventCreate(&b_), "cudaEventCreate");
+  }
+  Events(const Events&) = delete;
+  Events& operator=(const Events&) = delete;
+  ~Events() {
+    cudaEventDestroy(a_);
+    cudaEventDestroy(b_);
+  }
+  template <class F>
+  double time_s(F&& f) {
+    check(cudaEventRecord(a_), "cudaEventRecord");
+    f();
+    check(cudaEventRecord(b_), "cudaEventRecord");
+    check(cudaEventSynchronize(b_), "cudaEventSynchronize");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, a_, b_), "cudaEventElapsedTime");
+    return ms * 1e-3;
+  }
+
+ private:
+  cudaEvent_t a_{}, b_{};
+};
+
+template <class F>
+double median_time(int warmup, int repeats, F&& f) {
+  Events ev;
+  for (int i = 0; i < warmup; ++i) ev.time_s([&] { f(i); });
+  std::vector<double> t;
+  for (int i = 0; i < repeats; ++i) t.push_back(ev.time_s([&] { f(warmup + i); }));
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+struct Record {
+  std::string kind, dtype;
+  std::uint32_t n_q = 0, n_kv = 0, dim = 0, page = 0, batch = 0, context = 0, new_tokens = 0,
+                copies = 0;
+  double median_s = 0, bytes = 0, gbps = 0, gflops = 0;
+  bool skipped = false;
+};
+
+struct Env {
+  std::size_t l2 = 0;
+  int repeats = 20;
+  double copy_gbps = 0, copy_read_gbps = 0;
+};
+
+double measure_copy(const Env& env, std::size_t bytes) {
+  kc::DeviceBuffer<char> src(bytes), dst(bytes);
+  fill(reinterpret_cast<float*>(src.data()), bytes / sizeof(float), 1);
+  return median_time(2, env.repeats, [&](int) {
+    check(cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice), "memcpy");
+  });
+}
+
+// A paged pool of `copies` layers for `batch` entries of `tokens` positions
+// each, page table shuffled, and the device collection for cache lengths
+// `lengths` (new tokens `new_tokens` per entry).
+template <CacheElement T>
+struct Setup {
+  kc::DeviceBuffer<T> pool;
+  std::vector<std::uint32_t> lengths, lookup, offsets;
+  kvcache::CollectionDesc<T> desc;
+  Setup(std::uint32_t batch, std::uint32_t history, std::uint32_t new_tokens, std::uint32_t page,
+        std::uint32_t n_kv, std::uint32_t dim, std::uint32_t copies) {
+    const std::uint32_t tokens = history + new_tokens;
+    const std::uint32_t per_seq = (tokens + page - 1) / page;
+    const std::uint32_t blocks = batch * per_seq;
+    desc.num_blocks = blocks;
+    desc.num_layers = copies;
+    desc.block_tokens = page;
+    desc.n_kv_heads = n_kv;
+    desc.head_dim = dim;
+    desc.batch_size = batch;
+    desc.lookup_stride = per_seq;
+    desc.max_seq_length = new_tokens;
+    desc.max_cache_length = tokens;
+    pool = kc::DeviceBuffer<T>(kc::pool_elements(desc));
+    fill(pool.data(), pool.size(), 7);
+    lookup.resize(blocks);
+    std::iota(lookup.begin(), lookup.end(), 0u);
+    std::mt19937 rng(3);
+    std::shuffle(lookup.begin(), lookup.end(), rng);
+    lengths.assign(batch, history);
+    for (std::uint32_t b = 0; b <= batch; ++b) offsets.push_back(b * new_tokens);
+    desc.blocks = pool.data();
+    desc.cache_lengths = lengths.data();
+    desc.lookup_table = lookup.data();
+  }
+};
+
+std::size_t free_bytes() {
+  std::size_t f = 0, t = 0;
+  check(cudaMemGetInfo(&f, &t), "cudaMemGetInfo");
+  return f;
+}
+
+template <CacheElement T>
+Record bench_decode(const Env& env, std::uint32_t n_q, std::uint32_t batch, std::uint32_t ctx) {
+  const std::uint32_t n_kv = 8, dim = 128, page = 16;
+  Record r{"decode", std::string(kvcache::dtype_name(kvcache::dtype_of_v<T>)), n_q, n_kv, dim,
+           page, batch, ctx, 1};
+  const std::size_t one = std::size_t{batch} * ((ctx + page - 1) / page) * page * n_kv * dim *
+                          sizeof(T) * 2;
+  r.copies = static_cast<std::uint32_t>(std::max<std::size_t>(1, (4 * env.l2 + one - 1) / one));
+  if (one * r.copies > free_bytes() * 8 / 10) {
+    r.skipped = true;
+    return r;
+  }
+  Setup<T> s(batch, ctx - 1, 1, page, n_kv, dim, r.copies);
+  kc::DeviceCollection<T> dev(s.desc, s.pool.data());
+  kc::DeviceBuffer<float> q(std::size_t{batch} * n_q * dim), out(q.size());
+  fill(q.data(), q.size(), 11);
+  auto offsets = kc::DeviceBuffer<std::uint32_t>::from_host(s.offsets);
+  r.median_s = median_time(3, env.repeats, [&](int i) {
+    const std::uint32_t layer = static_cast<std::uint32_t>(i) % r.copies;
+    kc::attention(dev.key(layer), dev.value(layer), std::span<const float>(q.span()), n_q,
+                  std::span<const std::uint32_t>(offsets.span()), out.span());
+  });
+  r.bytes = double(batch) * ctx * n_kv * dim * sizeof(T) * 2;
+  r.gbps = r.bytes / r.median_s * 1e-9;
+  return r;
+}
+
+template <CacheElement T>
+Record bench_prefill(const Env& env, std::uint32_t tokens) {
+  const std::uint32_t n_kv = 8, n_q = 32, dim = 128, page = 16;
+  Record r{"prefill", std::string(kvcache::dtype_name(kvcache::dtype_of_v<T>)), n_q, n_kv, dim,
+           page, 1, tokens, tokens, 1};
+  Setup<T> s(1, 0, tokens, page, n_kv, dim, 1);
+  kc::DeviceCollection<T> dev(s.desc, s.pool.data());
+  kc::DeviceBuffer<float> q(std::size_t{tokens} * n_q * dim), out(q.size());
+  fill(q.data(), q.size(), 13);
+  auto offsets = kc::DeviceBuffer<std::uint32_t>::from_host(s.offsets);
+  r.median_s = median_time(2, std::max(3, env.repeats / 2), [&](int) {
+    kc::attention(dev.key(0), dev.value(0), std::span<const float>(q.span()), n_q,
+                  std::span<const std::uint32_t>(offsets.span()), out.span());
+  });
+  const double pairs = double(tokens) * (tokens + 1) / 2;
+  r.gflops = 4.0 * n_q * dim * pairs / r.median_s * 1e-9;
+  r.bytes = double(tokens) * n_kv * dim * sizeof(T) * 2;
+  r.gbps = r.bytes / r.median_s * 1e-9;
+  return r;
+}
+
+template <CacheElement T>
+Record bench_store(const Env& env, std::uint32_t batch, std::uint32_t tokens) {
+  const std::uint32_t n_kv = 8, dim = 128, page = 16;
+  Record r{"store_kv", std::string(kvcache::dtype_name(kvcache::dtype_of_v<T>)), 0, n_kv, dim,
+           page, batch, tokens, tokens, 1};
+  Setup<T> s(batch, 0, tokens, page, n_kv, dim, 1);
+  kc::DeviceCollection<T> dev(s.desc, s.pool.data());
+  const std::size_t n = std::size_t{batch} * tokens * n_kv * dim;
+  kc::DeviceBuffer<float> k(n), v(n);
+  fill(k.data(), n, 17);
+  fill(v.data(), n, 19);
+  auto offsets = kc::DeviceBuffer<std::uint32_t>::from_host(s.offsets);
+  r.median_s = median_time(3, env.repeats, [&](int) {
+    kc::store_kv(dev.key(0), dev.value(0), std::span<const float>(k.span()),
+                 std::span<const float>(v.span()), std::span<const std::uint32_t>(offsets.span()));
+  });
+  r.bytes = double(n) * 2 * (4 + sizeof(T));
+  r.gbps = r.bytes / r.median_s * 1e-9;
+  return r;
+}
+
+std::string json(const Record& r, const Env& env) {
+  char buf[768];
+  std::snprintf(buf, sizeof buf,
+                "{\"kind\": \"%s\", \"dtype\": \"%s\", \"n_q_heads\": %u, \"n_kv_heads\": %u, "
+                "\"head_dim\": %u, \"page_size\": %u, \"batch\": %u, \"context\": %u, "
+                "\"new_tokens\": %u, \"cache_copies\": %u, \"skipped\": %s, \"median_s\": %.9g, "
+                "\"bytes_kv\": %.0f, \"gbps\": %.2f, \"copy_gbps\": %.2f, "
+                "\"copy_read_gbps\": %.2f, \"fraction_of_copy\": %.4f, \"gflops\": %.1f}",
+                r.kind.c_str(), r.dtype.c_str(), r.n_q, r.n_kv, r.dim, r.page, r.batch, r.context,
+                r.new_tokens, r.copies, r.skipped ? "true" : "false", r.median_s, r.bytes, r.gbps,
+                env.copy_gbps, env.copy_read_gbps, env.copy_gbps > 0 ? r.gbps / env.copy_gbps : 0,
+                r.gflops);
+  return buf;
+}
+
+void print_table(const std::vector<Record>& rs, const Env& env) {
+  std::printf("\ncopy (device to device): %.0f GB/s read+write, %.0f GB/s read-only equivalent\n",
+              env.copy_gbps, env.copy_read_gbps);
+  std::printf("%-9s %-5s %4s %6s %7s %11s %9s %8s %9s\n", "kind", "dtype", "n_q", "batch",
+              "context", "median_us", "GB/s", "of_copy", "GFLOP/s");
+  for (const Record& r : rs) {
+    if (r.skipped) {
+      std::printf("%-9s %-5s %4u %6u %7u   skipped (not enough device memory)\n", r.kind.c_str(),
+                  r.dtype.c_str(), r.n_q, r.batch, r.context);
+      continue;
+    }
+    std::printf("%-9s %-5s %4u %6u %7u %11.1f %9.0f %8.3f %9.0f\n", r.kind.c_str(),
+                r.dtype.c_str(), r.n_q, r.batch, r.context, r.median_s * 1e6, r.gbps,
+                r.gbps / env.copy_gbps, r.gflops);
+  }
+}
+
+struct Args {
+  std::string json_path;
+  int repeats = 20;
+  bool quick = false;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string s = argv[i];
+    if (s == "--json" && i + 1 < argc) {
+      a.json_path = argv[++i];
+    } else if (s == "--repeats" && i + 1 < argc) {
+      a.repeats = std::max(3, std::atoi(argv[++i]));
+    } else if (s == "--quick") {
+      a.quick = true;
+    } else {
+      throw std::invalid_argument("unknown argument '" + s +
+                                  "'; usage: kvcache_cuda_bench [--json FILE] [--repeats N] "
+                                  "[--quick]");
+    }
+  }
+  return a;
+}
+
+template <CacheElement T>
+void decode_suite(const Env& env, bool quick, std::vector<Record>& out) {
+  struct Shape {
+    std::uint32_t batch, ctx;
+  };
+  const std::vector<Shape> full{{32, 4096},  {128, 4096}, {32, 16384},
+                                {128, 16384}, {1, 32768},  {1, 131072}};
+  const std::vector<Shape> small{{32, 4096}, {1, 32768}};
+  for (std::uint32_t n_q : {8u, 32u}) {
+    for (const Shape& s : quick ? small : full) {
+      out.push_back(bench_decode<T>(env, n_q, s.batch, s.ctx));
+      std::fprintf(stderr, ".");
+    }
+  }
+}
+
+int run(int argc, char** argv) {
+  const Args args = parse(argc, argv);
+  if (kc::device_count() == 0) {
+    std::fprintf(stderr, "kvcache_cuda_bench: no CUDA device\n");
+    return 1;
+  }
+  Env env;
+  env.repeats = args.repeats;
+  int dev = 0, l2 = 0;
+  check(cudaGetDevice(&dev), "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev), "L2 size");
+  env.l2 = static_cast<std::size_t>(l2);
+  std::fprintf(stderr, "kvcache_cuda_bench on %s\n", kc::device_description().c_str());
+  const double copy_s = measure_copy(env, std::size_t{1} << 30);
+  env.copy_gbps = 2.0 * double(std::size_t{1} << 30) / copy_s * 1e-9;
+  env.copy_read_gbps = env.copy_gbps / 2;
+  std::vector<Record> rs;
+  decode_suite<BFloat16>(env, args.quick, rs);
+  decode_suite<Half>(env, args.quick, rs);
+  rs.push_back(bench_prefill<BFloat16>(env, 2048));
+  rs.push_back(bench_prefill<Half>(env, 2048));
+  rs.push_back(bench_store<BFloat16>(env, 8, 2048));
+  rs.push_back(bench_store<Half>(env, 8, 2048));
+  std::fprintf(stderr, "\n");
+  std::string doc = "{\"device\": \"" + kc::device_description() + "\", \"results\": [\n";
+  for (std::size_t i = 0; i < rs.size(); ++i) {
+    doc += "  " + json(rs[i], env) + (i + 1 < rs.size() ? ",\n" : "\n");
+  }
+  doc += "]}\n";
+  if (!args.json_path.empty()) {
+    std::ofstream(args.json_path) << doc;
+  } else {
+    std::fputs(doc.c_str(), stdout);
+  }
+  print_table(rs, env);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kvcache_cuda_bench: %s\n", e.what());
+    return 1;
+  }
+}
