@@ -177,10 +177,13 @@ std::size_t free_bytes() {
 template <CacheElement T>
 Record bench_decode(const Env& env, std::uint32_t n_q, std::uint32_t batch, std::uint32_t ctx) {
   const std::uint32_t n_kv = 8, dim = 128, page = 16;
-  Record r{"decode", std::string(kvcache::dtype_name(kvcache::dtype_of_v<T>)), n_q, n_kv, dim,
-           page, batch, ctx, 1};
-  const std::size_t one = std::size_t{batch} * ((ctx + page - 1) / page) * page * n_kv * dim *
-                          sizeof(T) * 2;
+  Record r{"decode", std::string(kvcache::dtype_name(kvcache::dtype_of_v<T>)),
+           n_q,      n_kv,
+           dim,      page,
+           batch,    ctx,
+           1};
+  const std::size_t one =
+      std::size_t{batch} * ((ctx + page - 1) / page) * page * n_kv * dim * sizeof(T) * 2;
   r.copies = static_cast<std::uint32_t>(std::max<std::size_t>(1, (4 * env.l2 + one - 1) / one));
   if (one * r.copies > free_bytes() * 8 / 10) {
     r.skipped = true;
@@ -204,8 +207,11 @@ Record bench_decode(const Env& env, std::uint32_t n_q, std::uint32_t batch, std:
 template <CacheElement T>
 Record bench_prefill(const Env& env, std::uint32_t tokens) {
   const std::uint32_t n_kv = 8, n_q = 32, dim = 128, page = 16;
-  Record r{"prefill", std::string(kvcache::dtype_name(kvcache::dtype_of_v<T>)), n_q, n_kv, dim,
-           page, 1, tokens, tokens, 1};
+  Record r{"prefill", std::string(kvcache::dtype_name(kvcache::dtype_of_v<T>)),
+           n_q,       n_kv,
+           dim,       page,
+           1,         tokens,
+           tokens,    1};
   Setup<T> s(1, 0, tokens, page, n_kv, dim, 1);
   kc::DeviceCollection<T> dev(s.desc, s.pool.data());
   kc::DeviceBuffer<float> q(std::size_t{tokens} * n_q * dim), out(q.size());
@@ -225,8 +231,11 @@ Record bench_prefill(const Env& env, std::uint32_t tokens) {
 template <CacheElement T>
 Record bench_store(const Env& env, std::uint32_t batch, std::uint32_t tokens) {
   const std::uint32_t n_kv = 8, dim = 128, page = 16;
-  Record r{"store_kv", std::string(kvcache::dtype_name(kvcache::dtype_of_v<T>)), 0, n_kv, dim,
-           page, batch, tokens, tokens, 1};
+  Record r{"store_kv", std::string(kvcache::dtype_name(kvcache::dtype_of_v<T>)),
+           0,          n_kv,
+           dim,        page,
+           batch,      tokens,
+           tokens,     1};
   Setup<T> s(batch, 0, tokens, page, n_kv, dim, 1);
   kc::DeviceCollection<T> dev(s.desc, s.pool.data());
   const std::size_t n = std::size_t{batch} * tokens * n_kv * dim;
@@ -269,9 +278,9 @@ void print_table(const std::vector<Record>& rs, const Env& env) {
                   r.dtype.c_str(), r.n_q, r.batch, r.context);
       continue;
     }
-    std::printf("%-9s %-5s %4u %6u %7u %11.1f %9.0f %8.3f %9.0f\n", r.kind.c_str(),
-                r.dtype.c_str(), r.n_q, r.batch, r.context, r.median_s * 1e6, r.gbps,
-                r.gbps / env.copy_gbps, r.gflops);
+    std::printf("%-9s %-5s %4u %6u %7u %11.1f %9.0f %8.3f %9.0f\n", r.kind.c_str(), r.dtype.c_str(),
+                r.n_q, r.batch, r.context, r.median_s * 1e6, r.gbps, r.gbps / env.copy_gbps,
+                r.gflops);
   }
 }
 
@@ -305,7 +314,7 @@ void decode_suite(const Env& env, bool quick, std::vector<Record>& out) {
   struct Shape {
     std::uint32_t batch, ctx;
   };
-  const std::vector<Shape> full{{32, 4096},  {128, 4096}, {32, 16384},
+  const std::vector<Shape> full{{32, 4096},   {128, 4096}, {32, 16384},
                                 {128, 16384}, {1, 32768},  {1, 131072}};
   const std::vector<Shape> small{{32, 4096}, {1, 32768}};
   for (std::uint32_t n_q : {8u, 32u}) {

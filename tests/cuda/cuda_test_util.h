@@ -34,8 +34,8 @@ struct Case {
   std::uint32_t dim = 64;
   PageLayout layout = PageLayout::nhd;
   std::string name() const {
-    return std::string(paged ? "paged" : "continuous") + " page " + std::to_string(page) +
-           " kv " + std::to_string(n_kv) + " group " + std::to_string(group) + " dim " +
+    return std::string(paged ? "paged" : "continuous") + " page " + std::to_string(page) + " kv " +
+           std::to_string(n_kv) + " group " + std::to_string(group) + " dim " +
            std::to_string(dim) + " " + std::string(layout_name(layout)) + " entries " +
            std::to_string(entries.size()) + " first context " +
            std::to_string(entries[0].cache_length + entries[0].new_tokens);

@@ -62,9 +62,9 @@ TEST_F(BadInput, SpanSizes) {
   KV_EXPECT_THROW(cuda::attention(m.key(), m.value(), q(), m.n_q, offsets(),
                                   m.out_d.span().first(m.out_d.size() - 64)),
                   InvalidArgument, "out has");
-  KV_EXPECT_THROW(cuda::attention(m.key(), m.value(), q(), m.n_q, offsets().first(2),
-                                  m.out_d.span()),
-                  InvalidArgument, "row_offsets has 2", "3");
+  KV_EXPECT_THROW(
+      cuda::attention(m.key(), m.value(), q(), m.n_q, offsets().first(2), m.out_d.span()),
+      InvalidArgument, "row_offsets has 2", "3");
   KV_EXPECT_THROW(cuda::store_kv(m.key(), m.value(), std::span<const float>(m.k_new_d.span()),
                                  std::span<const float>(m.v_new_d.span()).first(64), offsets()),
                   InvalidArgument, "v_new has 64");
@@ -73,8 +73,8 @@ TEST_F(BadInput, SpanSizes) {
 
 TEST_F(BadInput, HostMemoryIsRejected) {
   std::vector<float> host_out(m.q.size());
-  KV_EXPECT_THROW(cuda::attention(m.key(), m.value(), std::span<const float>(m.q), m.n_q,
-                                  offsets(), m.out_d.span()),
+  KV_EXPECT_THROW(cuda::attention(m.key(), m.value(), std::span<const float>(m.q), m.n_q, offsets(),
+                                  m.out_d.span()),
                   InvalidArgument, "q is not device memory");
   KV_EXPECT_THROW(
       cuda::attention(m.key(), m.value(), q(), m.n_q, offsets(), std::span<float>(host_out)),
@@ -99,9 +99,9 @@ TEST_F(BadInput, MismatchedKeyAndValueViews) {
 TEST_F(BadInput, Bf16PrecisionIsNotSupported) {
   AttentionOptions options;
   options.precision = AttentionPrecision::bf16;
-  KV_EXPECT_THROW(cuda::attention(m.key(), m.value(), q(), m.n_q, offsets(), m.out_d.span(),
-                                  options),
-                  InvalidArgument, "bf16");
+  KV_EXPECT_THROW(
+      cuda::attention(m.key(), m.value(), q(), m.n_q, offsets(), m.out_d.span(), options),
+      InvalidArgument, "bf16");
   expect_untouched();
 }
 

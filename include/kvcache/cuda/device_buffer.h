@@ -39,7 +39,7 @@ bool is_device_pointer(const void* p);
 }  // namespace detail
 
 template <class T>
-  requires std::is_trivially_copyable_v<T>
+requires std::is_trivially_copyable_v<T>
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;

@@ -49,8 +49,7 @@ std::size_t pool_elements(const CollectionDesc<T>& d) {
 template <CacheElement T>
 class DeviceCollection {
  public:
-  DeviceCollection(const CollectionDesc<T>& host, T* device_blocks,
-                   CUstream_st* stream = nullptr)
+  DeviceCollection(const CollectionDesc<T>& host, T* device_blocks, CUstream_st* stream = nullptr)
       : desc_(host) {
     kvcache::detail::validate_collection_desc(
         host.blocks, host.cache_lengths, host.lookup_table, host.lookup_stride, host.batch_size,
@@ -59,8 +58,8 @@ class DeviceCollection {
     if (device_blocks == nullptr || !detail::is_device_pointer(device_blocks)) {
       throw InvalidArgument("DeviceCollection: device_blocks is not device memory");
     }
-    lengths_ = DeviceBuffer<std::uint32_t>::from_host({host.cache_lengths, host.batch_size},
-                                                      stream);
+    lengths_ =
+        DeviceBuffer<std::uint32_t>::from_host({host.cache_lengths, host.batch_size}, stream);
     lookup_ = DeviceBuffer<std::uint32_t>::from_host(
         {host.lookup_table, std::size_t{host.batch_size} * host.lookup_stride}, stream);
     desc_.blocks = device_blocks;

@@ -79,8 +79,7 @@ void attention(const LayerCacheDesc<T>& k_cache, const LayerCacheDesc<T>& v_cach
 template <KVCacheT Cache>
 void attention(const Cache& k_cache, const Cache& v_cache, std::span<const float> q,
                std::uint32_t n_q_heads, std::span<const std::uint32_t> row_offsets,
-               std::span<float> out, AttentionOptions options = {},
-               CUstream_st* stream = nullptr) {
+               std::span<float> out, AttentionOptions options = {}, CUstream_st* stream = nullptr) {
   attention(k_cache.desc(), v_cache.desc(), q, n_q_heads, row_offsets, out, options, stream);
 }
 

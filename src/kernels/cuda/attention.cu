@@ -65,16 +65,16 @@ struct AttnParams {
 
 // Shared memory of one block, carved from the dynamic allocation.
 struct Smem {
-  std::size_t* offs;    // [kTile] element offset of each tile token's row
-  std::uint32_t* lim;   // [M] exclusive end position each vector may see in this split
-  float* q;             // [M][dim]
-  float* k;             // [kTile][dim + 1]
-  float* v;             // [kTile][dim + 1]
-  float* s;             // [M][kTile] scores, then probabilities
-  float* o;             // [M][dim] running (unnormalised) output
-  float* m_run;         // [M] running max
-  float* l_run;         // [M] running sum
-  float* alpha;         // [M] rescale factor of this tile
+  std::size_t* offs;   // [kTile] element offset of each tile token's row
+  std::uint32_t* lim;  // [M] exclusive end position each vector may see in this split
+  float* q;            // [M][dim]
+  float* k;            // [kTile][dim + 1]
+  float* v;            // [kTile][dim + 1]
+  float* s;            // [M][kTile] scores, then probabilities
+  float* o;            // [M][dim] running (unnormalised) output
+  float* m_run;        // [M] running max
+  float* l_run;        // [M] running sum
+  float* alpha;        // [M] rescale factor of this tile
 };
 
 std::size_t smem_bytes(std::uint32_t m, std::uint32_t dim) {
@@ -133,8 +133,7 @@ __device__ void load_tile(const AttnParams& p, const Smem& s, std::uint32_t b, s
   const std::uint32_t dim = p.dim, dp = dim + 1;
   if (threadIdx.x < n_t) {
     const std::uint32_t pos = tok0 + threadIdx.x;
-    const std::uint32_t block =
-        p.lookup[std::size_t{b} * p.lookup_stride + pos / p.block_tokens];
+    const std::uint32_t block = p.lookup[std::size_t{b} * p.lookup_stride + pos / p.block_tokens];
     s.offs[threadIdx.x] = std::size_t{block} * p.block_stride +
                           std::size_t{pos % p.block_tokens} * p.token_stride +
                           std::size_t{kvh} * p.head_stride;
@@ -395,9 +394,9 @@ void launch(AttnParams p, std::uint64_t items, std::uint32_t max_context, const 
                                   static_cast<int>(smem)),
              "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)", smem);
   int per_sm = 0;
-  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attention_kernel<T>, kThreads,
-                                                           smem),
-             "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+  check_cuda(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attention_kernel<T>, kThreads, smem),
+      "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
   plan_splits(p, items, max_context, std::uint64_t(std::max(per_sm, 1)) * lim.sms);
   const std::size_t part_rows = std::size_t{p.n_splits} * p.total_rows * p.n_q;
   StreamScratch scratch(p.n_splits > 1 ? part_rows * (p.dim + 1) * sizeof(float) : 0, stream);
@@ -409,8 +408,8 @@ void launch(AttnParams p, std::uint64_t items, std::uint32_t max_context, const 
   attention_kernel<T><<<grid, kThreads, smem, stream>>>(p);
   check_cuda(cudaGetLastError(), "attention kernel launch");
   if (p.n_splits > 1) {
-    merge_kernel<<<static_cast<unsigned>(std::size_t{p.total_rows} * p.n_q), kThreads, 0,
-                   stream>>>(p);
+    merge_kernel<<<static_cast<unsigned>(std::size_t{p.total_rows} * p.n_q), kThreads, 0, stream>>>(
+        p);
     check_cuda(cudaGetLastError(), "attention merge kernel launch");
   }
 }
@@ -432,8 +431,9 @@ void attention_cuda(DType dtype, const LayerCacheDesc<float>& k, const LayerCach
   check_row_offsets_span(row_offsets, k.batch_size);
   kvcache::detail::check_precision(options.precision);
   if (options.precision != AttentionPrecision::fp32) {
-    throw InvalidArgument("AttentionPrecision::bf16 is not supported by kvcache::cuda::attention "
-                          "(fp32 only)");
+    throw InvalidArgument(
+        "AttentionPrecision::bf16 is not supported by kvcache::cuda::attention "
+        "(fp32 only)");
   }
   check_heads(n_q_heads, k.n_kv_heads);
   const std::size_t rows = rows_of("q", q.size(), std::size_t{n_q_heads} * k.head_dim);
@@ -475,15 +475,13 @@ void attention_cuda(DType dtype, const LayerCacheDesc<float>& k, const LayerCach
           aligned16(v.blocks);
   const DeviceLimits lim = device_limits();
   plan_tiles(p, k.max_seq_length, lim);
-  const std::uint64_t items =
-      std::uint64_t{k.batch_size} * p.row_tiles * p.n_kv * p.head_tiles;
+  const std::uint64_t items = std::uint64_t{k.batch_size} * p.row_tiles * p.n_kv * p.head_tiles;
   if (items > 0x7fffffffu) {
     throw InvalidArgument("attention needs " + std::to_string(items) +
                           " thread blocks per split, limit 2^31-1");
   }
-  visit_dtype(dtype, [&](auto tag) {
-    launch<decltype(tag)>(p, items, k.max_cache_length, lim, stream);
-  });
+  visit_dtype(dtype,
+              [&](auto tag) { launch<decltype(tag)>(p, items, k.max_cache_length, lim, stream); });
 }
 
 }  // namespace kvcache::cuda::detail

@@ -105,22 +105,10 @@ void store_kv_cuda(DType dtype, const LayerCacheDesc<float>& k, const LayerCache
                           std::to_string(k.n_kv_heads) + " heads exceeds the grid limit 2^31-1");
   }
   const std::size_t elem = dtype_size(dtype);
-  StoreParams p{k.blocks,
-                v.blocks,
-                k.cache_lengths,
-                k.lookup_table,
-                row_offsets.data(),
-                k_new.data(),
-                v_new.data(),
-                k.batch_size,
-                k.lookup_stride,
-                k.block_tokens,
-                k.n_kv_heads,
-                k.head_dim,
-                k.block_stride,
-                token_stride(k),
-                head_stride(k),
-                false};
+  StoreParams p{k.blocks,           v.blocks,        k.cache_lengths, k.lookup_table,
+                row_offsets.data(), k_new.data(),    v_new.data(),    k.batch_size,
+                k.lookup_stride,    k.block_tokens,  k.n_kv_heads,    k.head_dim,
+                k.block_stride,     token_stride(k), head_stride(k),  false};
   p.vec4 = k.head_dim % 4 == 0 && k.block_stride % 4 == 0 && aligned(k.blocks, 4 * elem) &&
            aligned(v.blocks, 4 * elem) && aligned(k_new.data(), 16) && aligned(v_new.data(), 16);
   const unsigned grid = static_cast<unsigned>(rows * k.n_kv_heads);

@@ -1,11 +1,10 @@
 // Host-side argument checks of the CUDA kernels (validate.h).
-#include "validate.h"
-
 #include <string>
 
 #include "kvcache/cuda/device_buffer.h"
 #include "kvcache/cuda/kernels.h"
 #include "kvcache/error.h"
+#include "validate.h"
 
 namespace kvcache::cuda::detail {
 namespace {
@@ -58,8 +57,7 @@ void check_cache_pair(const LayerCacheDesc<float>& k, const LayerCacheDesc<float
   check_device_ptr("lookup_table", k.lookup_table);
 }
 
-void check_row_offsets_span(std::span<const std::uint32_t> row_offsets,
-                            std::uint32_t batch_size) {
+void check_row_offsets_span(std::span<const std::uint32_t> row_offsets, std::uint32_t batch_size) {
   if (row_offsets.size() != std::size_t{batch_size} + 1) {
     throw InvalidArgument("row_offsets has " + str(row_offsets.size()) +
                           " entries, expected batch_size + 1 = " + str(batch_size + 1ull));
