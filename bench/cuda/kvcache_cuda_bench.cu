@@ -14,6 +14,7 @@
 // Prefill: one entry of 2048 new tokens, GQA 4, head dim 128: GFLOP/s of the
 // causal attention (4 * head_dim flops per (query head, visible key)).
 // store_kv: GB/s of (f32 input read + cache write) bytes.
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>

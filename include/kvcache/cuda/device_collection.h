@@ -32,6 +32,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 
 #include "kvcache/collection.h"
@@ -58,10 +59,11 @@ class DeviceCollection {
     if (device_blocks == nullptr || !detail::is_device_pointer(device_blocks)) {
       throw InvalidArgument("DeviceCollection: device_blocks is not device memory");
     }
-    lengths_ =
-        DeviceBuffer<std::uint32_t>::from_host({host.cache_lengths, host.batch_size}, stream);
-    lookup_ = DeviceBuffer<std::uint32_t>::from_host(
-        {host.lookup_table, std::size_t{host.batch_size} * host.lookup_stride}, stream);
+    const std::span<const std::uint32_t> lengths(host.cache_lengths, host.batch_size);
+    const std::span<const std::uint32_t> lookup(host.lookup_table,
+                                                std::size_t{host.batch_size} * host.lookup_stride);
+    lengths_ = DeviceBuffer<std::uint32_t>::from_host(lengths, stream);
+    lookup_ = DeviceBuffer<std::uint32_t>::from_host(lookup, stream);
     desc_.blocks = device_blocks;
     desc_.cache_lengths = lengths_.data();
     desc_.lookup_table = lookup_.data();
