@@ -197,6 +197,9 @@ __device__ void tile_softmax(const Smem& s, std::uint32_t m_count) {
     const float a = m_new == kNegInf ? 1.0f : expf(m_old - m_new);
     const float sum = warp_sum(prob);
     s.s[m * kTile + lane] = prob;
+    // Every lane has read m_run[m] and l_run[m] before lane 0 rewrites them
+    // (the shuffles order that already; this says so to racecheck too).
+    __syncwarp();
     if (lane == 0) {
       s.l_run[m] = s.l_run[m] * a + sum;
       s.m_run[m] = m_new;
