@@ -64,7 +64,20 @@ void attention_cuda(DType dtype, const LayerCacheDesc<float>& k, const LayerCach
 void store_kv_cuda(DType dtype, const LayerCacheDesc<float>& k, const LayerCacheDesc<float>& v,
                    std::span<const float> k_new, std::span<const float> v_new,
                    std::span<const std::uint32_t> row_offsets, CUstream_st* stream);
+const char* attention_kernel_name_cuda(DType dtype, const LayerCacheDesc<float>& k,
+                                       const LayerCacheDesc<float>& v);
 }  // namespace detail
+
+// Which attention kernel a call with these descriptors runs: "decode" (at
+// most 4 new tokens per entry, i.e. the view's max_seq_length <= 4,
+// head_dim a multiple of 16 bytes, 16-byte aligned pools) or "generic"
+// (everything else). Host-only: reads no device memory, launches nothing.
+template <CacheElement T>
+const char* attention_kernel_name(const LayerCacheDesc<T>& k_cache,
+                                  const LayerCacheDesc<T>& v_cache) {
+  return detail::attention_kernel_name_cuda(dtype_of_v<T>, kvcache::detail::erase(k_cache),
+                                            kvcache::detail::erase(v_cache));
+}
 
 template <CacheElement T>
 void attention(const LayerCacheDesc<T>& k_cache, const LayerCacheDesc<T>& v_cache,

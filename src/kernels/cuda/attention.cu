@@ -18,6 +18,7 @@
 #include <cstring>
 #include <string>
 
+#include "attention_internal.h"
 #include "cuda_check.h"
 #include "element.cuh"
 #include "kvcache/cuda/kernels.h"
@@ -30,38 +31,7 @@ constexpr unsigned kThreads = 128;
 constexpr std::uint32_t kTile = 32;  // tokens per K/V tile; == warp size (softmax step)
 constexpr std::uint32_t kMaxVectors = 16;
 constexpr std::uint32_t kMinSplitTokens = 256;
-constexpr std::uint32_t kMaxSplits = 128;
 constexpr float kNegInf = -INFINITY;
-
-struct AttnParams {
-  const void* k_blocks;
-  const void* v_blocks;
-  const std::uint32_t* cache_lengths;
-  const std::uint32_t* lookup;
-  const std::uint32_t* row_offsets;
-  const float* q;
-  float* out;
-  float* part_o;    // [n_splits][total_rows][n_q][dim], when n_splits > 1
-  float* part_lse;  // [n_splits][total_rows][n_q]
-  std::size_t block_stride;
-  std::size_t token_stride;
-  std::size_t head_stride;
-  std::uint32_t lookup_stride;
-  std::uint32_t block_tokens;
-  std::uint32_t n_kv;
-  std::uint32_t n_q;
-  std::uint32_t group;
-  std::uint32_t dim;
-  std::uint32_t heads_per_block;
-  std::uint32_t head_tiles;
-  std::uint32_t rows_per_block;
-  std::uint32_t row_tiles;
-  std::uint32_t n_splits;
-  std::uint32_t split_tokens;
-  std::uint32_t total_rows;
-  float scale;
-  bool vec;  // 16-byte loads of K/V rows
-};
 
 // Shared memory of one block, carved from the dynamic allocation.
 struct Smem {
@@ -315,46 +285,6 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(AttnParams p) {
   }
 }
 
-// Stream-ordered scratch memory (cudaMallocAsync / cudaFreeAsync).
-class StreamScratch {
- public:
-  StreamScratch(std::size_t bytes, cudaStream_t stream) : stream_(stream) {
-    if (bytes != 0) check_cuda(cudaMallocAsync(&p_, bytes, stream), "cudaMallocAsync", bytes);
-  }
-  StreamScratch(const StreamScratch&) = delete;
-  StreamScratch& operator=(const StreamScratch&) = delete;
-  ~StreamScratch() {
-    if (p_ != nullptr) (void)cudaFreeAsync(p_, stream_);
-  }
-  float* floats() const { return static_cast<float*>(p_); }
-
- private:
-  void* p_ = nullptr;
-  cudaStream_t stream_;
-};
-
-bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
-
-std::uint32_t ceil_div(std::uint64_t a, std::uint64_t b) {
-  return static_cast<std::uint32_t>((a + b - 1) / b);
-}
-
-struct DeviceLimits {
-  int sms = 0;
-  int smem_optin = 0;
-};
-
-DeviceLimits device_limits() {
-  int dev = 0;
-  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
-  DeviceLimits l;
-  check_cuda(cudaDeviceGetAttribute(&l.sms, cudaDevAttrMultiProcessorCount, dev),
-             "cudaDeviceGetAttribute(MultiProcessorCount)");
-  check_cuda(cudaDeviceGetAttribute(&l.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
-             "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
-  return l;
-}
-
 // Tiling of the query vectors: heads per block, rows per block (both >= 1)
 // within kMaxVectors and the device's shared memory.
 void plan_tiles(AttnParams& p, std::uint32_t max_new, const DeviceLimits& lim) {
@@ -401,20 +331,11 @@ void launch(AttnParams p, std::uint64_t items, std::uint32_t max_context, const 
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attention_kernel<T>, kThreads, smem),
       "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
   plan_splits(p, items, max_context, std::uint64_t(std::max(per_sm, 1)) * lim.sms);
-  const std::size_t part_rows = std::size_t{p.n_splits} * p.total_rows * p.n_q;
-  StreamScratch scratch(p.n_splits > 1 ? part_rows * (p.dim + 1) * sizeof(float) : 0, stream);
-  if (p.n_splits > 1) {
-    p.part_o = scratch.floats();
-    p.part_lse = scratch.floats() + part_rows * p.dim;
-  }
+  const StreamScratch scratch = make_partials(p, stream);
   const dim3 grid(static_cast<unsigned>(items), p.n_splits);
   attention_kernel<T><<<grid, kThreads, smem, stream>>>(p);
   check_cuda(cudaGetLastError(), "attention kernel launch");
-  if (p.n_splits > 1) {
-    merge_kernel<<<static_cast<unsigned>(std::size_t{p.total_rows} * p.n_q), kThreads, 0, stream>>>(
-        p);
-    check_cuda(cudaGetLastError(), "attention merge kernel launch");
-  }
+  launch_merge(p, stream);
 }
 
 void check_heads(std::uint32_t n_q_heads, std::uint32_t n_kv) {
@@ -425,6 +346,34 @@ void check_heads(std::uint32_t n_q_heads, std::uint32_t n_kv) {
 }
 
 }  // namespace
+
+DeviceLimits device_limits() {
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  DeviceLimits l;
+  check_cuda(cudaDeviceGetAttribute(&l.sms, cudaDevAttrMultiProcessorCount, dev),
+             "cudaDeviceGetAttribute(MultiProcessorCount)");
+  check_cuda(cudaDeviceGetAttribute(&l.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+             "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
+  return l;
+}
+
+StreamScratch make_partials(AttnParams& p, cudaStream_t stream) {
+  const std::size_t part_rows = std::size_t{p.n_splits} * p.total_rows * p.n_q;
+  StreamScratch scratch(p.n_splits > 1 ? part_rows * (p.dim + 1) * sizeof(float) : 0, stream);
+  if (p.n_splits > 1) {
+    p.part_o = scratch.floats();
+    p.part_lse = scratch.floats() + part_rows * p.dim;
+  }
+  return scratch;
+}
+
+void launch_merge(const AttnParams& p, cudaStream_t stream) {
+  if (p.n_splits <= 1) return;
+  merge_kernel<<<static_cast<unsigned>(std::size_t{p.total_rows} * p.n_q), kThreads, 0, stream>>>(
+      p);
+  check_cuda(cudaGetLastError(), "attention merge kernel launch");
+}
 
 void attention_cuda(DType dtype, const LayerCacheDesc<float>& k, const LayerCacheDesc<float>& v,
                     std::span<const float> q, std::uint32_t n_q_heads,
@@ -477,6 +426,10 @@ void attention_cuda(DType dtype, const LayerCacheDesc<float>& k, const LayerCach
   p.vec = k.head_dim % vec == 0 && k.block_stride % vec == 0 && aligned16(k.blocks) &&
           aligned16(v.blocks);
   const DeviceLimits lim = device_limits();
+  if (decode_eligible(dtype, k, v)) {
+    launch_decode(dtype, p, k, lim, to_stream(stream));
+    return;
+  }
   plan_tiles(p, k.max_seq_length, lim);
   const std::uint64_t items = std::uint64_t{k.batch_size} * p.row_tiles * p.n_kv * p.head_tiles;
   if (items > 0x7fffffffu) {
@@ -485,6 +438,11 @@ void attention_cuda(DType dtype, const LayerCacheDesc<float>& k, const LayerCach
   }
   visit_dtype(dtype,
               [&](auto tag) { launch<decltype(tag)>(p, items, k.max_cache_length, lim, stream); });
+}
+
+const char* attention_kernel_name_cuda(DType dtype, const LayerCacheDesc<float>& k,
+                                       const LayerCacheDesc<float>& v) {
+  return decode_eligible(dtype, k, v) ? "decode" : "generic";
 }
 
 }  // namespace kvcache::cuda::detail
