@@ -3,7 +3,9 @@
 //   kvcache_cuda_bench [--json FILE] [--repeats N] [--quick]
 //
 // Decode: head dim 128, 8 KV heads, 8 and 32 query heads, page 16 with a
-// shuffled page table, bf16 and f16, several batch x context shapes. Each
+// shuffled page table, bf16 and f16, several batch x context shapes, one new
+// token per entry (and one speculative shape with 4); `kernel` says which
+// attention kernel ran (kvcache::cuda::attention_kernel_name). Each
 // timed call reads a different copy of the cache (the copies are the pool's
 // "layers"), with enough copies that the working set is >= 4x the L2, so the
 // figures are DRAM-resident. Timed with CUDA events around each call, after
@@ -112,7 +114,7 @@ double median_time(int warmup, int repeats, F&& f) {
 }
 
 struct Record {
-  std::string kind, dtype;
+  std::string kind, dtype, kernel;
   std::uint32_t n_q = 0, n_kv = 0, dim = 0, page = 0, batch = 0, context = 0, new_tokens = 0,
                 copies = 0;
   double median_s = 0, bytes = 0, gbps = 0, gflops = 0;
@@ -176,13 +178,14 @@ std::size_t free_bytes() {
 }
 
 template <CacheElement T>
-Record bench_decode(const Env& env, std::uint32_t n_q, std::uint32_t batch, std::uint32_t ctx) {
+Record bench_decode(const Env& env, std::uint32_t n_q, std::uint32_t batch, std::uint32_t ctx,
+                    std::uint32_t new_tokens) {
   const std::uint32_t n_kv = 8, dim = 128, page = 16;
   Record r{"decode", std::string(kvcache::dtype_name(kvcache::dtype_of_v<T>)),
-           n_q,      n_kv,
-           dim,      page,
-           batch,    ctx,
-           1};
+           "",       n_q,
+           n_kv,     dim,
+           page,     batch,
+           ctx,      new_tokens};
   const std::size_t one =
       std::size_t{batch} * ((ctx + page - 1) / page) * page * n_kv * dim * sizeof(T) * 2;
   r.copies = static_cast<std::uint32_t>(std::max<std::size_t>(1, (4 * env.l2 + one - 1) / one));
@@ -190,9 +193,10 @@ Record bench_decode(const Env& env, std::uint32_t n_q, std::uint32_t batch, std:
     r.skipped = true;
     return r;
   }
-  Setup<T> s(batch, ctx - 1, 1, page, n_kv, dim, r.copies);
+  Setup<T> s(batch, ctx - new_tokens, new_tokens, page, n_kv, dim, r.copies);
   kc::DeviceCollection<T> dev(s.desc, s.pool.data());
-  kc::DeviceBuffer<float> q(std::size_t{batch} * n_q * dim), out(q.size());
+  r.kernel = kc::attention_kernel_name(dev.key(0), dev.value(0));
+  kc::DeviceBuffer<float> q(std::size_t{batch} * new_tokens * n_q * dim), out(q.size());
   fill(q.data(), q.size(), 11);
   auto offsets = kc::DeviceBuffer<std::uint32_t>::from_host(s.offsets);
   r.median_s = median_time(3, env.repeats, [&](int i) {
@@ -209,12 +213,14 @@ template <CacheElement T>
 Record bench_prefill(const Env& env, std::uint32_t tokens) {
   const std::uint32_t n_kv = 8, n_q = 32, dim = 128, page = 16;
   Record r{"prefill", std::string(kvcache::dtype_name(kvcache::dtype_of_v<T>)),
-           n_q,       n_kv,
-           dim,       page,
-           1,         tokens,
-           tokens,    1};
+           "",        n_q,
+           n_kv,      dim,
+           page,      1,
+           tokens,    tokens,
+           1};
   Setup<T> s(1, 0, tokens, page, n_kv, dim, 1);
   kc::DeviceCollection<T> dev(s.desc, s.pool.data());
+  r.kernel = kc::attention_kernel_name(dev.key(0), dev.value(0));
   kc::DeviceBuffer<float> q(std::size_t{tokens} * n_q * dim), out(q.size());
   fill(q.data(), q.size(), 13);
   auto offsets = kc::DeviceBuffer<std::uint32_t>::from_host(s.offsets);
@@ -233,10 +239,11 @@ template <CacheElement T>
 Record bench_store(const Env& env, std::uint32_t batch, std::uint32_t tokens) {
   const std::uint32_t n_kv = 8, dim = 128, page = 16;
   Record r{"store_kv", std::string(kvcache::dtype_name(kvcache::dtype_of_v<T>)),
-           0,          n_kv,
-           dim,        page,
-           batch,      tokens,
-           tokens,     1};
+           "store_kv", 0,
+           n_kv,       dim,
+           page,       batch,
+           tokens,     tokens,
+           1};
   Setup<T> s(batch, 0, tokens, page, n_kv, dim, 1);
   kc::DeviceCollection<T> dev(s.desc, s.pool.data());
   const std::size_t n = std::size_t{batch} * tokens * n_kv * dim;
@@ -256,32 +263,33 @@ Record bench_store(const Env& env, std::uint32_t batch, std::uint32_t tokens) {
 std::string json(const Record& r, const Env& env) {
   char buf[768];
   std::snprintf(buf, sizeof buf,
-                "{\"kind\": \"%s\", \"dtype\": \"%s\", \"n_q_heads\": %u, \"n_kv_heads\": %u, "
+                "{\"kind\": \"%s\", \"kernel\": \"%s\", \"dtype\": \"%s\", \"n_q_heads\": %u, "
+                "\"n_kv_heads\": %u, "
                 "\"head_dim\": %u, \"page_size\": %u, \"batch\": %u, \"context\": %u, "
                 "\"new_tokens\": %u, \"cache_copies\": %u, \"skipped\": %s, \"median_s\": %.9g, "
                 "\"bytes_kv\": %.0f, \"gbps\": %.2f, \"copy_gbps\": %.2f, "
                 "\"copy_read_gbps\": %.2f, \"fraction_of_copy\": %.4f, \"gflops\": %.1f}",
-                r.kind.c_str(), r.dtype.c_str(), r.n_q, r.n_kv, r.dim, r.page, r.batch, r.context,
-                r.new_tokens, r.copies, r.skipped ? "true" : "false", r.median_s, r.bytes, r.gbps,
-                env.copy_gbps, env.copy_read_gbps, env.copy_gbps > 0 ? r.gbps / env.copy_gbps : 0,
-                r.gflops);
+                r.kind.c_str(), r.kernel.c_str(), r.dtype.c_str(), r.n_q, r.n_kv, r.dim, r.page,
+                r.batch, r.context, r.new_tokens, r.copies, r.skipped ? "true" : "false",
+                r.median_s, r.bytes, r.gbps, env.copy_gbps, env.copy_read_gbps,
+                env.copy_gbps > 0 ? r.gbps / env.copy_gbps : 0, r.gflops);
   return buf;
 }
 
 void print_table(const std::vector<Record>& rs, const Env& env) {
   std::printf("\ncopy (device to device): %.0f GB/s read+write, %.0f GB/s read-only equivalent\n",
               env.copy_gbps, env.copy_read_gbps);
-  std::printf("%-9s %-5s %4s %6s %7s %11s %9s %8s %9s\n", "kind", "dtype", "n_q", "batch",
-              "context", "median_us", "GB/s", "of_copy", "GFLOP/s");
+  std::printf("%-9s %-8s %-5s %4s %6s %7s %4s %11s %9s %8s %9s\n", "kind", "kernel", "dtype", "n_q",
+              "batch", "context", "new", "median_us", "GB/s", "of_copy", "GFLOP/s");
   for (const Record& r : rs) {
     if (r.skipped) {
-      std::printf("%-9s %-5s %4u %6u %7u   skipped (not enough device memory)\n", r.kind.c_str(),
-                  r.dtype.c_str(), r.n_q, r.batch, r.context);
+      std::printf("%-9s %-8s %-5s %4u %6u %7u   skipped (not enough device memory)\n",
+                  r.kind.c_str(), r.kernel.c_str(), r.dtype.c_str(), r.n_q, r.batch, r.context);
       continue;
     }
-    std::printf("%-9s %-5s %4u %6u %7u %11.1f %9.0f %8.3f %9.0f\n", r.kind.c_str(), r.dtype.c_str(),
-                r.n_q, r.batch, r.context, r.median_s * 1e6, r.gbps, r.gbps / env.copy_gbps,
-                r.gflops);
+    std::printf("%-9s %-8s %-5s %4u %6u %7u %4u %11.1f %9.0f %8.3f %9.0f\n", r.kind.c_str(),
+                r.kernel.c_str(), r.dtype.c_str(), r.n_q, r.batch, r.context, r.new_tokens,
+                r.median_s * 1e6, r.gbps, r.gbps / env.copy_gbps, r.gflops);
   }
 }
 
@@ -313,14 +321,15 @@ Args parse(int argc, char** argv) {
 template <CacheElement T>
 void decode_suite(const Env& env, bool quick, std::vector<Record>& out) {
   struct Shape {
-    std::uint32_t batch, ctx;
+    std::uint32_t batch, ctx, new_tokens;
   };
-  const std::vector<Shape> full{{32, 4096},   {128, 4096}, {32, 16384},
-                                {128, 16384}, {1, 32768},  {1, 131072}};
-  const std::vector<Shape> small{{32, 4096}, {1, 32768}};
+  // new_tokens 4: a speculative step (4 rows per entry, causal among them).
+  const std::vector<Shape> full{{32, 4096, 1}, {128, 4096, 1}, {32, 16384, 1}, {128, 16384, 1},
+                                {1, 32768, 1}, {1, 131072, 1}, {32, 4096, 4}};
+  const std::vector<Shape> small{{32, 4096, 1}, {1, 32768, 1}};
   for (std::uint32_t n_q : {8u, 32u}) {
     for (const Shape& s : quick ? small : full) {
-      out.push_back(bench_decode<T>(env, n_q, s.batch, s.ctx));
+      out.push_back(bench_decode<T>(env, n_q, s.batch, s.ctx, s.new_tokens));
       std::fprintf(stderr, ".");
     }
   }

@@ -89,9 +89,11 @@ TEST(CudaKernels, LongDecodeTakesTheSplitPath) {
   // Few entries, long contexts: the grid is split along the context and
   // merged by log-sum-exp (the planner splits whenever the batch leaves the
   // device mostly idle; 20k tokens of one entry gives ~78 splits of 256).
-  check_all_dtypes({{{20011, 1}}, true, 16, 1, 8, 128}, 600);
-  check_all_dtypes({{{5003, 1}, {3001, 1}, {777, 1}}, true, 16, 2, 4, 128, PageLayout::hnd}, 601);
-  check_all_dtypes({{{9001, 1}}, false, 0, 2, 1, 96}, 602);
+  // One short entry with 5 new rows keeps these on the generic kernel
+  // (max_seq_length > 4); decode_test.cpp covers the decode kernel's splits.
+  check_all_dtypes({{{20011, 1}, {3, 5}}, true, 16, 1, 8, 128}, 600);
+  check_all_dtypes({{{5003, 1}, {3001, 1}, {777, 5}}, true, 16, 2, 4, 128, PageLayout::hnd}, 601);
+  check_all_dtypes({{{9001, 1}, {0, 5}}, false, 0, 2, 1, 96}, 602);
 }
 
 TEST(CudaKernels, PrefillOverLongHistory) {
@@ -101,7 +103,8 @@ TEST(CudaKernels, PrefillOverLongHistory) {
 
 TEST(CudaKernels, ManyEntriesDecode) {
   std::vector<Entry> entries;
-  for (std::uint32_t b = 0; b < 97; ++b) entries.push_back({(b * 37) % 301 + 1, 1});
+  // Entry 96 has 5 new rows: the generic kernel (decode_test.cpp: the decode one).
+  for (std::uint32_t b = 0; b < 97; ++b) entries.push_back({(b * 37) % 301 + 1, b == 96 ? 5u : 1u});
   check_all_dtypes({entries, true, 16, 4, 2, 128}, 800);
 }
 
