@@ -16,9 +16,15 @@
 //                     element times a P^T row (kD dims x nv vectors in
 //                     registers), rescaled by the softmax correction once per
 //                     tile.
-// K and V tiles are converted to f32 once per tile (kTileTokens tokens) and
-// then reused by every query vector of the item: the register blocks do one
-// FMA per broadcast load and per row load, close to the FMA peak.
+// f32 and bf16 rows (even head dims) are not converted per tile: the score
+// blocks broadcast K elements straight from the page (bf16: a 32-bit pair of
+// elements widened by a shift or a mask; the even dims of the pairs first,
+// then the odd ones), and V rows are copied as stored into one packed tile
+// (the NHD rows of one head lie 2 KiB and more apart and share a few L1
+// sets, so the dim blocks of accumulate() would miss on every row read in
+// place). f16 rows and odd head dims are converted to f32 once per tile
+// (kTileTokens tokens) instead. On Zen 3 (AVX2) the packed bf16 path
+// measured 1.26x the converting one (docs/PERFORMANCE.md, session 24).
 #if defined(KVCACHE_KERNELS_CPU_ATTENTION_PREFILL_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef KVCACHE_KERNELS_CPU_ATTENTION_PREFILL_INL_H_
 #undef KVCACHE_KERNELS_CPU_ATTENTION_PREFILL_INL_H_
@@ -27,6 +33,7 @@
 #endif
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -84,6 +91,32 @@ HWY_INLINE void RowToF32(const T* row, std::uint32_t dim, float* dst) {
   }
 }
 
+// Element 2 * i + kOdd of a row, broadcast to every lane as f32. A bf16
+// element is the high half of its f32 (little-endian pairs: the even
+// element is the low 16 bits).
+template <int kOdd>
+HWY_INLINE VF BroadcastHalf(DF df, const float* row, std::size_t i) {
+  return hn::Set(df, row[2 * i + kOdd]);
+}
+template <int kOdd>
+HWY_INLINE VF BroadcastHalf(DF df, const hwy::bfloat16_t* row, std::size_t i) {
+  const hn::RebindToUnsigned<DF> du;
+  std::uint32_t pair;
+  std::memcpy(&pair, row + 2 * i, sizeof(pair));
+  const auto v = hn::Set(du, pair);
+  if constexpr (kOdd == 0) {
+    return hn::BitCast(df, hn::ShiftLeft<16>(v));
+  } else {
+    return hn::BitCast(df, hn::And(v, hn::Set(du, 0xFFFF0000u)));
+  }
+}
+
+// Element types whose rows the register blocks read in place.
+template <class T>
+constexpr bool kReadsInPlace = (std::is_same_v<T, float> ||
+                                std::is_same_v<T, hwy::bfloat16_t>)&&std::endian::native
+                               == std::endian::little;
+
 struct Buffers {
   std::uint32_t dim = 0, dim_o = 0, width = 0, rows_k = 0;
   hwy::AlignedFreeUniquePtr<float[]> qt, kf, vf, st, ot, mx, l, alpha;
@@ -91,6 +124,8 @@ struct Buffers {
   // consecutive dims, [dim / 2][lanes].
   hwy::AlignedFreeUniquePtr<std::uint32_t[]> qtp;
   hwy::AlignedFreeUniquePtr<std::int32_t[]> limit;
+  // A tile's V rows as stored (any element type up to 4 bytes).
+  hwy::AlignedFreeUniquePtr<std::uint8_t[]> vs;
 
   static hwy::AlignedFreeUniquePtr<float[]> Zeroed(std::size_t n) {
     auto p = hwy::AllocateAligned<float>(n);
@@ -110,6 +145,7 @@ struct Buffers {
     l = Zeroed(w);
     alpha = Zeroed(w);
     limit = hwy::AllocateAligned<std::int32_t>(w);
+    vs = hwy::AllocateAligned<std::uint8_t>(std::size_t{kTileTokens} * d * sizeof(float));
     qtp = hwy::AllocateAligned<std::uint32_t>(std::size_t{(d + 1) / 2} * w);
   }
 };
@@ -125,7 +161,8 @@ class Runner {
       : c_(c),
         b_(b),
         dot_(kHaveDotBF16 && std::is_same_v<T, hwy::bfloat16_t> && c.bf16_inputs &&
-             c.dim % 2 == 0 && cpu_has_avx512_bf16()) {}
+             c.dim % 2 == 0 && cpu_has_avx512_bf16()),
+        in_place_(kReadsInPlace<T> && c.dim % 2 == 0) {}
 
   void run(const WorkItem& it) {
     const std::uint32_t dim = c_.dim;
@@ -184,19 +221,30 @@ class Runner {
            std::size_t{tok % c_.page} * c_.token_stride + std::size_t{h} * c_.head_stride;
   }
 
-  // K rows of the tile into kf [token][dim], V rows into vf [token][dim_o].
-  // With dot_ K stays as stored: krow_ holds its rows (those past nt repeat
-  // the last one; their scores are masked).
+  // In place (in_place_): krow_ / vrow_ point at the tile's rows (K rows
+  // past nt repeat the last one; their scores are masked). Otherwise K rows
+  // go into kf [token][dim] (unless dot_ reads K as stored) and V rows into
+  // vf [token][dim_o].
   void load_tile(std::uint32_t b, std::uint32_t ta, std::uint32_t nt, std::uint32_t h) {
+    const bool k_in_place = dot_ || in_place_;
     for (std::uint32_t t = 0; t < nt; ++t) {
-      if (dot_) {
+      if (k_in_place) {
         krow_[t] = row(c_.k, b, ta + t, h);
       } else {
         RowToF32(row(c_.k, b, ta + t, h), c_.dim, b_.kf.get() + std::size_t{t} * c_.dim);
       }
-      RowToF32(row(c_.v, b, ta + t, h), c_.dim, b_.vf.get() + std::size_t{t} * b_.dim_o);
+      if (in_place_) {
+        // V rows as stored, packed: the NHD rows of one head lie 2 KiB and
+        // more apart, so a tile's rows share a few L1 sets, and the dim
+        // blocks of accumulate() would miss on every row.
+        T* dst = reinterpret_cast<T*>(b_.vs.get()) + std::size_t{t} * c_.dim;
+        std::memcpy(dst, row(c_.v, b, ta + t, h), std::size_t{c_.dim} * sizeof(T));
+        vrow_[t] = dst;
+      } else {
+        RowToF32(row(c_.v, b, ta + t, h), c_.dim, b_.vf.get() + std::size_t{t} * b_.dim_o);
+      }
     }
-    if (dot_) std::fill(krow_ + nt, krow_ + nt + kT, krow_[nt - 1]);
+    if (k_in_place) std::fill(krow_ + nt, krow_ + nt + kT, krow_[nt - 1]);
   }
 
   // The next tile's K and V rows into L2 (L1 holds this tile's buffers)
@@ -217,6 +265,9 @@ class Runner {
   void scores(std::uint32_t nt) {
     if constexpr (kHaveDotBF16 && std::is_same_v<T, hwy::bfloat16_t>) {
       if (dot_) return scores_dot(nt);
+    }
+    if constexpr (kReadsInPlace<T>) {
+      if (in_place_) return scores_in_place(nt);
     }
     const DF df;
     const std::uint32_t dim = c_.dim;
@@ -244,6 +295,44 @@ class Runner {
       for (int u = 0; u < kT; ++u)
 #pragma GCC unroll 4
         for (int v = 0; v < kV; ++v) hn::Store(acc[u][v], df, st + u * kW + v * kLanes);
+    }
+  }
+
+  // scores() on K rows as stored: the even dims of every pair, then the
+  // odd ones (one broadcast of a pair per token and dim either way).
+  void scores_in_place(std::uint32_t nt) {
+    const DF df;
+    for (std::uint32_t t0 = 0; t0 < nt; t0 += kT) {
+      VF acc[kT][kV];
+#pragma GCC unroll 32
+      for (int u = 0; u < kT; ++u)
+#pragma GCC unroll 4
+        for (int v = 0; v < kV; ++v) acc[u][v] = hn::Zero(df);
+      scores_half<0>(krow_ + t0, acc);
+      scores_half<1>(krow_ + t0, acc);
+      float* st = b_.st.get() + std::size_t{t0} * kW;
+#pragma GCC unroll 32
+      for (int u = 0; u < kT; ++u)
+#pragma GCC unroll 4
+        for (int v = 0; v < kV; ++v) hn::Store(acc[u][v], df, st + u * kW + v * kLanes);
+    }
+  }
+
+  template <int kOdd>
+  HWY_INLINE void scores_half(const T* const* kr, VF (&acc)[kT][kV]) const {
+    const DF df;
+    const std::uint32_t pairs = c_.dim / 2;
+    const float* qt = b_.qt.get() + std::size_t{kOdd} * kW;
+    for (std::uint32_t i = 0; i < pairs; ++i) {
+      VF q[kV];
+#pragma GCC unroll 4
+      for (int v = 0; v < kV; ++v) q[v] = hn::Load(df, qt + std::size_t{2 * i} * kW + v * kLanes);
+#pragma GCC unroll 32
+      for (int u = 0; u < kT; ++u) {
+        const VF k = BroadcastHalf<kOdd>(df, kr[u], i);
+#pragma GCC unroll 4
+        for (int v = 0; v < kV; ++v) acc[u][v] = hn::MulAdd(k, q[v], acc[u][v]);
+      }
     }
   }
 
@@ -328,6 +417,9 @@ class Runner {
 
   // O^T = O^T * alpha + V^T P^T over the tile's tokens, kD dims at a time.
   void accumulate(std::uint32_t nt) {
+    if constexpr (kReadsInPlace<T>) {
+      if (in_place_) return accumulate_in_place(nt);
+    }
     const DF df;
     const std::uint32_t dim_o = b_.dim_o;
     VF alpha[kV];
@@ -362,6 +454,55 @@ class Runner {
     }
   }
 
+  // accumulate() on V rows as stored: blocks of kD even dims (pairs i0 ..
+  // i0 + kD - 1), then the same for the odd dims.
+  void accumulate_in_place(std::uint32_t nt) {
+    const DF df;
+    VF alpha[kV];
+#pragma GCC unroll 4
+    for (int v = 0; v < kV; ++v) alpha[v] = hn::Load(df, b_.alpha.get() + v * kLanes);
+    const std::uint32_t pairs = c_.dim / 2;
+    std::uint32_t i0 = 0;
+    for (; i0 + kD <= pairs; i0 += kD) {
+      accumulate_block<0, kD>(i0, nt, alpha);
+      accumulate_block<1, kD>(i0, nt, alpha);
+    }
+    for (; i0 < pairs; ++i0) {
+      accumulate_block<0, 1>(i0, nt, alpha);
+      accumulate_block<1, 1>(i0, nt, alpha);
+    }
+  }
+
+  // O^T rows 2 * (i0 + p) + kOdd, p < kP.
+  template <int kOdd, int kP>
+  HWY_INLINE void accumulate_block(std::uint32_t i0, std::uint32_t nt, const VF (&alpha)[kV]) {
+    const DF df;
+    float* ot = b_.ot.get() + std::size_t{2 * i0 + kOdd} * kW;
+    const float* st = b_.st.get();
+    VF acc[kP][kV];
+#pragma GCC unroll 32
+    for (int p = 0; p < kP; ++p)
+#pragma GCC unroll 4
+      for (int v = 0; v < kV; ++v)
+        acc[p][v] = hn::Mul(hn::Load(df, ot + 2 * p * kW + v * kLanes), alpha[v]);
+    for (std::uint32_t t = 0; t < nt; ++t) {
+      VF pr[kV];
+#pragma GCC unroll 4
+      for (int v = 0; v < kV; ++v) pr[v] = hn::Load(df, st + std::size_t{t} * kW + v * kLanes);
+      const T* vr = vrow_[t];
+#pragma GCC unroll 32
+      for (int p = 0; p < kP; ++p) {
+        const VF x = BroadcastHalf<kOdd>(df, vr, i0 + p);
+#pragma GCC unroll 4
+        for (int v = 0; v < kV; ++v) acc[p][v] = hn::MulAdd(x, pr[v], acc[p][v]);
+      }
+    }
+#pragma GCC unroll 32
+    for (int p = 0; p < kP; ++p)
+#pragma GCC unroll 4
+      for (int v = 0; v < kV; ++v) hn::Store(acc[p][v], df, ot + 2 * p * kW + v * kLanes);
+  }
+
   void write_output(const WorkItem& it) const {
     const std::uint32_t dim = c_.dim;
     const std::size_t q_row = std::size_t{c_.n_q} * dim;
@@ -379,7 +520,10 @@ class Runner {
   // AttentionPrecision::bf16 by pair products in the score loop (the PV
   // loop multiplies the rounded probabilities with f32 FMAs).
   const bool dot_;
+  // K and V rows are read as stored (f32 / bf16 and an even head dim).
+  const bool in_place_;
   const T* krow_[kTileTokens + kAccRegs];
+  const T* vrow_[kTileTokens];
   std::uint32_t m_ = 0;
 };
 
