@@ -1,6 +1,9 @@
 // kvcache_cuda_bench: decode / prefill attention and store_kv on the GPU.
 //
 //   kvcache_cuda_bench [--json FILE] [--repeats N] [--quick]
+//   kvcache_cuda_bench --sweep          decode-kernel variants (detail::DecodeTuning)
+//   kvcache_cuda_bench --once N_Q BATCH CONTEXT NEW   one bf16 decode shape, 3 calls
+//                                       (for ncu: tools/cuda/profile_decode.sh)
 //
 // Decode: head dim 128, 8 KV heads, 8 and 32 query heads, page 16 with a
 // shuffled page table, bf16 and f16, several batch x context shapes, one new
@@ -20,6 +23,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -30,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/decode_tuning.h"
 #include "kvcache/collection.h"
 #include "kvcache/cuda/device.h"
 #include "kvcache/cuda/device_buffer.h"
@@ -297,6 +302,8 @@ struct Args {
   std::string json_path;
   int repeats = 20;
   bool quick = false;
+  bool sweep = false;
+  std::uint32_t once[4] = {0, 0, 0, 0};  // n_q, batch, context, new
 };
 
 Args parse(int argc, char** argv) {
@@ -309,10 +316,14 @@ Args parse(int argc, char** argv) {
       a.repeats = std::max(3, std::atoi(argv[++i]));
     } else if (s == "--quick") {
       a.quick = true;
+    } else if (s == "--sweep") {
+      a.sweep = true;
+    } else if (s == "--once" && i + 4 < argc) {
+      for (auto& x : a.once) x = static_cast<std::uint32_t>(std::atol(argv[++i]));
     } else {
       throw std::invalid_argument("unknown argument '" + s +
                                   "'; usage: kvcache_cuda_bench [--json FILE] [--repeats N] "
-                                  "[--quick]");
+                                  "[--quick] [--sweep] [--once N_Q BATCH CONTEXT NEW]");
     }
   }
   return a;
@@ -335,6 +346,147 @@ void decode_suite(const Env& env, bool quick, std::vector<Record>& out) {
   }
 }
 
+// ---- --sweep / --once: decode-kernel variants through detail::DecodeTuning ----
+
+struct Variant {
+  const char* name;
+  kc::detail::DecodeTuning t;
+};
+
+// Calls attention on cache copy `layer` with tuning t.
+template <CacheElement T>
+struct DecodeRig {
+  std::uint32_t n_q, batch, ctx, new_tokens, copies;
+  Setup<T> s;
+  kc::DeviceCollection<T> dev;
+  kc::DeviceBuffer<float> q, out, ws;
+  kc::DeviceBuffer<std::uint32_t> offsets;
+  DecodeRig(const Env& env, std::uint32_t n_q_, std::uint32_t batch_, std::uint32_t ctx_,
+            std::uint32_t new_, std::uint32_t copies_)
+      : n_q(n_q_),
+        batch(batch_),
+        ctx(ctx_),
+        new_tokens(new_),
+        copies(copies_),
+        s(batch_, ctx_ - new_, new_, 16, 8, 128, copies_),
+        dev(s.desc, s.pool.data()),
+        q(std::size_t{batch_} * new_ * n_q_ * 128),
+        out(q.size()),
+        ws(kc::detail::max_workspace_bytes(std::size_t{batch_} * new_, n_q_, 128) / sizeof(float)),
+        offsets(kc::DeviceBuffer<std::uint32_t>::from_host(s.offsets)) {
+    (void)env;
+    fill(q.data(), q.size(), 11);
+  }
+  void call(std::uint32_t layer, const kc::detail::DecodeTuning& t) {
+    kc::detail::attention_cuda_tuned(
+        kvcache::dtype_of_v<T>, kvcache::detail::erase(dev.key(layer)),
+        kvcache::detail::erase(dev.value(layer)), std::span<const float>(q.span()), n_q,
+        std::span<const std::uint32_t>(offsets.span()), out.span(), {}, nullptr, t);
+  }
+  double bytes() const { return double(batch) * ctx * 8 * 128 * sizeof(T) * 2; }
+};
+
+std::uint32_t copies_for(const Env& env, std::uint32_t batch, std::uint32_t ctx, std::size_t elem) {
+  const std::size_t one = std::size_t{batch} * ((ctx + 15) / 16) * 16 * 8 * 128 * elem * 2;
+  return static_cast<std::uint32_t>(std::max<std::size_t>(1, (4 * env.l2 + one - 1) / one));
+}
+
+void sweep_shape(const Env& env, std::uint32_t n_q, std::uint32_t batch, std::uint32_t ctx,
+                 std::uint32_t new_tokens, const std::vector<Variant>& vs) {
+  const std::uint32_t copies = copies_for(env, batch, ctx, 2);
+  const std::size_t one = std::size_t{batch} * ((ctx + 15) / 16) * 16 * 8 * 128 * 2 * 2;
+  if (one * copies > free_bytes() * 8 / 10) {
+    std::printf("n_q %u batch %u ctx %u new %u: skipped (device memory)\n", n_q, batch, ctx,
+                new_tokens);
+    return;
+  }
+  DecodeRig<BFloat16> rig(env, n_q, batch, ctx, new_tokens, copies);
+  std::printf("-- bf16 n_q %u batch %u ctx %u new %u (%u copies)\n", n_q, batch, ctx, new_tokens,
+              copies);
+  std::vector<float> ref;
+  for (const Variant& v0 : vs) {
+    kc::detail::DecodeTuning t = v0.t;
+    if (t.workspace_bytes != 0) {  // "ws": the rig's preallocated workspace
+      t.workspace = rig.ws.data();
+      t.workspace_bytes = rig.ws.size() * sizeof(float);
+    }
+    rig.out.fill_bytes(0xff);  // NaN: a variant that writes nothing shows as nan
+    rig.call(0, t);
+    check(cudaDeviceSynchronize(), "sweep variant");
+    const std::vector<float> got = rig.out.to_host();
+    if (ref.empty()) ref = got;
+    double diff = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      const double d = std::abs(double(got[i]) - double(ref[i]));
+      diff = std::isnan(d) ? INFINITY : std::max(diff, d);
+    }
+    const double med = median_time(3, 10, [&](int i) { rig.call(i % copies, t); });
+    Events ev;
+    constexpr int kBack = 20;
+    const double pipe = ev.time_s([&] {
+      for (int i = 0; i < kBack; ++i) rig.call(i % copies, t);
+    }) / kBack;
+    const double gbps = rig.bytes() / med * 1e-9;
+    std::printf("  %-14s %9.1f %9.1f %6.0f %7.3f %9.2e\n", v0.name, med * 1e6, pipe * 1e6, gbps,
+                gbps / env.copy_gbps, diff);
+  }
+}
+
+int run_sweep(const Env& env) {
+  using kc::detail::DecodeTuning;
+  auto V = [](const char* n, std::uint32_t vec, std::uint32_t st, std::uint32_t lanes,
+              std::uint32_t waves, std::uint32_t min_split, bool ws) {
+    DecodeTuning t;
+    t.max_vectors = vec;
+    t.stages = st;
+    t.lanes = lanes;
+    t.split_waves = waves;
+    t.min_split_tokens = min_split;
+    t.workspace_bytes = ws ? 1 : 0;
+    return Variant{n, t};
+  };
+  const Variant def = V("default", 0, 0, 0, 0, 0, false);
+  const std::vector<Variant> common{def,
+                                    V("stages3", 0, 3, 0, 0, 0, false),
+                                    V("stages2", 0, 2, 0, 0, 0, false),
+                                    V("lanes8", 0, 0, 8, 0, 0, false),
+                                    V("lanes8+st3", 0, 3, 8, 0, 0, false),
+                                    V("waves2", 0, 0, 0, 2, 0, false)};
+  const std::vector<Variant> heads{V("vec2", 2, 0, 0, 0, 0, false),
+                                   V("vec1", 1, 0, 0, 0, 0, false)};
+  const std::vector<Variant> single{V("ws", 0, 0, 0, 0, 0, true), V("waves1", 0, 0, 0, 1, 0, false),
+                                    V("split512", 0, 0, 0, 0, 512, false),
+                                    V("split1024", 0, 0, 0, 0, 1024, false),
+                                    V("ws+st3", 0, 3, 0, 0, 0, true)};
+  auto cat = [](std::vector<Variant> a, const std::vector<Variant>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
+  std::printf(
+      "copy %.0f GB/s; columns: variant median_us pipelined_us GB/s of_copy "
+      "max_abs_diff_vs_default\n",
+      env.copy_gbps);
+  for (std::uint32_t n_q : {8u, 32u}) {
+    const std::vector<Variant> base = n_q == 8 ? common : cat(common, heads);
+    sweep_shape(env, n_q, 32, 4096, 1, cat(base, {V("ws", 0, 0, 0, 0, 0, true)}));
+    sweep_shape(env, n_q, 128, 16384, 1, base);
+    sweep_shape(env, n_q, 1, 32768, 1, cat(base, single));
+  }
+  sweep_shape(env, 32, 32, 4096, 4,
+              {def, V("stages3", 0, 3, 0, 0, 0, false), V("vec4", 4, 0, 0, 0, 0, false),
+               V("vec4+st3", 4, 3, 0, 0, 0, false), V("vec4+lanes8", 4, 0, 8, 0, 0, false),
+               V("vec2", 2, 0, 0, 0, 0, false), V("waves2", 0, 0, 0, 2, 0, false)});
+  return 0;
+}
+
+int run_once(const Env& env, const std::uint32_t (&o)[4]) {
+  DecodeRig<BFloat16> rig(env, o[0], o[1], o[2], o[3], copies_for(env, o[1], o[2], 2));
+  for (std::uint32_t i = 0; i < 3; ++i) rig.call(i % rig.copies, {});
+  check(cudaDeviceSynchronize(), "once");
+  std::printf("once: bf16 n_q %u batch %u ctx %u new %u: 3 calls done\n", o[0], o[1], o[2], o[3]);
+  return 0;
+}
+
 int run(int argc, char** argv) {
   const Args args = parse(argc, argv);
   if (kc::device_count() == 0) {
@@ -348,9 +500,11 @@ int run(int argc, char** argv) {
   check(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev), "L2 size");
   env.l2 = static_cast<std::size_t>(l2);
   std::fprintf(stderr, "kvcache_cuda_bench on %s\n", kc::device_description().c_str());
+  if (args.once[0] != 0) return run_once(env, args.once);
   const double copy_s = measure_copy(env, std::size_t{1} << 30);
   env.copy_gbps = 2.0 * double(std::size_t{1} << 30) / copy_s * 1e-9;
   env.copy_read_gbps = env.copy_gbps / 2;
+  if (args.sweep) return run_sweep(env);
   std::vector<Record> rs;
   decode_suite<BFloat16>(env, args.quick, rs);
   decode_suite<Half>(env, args.quick, rs);

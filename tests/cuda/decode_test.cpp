@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "cuda_test_util.h"
+#include "kernels/cuda/decode_tuning.h"
 
 namespace kvcache::cuda::test {
 namespace {
@@ -151,6 +152,74 @@ TEST(CudaDecode, ExplicitScale) {
                       std::span<const std::uint32_t>(m.host.row_offsets), std::span<float>(ref),
                       options);
   expect_close(m.out_d.to_host(), ref, kAbsTol, kRelTol, "attention with scale 0.37");
+}
+
+// The decode kernel's non-default paths (detail::DecodeTuning, reached by
+// the bench's --sweep): ring depths 2 and 3, 8 lanes x 2 vectors per token
+// row, 1 / 2 / 4 query vectors per block, other split plans and a
+// caller-provided workspace; every one against the reference.
+template <CacheElement T>
+void check_tuned(const Case& c, std::uint32_t seed, const detail::DecodeTuning& t,
+                 const char* what) {
+  SCOPED_TRACE(std::string(dtype_name(dtype_of_v<T>)) + " " + c.name() + " " + what);
+  std::mt19937 rng(seed);
+  Mirrored<T> m(c, rng);
+  ASSERT_EQ(std::string(attention_kernel_name(m.key(), m.value())), "decode");
+  m.store_on_device();
+  detail::attention_cuda_tuned(
+      dtype_of_v<T>, kvcache::detail::erase(m.key()), kvcache::detail::erase(m.value()),
+      std::span<const float>(m.q_d.span()), m.n_q,
+      std::span<const std::uint32_t>(m.offsets_d.span()), m.out_d.span(), {}, nullptr, t);
+  synchronize();
+  expect_close(m.out_d.to_host(), m.reference(), kAbsTol, kRelTol, "attention");
+}
+
+TEST(CudaDecode, TunedVariants) {
+  struct V {
+    const char* name;
+    std::uint32_t vec, stages, lanes, waves, min_split;
+  };
+  const V variants[] = {{"stages2", 0, 2, 0, 0, 0},
+                        {"stages3", 0, 3, 0, 0, 0},
+                        {"lanes8", 0, 0, 8, 0, 0},
+                        {"lanes8+st2", 0, 2, 8, 0, 0},
+                        {"vec4+lanes8+st3", 4, 3, 8, 0, 0},
+                        {"vec1", 1, 0, 0, 0, 0},
+                        {"vec2", 2, 0, 0, 0, 0},
+                        {"vec4", 4, 0, 0, 0, 0},
+                        {"waves1", 0, 0, 0, 1, 0},
+                        {"split1024", 0, 0, 0, 0, 1024},
+                        {"stages2+waves8", 0, 2, 0, 8, 0}};
+  // Ragged rows (1..4 per entry, so 8-vector blocks and lanes8 falling back
+  // to 16 lanes), GQA 4 (4 vectors per block with one row), a long split
+  // context, head dims 128 and 80 (idle vectors of a lane-row set).
+  const Case cases[] = {{ragged_decode(), true, 16, 2, 4, 128},
+                        {{{700, 1}, {5, 1}, {0, 1}}, true, 16, 2, 4, 128, PageLayout::hnd},
+                        {{{9001, 1}}, true, 16, 1, 4, 80},
+                        {{{3000, 4}, {17, 2}}, true, 16, 2, 4, 128}};
+  std::uint32_t seed = 2100;
+  for (const V& v : variants) {
+    detail::DecodeTuning t;
+    t.max_vectors = v.vec;
+    t.stages = v.stages;
+    t.lanes = v.lanes;
+    t.split_waves = v.waves;
+    t.min_split_tokens = v.min_split;
+    for (const Case& c : cases) {
+      check_tuned<BFloat16>(c, seed, t, v.name);
+      check_tuned<Half>(c, seed++, t, v.name);
+    }
+  }
+  // A caller-provided workspace (split path), large enough and too small.
+  const Case c{{{20011, 1}, {300, 3}}, true, 16, 2, 4, 128};
+  DeviceBuffer<float> ws(detail::max_workspace_bytes(4, 8, 128) / sizeof(float));
+  ws.fill_bytes(0xff);
+  detail::DecodeTuning t;
+  t.workspace = ws.data();
+  t.workspace_bytes = ws.size() * sizeof(float);
+  check_tuned<BFloat16>(c, 2200, t, "workspace");
+  t.workspace_bytes = 16;
+  check_tuned<BFloat16>(c, 2201, t, "workspace too small");
 }
 
 }  // namespace

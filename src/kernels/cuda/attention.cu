@@ -20,6 +20,7 @@
 
 #include "attention_internal.h"
 #include "cuda_check.h"
+#include "decode_tuning.h"
 #include "element.cuh"
 #include "kvcache/cuda/kernels.h"
 #include "validate.h"
@@ -259,29 +260,62 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnParams p) {
 }
 
 // Combines the splits of one (row, query head): weights exp(lse_s - max).
+// All loads are parallel: thread s reads split s's LSE (block max and sum by
+// shuffles), then warp w sums splits w, w + 4, ... over the dims (lane d,
+// d + 32, ...; coalesced rows, unrolled so several splits' loads are in
+// flight), and the four warps' sums are added through shared memory.
 __global__ void __launch_bounds__(kThreads) merge_kernel(AttnParams p) {
+  constexpr unsigned kWarpsM = kThreads / 32;
+  constexpr unsigned kPerLane = kMaxHeadDim / 32;
+  static_assert(kThreads >= kMaxSplits, "one thread per split's LSE");
   __shared__ float weight[kMaxSplits];
-  __shared__ float inv_total;
+  __shared__ float red[kWarpsM];
+  __shared__ float sums[kWarpsM][kMaxHeadDim];
   const std::size_t rh = blockIdx.x;
   const std::size_t stride = std::size_t{p.total_rows} * p.n_q;
-  if (threadIdx.x == 0) {
-    float mx = kNegInf;
-    for (std::uint32_t sp = 0; sp < p.n_splits; ++sp) mx = fmaxf(mx, p.part_lse[sp * stride + rh]);
-    float total = 0.0f;
-    for (std::uint32_t sp = 0; sp < p.n_splits; ++sp) {
-      const float lse = p.part_lse[sp * stride + rh];
-      weight[sp] = lse == kNegInf ? 0.0f : expf(lse - mx);
-      total += weight[sp];
+  const unsigned t = threadIdx.x, lane = t % 32, warp = t / 32;
+  const float lse = t < p.n_splits ? p.part_lse[t * stride + rh] : kNegInf;
+  float mx = lse;
+  for (int o = 16; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  if (lane == 0) red[warp] = mx;
+  __syncthreads();
+  mx = red[0];
+  for (unsigned w = 1; w < kWarpsM; ++w) mx = fmaxf(mx, red[w]);
+  const float wt = lse == kNegInf ? 0.0f : expf(lse - mx);
+  if (t < kMaxSplits) weight[t] = wt;
+  float sum = wt;
+  for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  __syncthreads();  // every thread has read red (the max)
+  if (lane == 0) red[warp] = sum;
+  __syncthreads();
+  float total = 0.0f;
+  for (unsigned w = 0; w < kWarpsM; ++w) total += red[w];
+  float acc[kPerLane];
+#pragma unroll
+  for (unsigned j = 0; j < kPerLane; ++j) acc[j] = 0.0f;
+#pragma unroll 4
+  for (unsigned sp = warp; sp < p.n_splits; sp += kWarpsM) {
+    const float w = weight[sp];
+    const float* src = p.part_o + (sp * stride + rh) * p.dim;
+#pragma unroll
+    for (unsigned j = 0; j < kPerLane; ++j) {
+      const unsigned d = lane + 32 * j;
+      if (d < p.dim) {
+        const float x = src[d];
+        acc[j] = w != 0.0f ? fmaf(w, x, acc[j]) : acc[j];
+      }
     }
-    inv_total = 1.0f / total;
+  }
+#pragma unroll
+  for (unsigned j = 0; j < kPerLane; ++j) {
+    if (lane + 32 * j < p.dim) sums[warp][lane + 32 * j] = acc[j];
   }
   __syncthreads();
-  for (std::uint32_t d = threadIdx.x; d < p.dim; d += blockDim.x) {
-    float acc = 0.0f;
-    for (std::uint32_t sp = 0; sp < p.n_splits; ++sp) {
-      if (weight[sp] != 0.0f) acc = fmaf(weight[sp], p.part_o[(sp * stride + rh) * p.dim + d], acc);
-    }
-    p.out[rh * p.dim + d] = acc * inv_total;
+  const float inv_total = 1.0f / total;
+  for (unsigned d = t; d < p.dim; d += kThreads) {
+    float o = 0.0f;
+    for (unsigned w = 0; w < kWarpsM; ++w) o += sums[w][d];
+    p.out[rh * p.dim + d] = o * inv_total;
   }
 }
 
@@ -321,7 +355,7 @@ void plan_splits(AttnParams& p, std::uint64_t items, std::uint32_t max_context,
 
 template <class T>
 void launch(AttnParams p, std::uint64_t items, std::uint32_t max_context, const DeviceLimits& lim,
-            cudaStream_t stream) {
+            cudaStream_t stream, const DecodeTuning& ws) {
   const std::size_t smem = smem_bytes(p.rows_per_block * p.heads_per_block, p.dim);
   check_cuda(cudaFuncSetAttribute(attention_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(smem)),
@@ -331,7 +365,7 @@ void launch(AttnParams p, std::uint64_t items, std::uint32_t max_context, const 
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attention_kernel<T>, kThreads, smem),
       "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
   plan_splits(p, items, max_context, std::uint64_t(std::max(per_sm, 1)) * lim.sms);
-  const StreamScratch scratch = make_partials(p, stream);
+  const StreamScratch scratch = make_partials(p, stream, ws);
   const dim3 grid(static_cast<unsigned>(items), p.n_splits);
   attention_kernel<T><<<grid, kThreads, smem, stream>>>(p);
   check_cuda(cudaGetLastError(), "attention kernel launch");
@@ -358,14 +392,22 @@ DeviceLimits device_limits() {
   return l;
 }
 
-StreamScratch make_partials(AttnParams& p, cudaStream_t stream) {
+StreamScratch make_partials(AttnParams& p, cudaStream_t stream, const DecodeTuning& t) {
   const std::size_t part_rows = std::size_t{p.n_splits} * p.total_rows * p.n_q;
-  StreamScratch scratch(p.n_splits > 1 ? part_rows * (p.dim + 1) * sizeof(float) : 0, stream);
+  const std::size_t bytes = p.n_splits > 1 ? part_rows * (p.dim + 1) * sizeof(float) : 0;
+  const bool given = t.workspace != nullptr && t.workspace_bytes >= bytes;
+  StreamScratch scratch(given ? 0 : bytes, stream);
   if (p.n_splits > 1) {
-    p.part_o = scratch.floats();
-    p.part_lse = scratch.floats() + part_rows * p.dim;
+    float* base = given ? t.workspace : scratch.floats();
+    p.part_o = base;
+    p.part_lse = base + part_rows * p.dim;
   }
   return scratch;
+}
+
+std::size_t max_workspace_bytes(std::size_t q_rows, std::uint32_t n_q_heads,
+                                std::uint32_t head_dim) {
+  return std::size_t{kMaxSplits} * q_rows * n_q_heads * (std::size_t{head_dim} + 1) * sizeof(float);
 }
 
 void launch_merge(const AttnParams& p, cudaStream_t stream) {
@@ -379,6 +421,15 @@ void attention_cuda(DType dtype, const LayerCacheDesc<float>& k, const LayerCach
                     std::span<const float> q, std::uint32_t n_q_heads,
                     std::span<const std::uint32_t> row_offsets, std::span<float> out,
                     const AttentionOptions& options, CUstream_st* stream) {
+  attention_cuda_tuned(dtype, k, v, q, n_q_heads, row_offsets, out, options, stream,
+                       DecodeTuning{});
+}
+
+void attention_cuda_tuned(DType dtype, const LayerCacheDesc<float>& k,
+                          const LayerCacheDesc<float>& v, std::span<const float> q,
+                          std::uint32_t n_q_heads, std::span<const std::uint32_t> row_offsets,
+                          std::span<float> out, const AttentionOptions& options,
+                          CUstream_st* stream, const DecodeTuning& tuning) {
   check_cache_pair(k, v);
   check_row_offsets_span(row_offsets, k.batch_size);
   kvcache::detail::check_precision(options.precision);
@@ -427,7 +478,7 @@ void attention_cuda(DType dtype, const LayerCacheDesc<float>& k, const LayerCach
           aligned16(v.blocks);
   const DeviceLimits lim = device_limits();
   if (decode_eligible(dtype, k, v)) {
-    launch_decode(dtype, p, k, lim, to_stream(stream));
+    launch_decode(dtype, p, k, lim, to_stream(stream), tuning);
     return;
   }
   plan_tiles(p, k.max_seq_length, lim);
@@ -436,8 +487,9 @@ void attention_cuda(DType dtype, const LayerCacheDesc<float>& k, const LayerCach
     throw InvalidArgument("attention needs " + std::to_string(items) +
                           " thread blocks per split, limit 2^31-1");
   }
-  visit_dtype(dtype,
-              [&](auto tag) { launch<decltype(tag)>(p, items, k.max_cache_length, lim, stream); });
+  visit_dtype(dtype, [&](auto tag) {
+    launch<decltype(tag)>(p, items, k.max_cache_length, lim, stream, tuning);
+  });
 }
 
 const char* attention_kernel_name_cuda(DType dtype, const LayerCacheDesc<float>& k,

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "cuda_check.h"
+#include "decode_tuning.h"
 #include "kvcache/dtype.h"
 #include "kvcache/kv_cache.h"
 
@@ -84,9 +85,11 @@ class StreamScratch {
   cudaStream_t stream_;
 };
 
-// The split partials when p.n_splits > 1 (else nothing), p pointed at them;
-// the scratch must outlive the launches that use it (stream order does).
-StreamScratch make_partials(AttnParams& p, cudaStream_t stream);
+// The split partials when p.n_splits > 1 (else nothing), p pointed at them:
+// t.workspace when given and large enough (the scratch is then empty), else
+// stream-ordered memory; the scratch must outlive the launches that use it
+// (stream order does).
+StreamScratch make_partials(AttnParams& p, cudaStream_t stream, const DecodeTuning& t);
 // Combines p.n_splits partials (part_o, part_lse) into p.out.
 void launch_merge(const AttnParams& p, cudaStream_t stream);
 
@@ -98,6 +101,6 @@ bool decode_eligible(DType dtype, const LayerCacheDesc<float>& k, const LayerCac
 // decode_eligible accepts; p as filled by attention_cuda (tiles and splits
 // are planned here from k's batch_size, max_seq_length, max_cache_length).
 void launch_decode(DType dtype, AttnParams p, const LayerCacheDesc<float>& k,
-                   const DeviceLimits& lim, cudaStream_t stream);
+                   const DeviceLimits& lim, cudaStream_t stream, const DecodeTuning& t);
 
 }  // namespace kvcache::cuda::detail

@@ -38,9 +38,10 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
-constexpr int kStages = 4;            // cp.async ring depth per warp
+constexpr int kDefaultStages = 4;     // cp.async ring depth per warp
 constexpr int kStageLaneBytes = 128;  // K + V bytes per lane per stage
 constexpr int kMaxVectors = 8;        // query vectors per block
+constexpr std::uint32_t kSplitWaves = 4;
 constexpr std::uint32_t kMinSplitTokens = 256;
 constexpr std::uint32_t kSplitRound = 32;
 constexpr float kNegInf = -INFINITY;
@@ -57,8 +58,9 @@ struct DecodeParams {
 };
 
 // Compile-time shape of one instantiation.
-template <class T, int kLanes_, int kChunks_, int kM_>
+template <class T, int kLanes_, int kChunks_, int kM_, int kStages_ = kDefaultStages>
 struct Shape {
+  static constexpr int kStages = kStages_;  // cp.async ring depth per warp
   static constexpr int kLanes = kLanes_;    // lanes per token row
   static constexpr int kChunks = kChunks_;  // 16-byte vectors per lane per row
   static constexpr int kM = kM_;            // query vectors per block
@@ -68,7 +70,7 @@ struct Shape {
   static constexpr int kSteps = kStageLaneBytes / (32 * kChunks);
   static constexpr int kWarpTokens = kGroups * kSteps;  // tokens per warp stage
   static constexpr int kSlots = kSteps * kChunks * 2;   // uint4 per lane per stage
-  static constexpr int kRingBytes = kWarps * kStages * kSlots * 32 * 16;
+  static constexpr int kRingBytes = kWarps * kStages_ * kSlots * 32 * 16;
   static_assert(kSteps >= 1 && kLanes * kGroups == 32);
 };
 
@@ -337,6 +339,7 @@ __device__ void stage_values(const DecodeParams& p, const Lane& ln, const uint4*
 template <class T, class S>
 __device__ void stream_tokens(const DecodeParams& p, const Item& it, const Lane& ln, uint4* ring,
                               State<S>& st) {
+  constexpr int kStages = S::kStages;
   uint4* wring = ring + ln.warp * kStages * S::kSlots * 32;
   const std::uint32_t range = it.end > it.begin ? it.end - it.begin : 0;
   constexpr std::uint32_t kBlockTokens = kWarps * S::kWarpTokens;
@@ -475,10 +478,12 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const DecodeParams p) 
 // Splits so that the grid fills the device about four times (ragged
 // batches and the tail wave); each split at least kMinSplitTokens long.
 void plan_splits(AttnParams& a, std::uint64_t items, std::uint32_t max_context,
-                 std::uint64_t resident_blocks) {
-  const std::uint64_t target = 4 * resident_blocks;
+                 std::uint64_t resident_blocks, const DecodeTuning& t) {
+  const std::uint64_t waves = t.split_waves != 0 ? t.split_waves : kSplitWaves;
+  const std::uint32_t min_tokens = t.min_split_tokens != 0 ? t.min_split_tokens : kMinSplitTokens;
+  const std::uint64_t target = waves * resident_blocks;
   std::uint64_t splits = items >= target ? 1 : (target + items - 1) / items;
-  splits = std::min<std::uint64_t>(splits, std::max(1u, max_context / kMinSplitTokens));
+  splits = std::min<std::uint64_t>(splits, std::max(1u, max_context / min_tokens));
   splits = std::min<std::uint64_t>(splits, kMaxSplits);
   if (splits <= 1 || max_context == 0) {
     a.n_splits = 1;
@@ -491,48 +496,81 @@ void plan_splits(AttnParams& a, std::uint64_t items, std::uint32_t max_context,
 
 template <class T, class S>
 void launch_shape(DecodeParams p, std::uint64_t items, std::uint32_t max_context,
-                  const DeviceLimits& lim, cudaStream_t stream) {
+                  const DeviceLimits& lim, cudaStream_t stream, const DecodeTuning& t) {
   constexpr std::size_t ring = S::kRingBytes;
   constexpr std::size_t combine =
       (std::size_t{kWarps} * S::kM * kMaxHeadDim + std::size_t{kWarps} * S::kM * 2) * sizeof(float);
-  static_assert(combine <= ring, "the combine buffer reuses the ring");
+  // The combine buffer reuses the ring (a shallow ring of a big block may
+  // be the smaller of the two).
+  constexpr std::size_t smem = std::max(ring, combine);
   const auto kernel = decode_kernel<T, S>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(ring)),
-             "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)", ring);
+                                  static_cast<int>(smem)),
+             "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)", smem);
   int per_sm = 0;
-  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, ring),
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem),
              "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-  plan_splits(p.a, items, max_context, std::uint64_t(std::max(per_sm, 1)) * lim.sms);
-  const StreamScratch scratch = make_partials(p.a, stream);
+  plan_splits(p.a, items, max_context, std::uint64_t(std::max(per_sm, 1)) * lim.sms, t);
+  const StreamScratch scratch = make_partials(p.a, stream, t);
   const dim3 grid(static_cast<unsigned>(items), p.a.n_splits);
-  kernel<<<grid, kThreads, ring, stream>>>(p);
+  kernel<<<grid, kThreads, smem, stream>>>(p);
   check_cuda(cudaGetLastError(), "decode attention kernel launch");
   launch_merge(p.a, stream);
 }
 
-template <class T, int kLanes, int kChunks>
+// Ring depth: t.stages for f16 / bf16 rows of 16 vectors per lane-row set
+// (16 lanes x 1 or 8 lanes x 2), else the default.
+template <class T, int kLanes, int kChunks, int kM>
+void launch_stages(const DecodeParams& p, std::uint64_t items, std::uint32_t max_context,
+                   const DeviceLimits& lim, cudaStream_t stream, const DecodeTuning& t) {
+  if constexpr (sizeof(T) == 2 && kLanes * kChunks == 16) {
+    if (t.stages == 2) {
+      return launch_shape<T, Shape<T, kLanes, kChunks, kM, 2>>(p, items, max_context, lim, stream,
+                                                               t);
+    }
+    if (t.stages == 3) {
+      return launch_shape<T, Shape<T, kLanes, kChunks, kM, 3>>(p, items, max_context, lim, stream,
+                                                               t);
+    }
+  }
+  launch_shape<T, Shape<T, kLanes, kChunks, kM>>(p, items, max_context, lim, stream, t);
+}
+
+// kMaxM: the largest block instantiated (8 lanes x 2 vectors keeps 32 fp32
+// per vector in registers: 4 vectors at most).
+template <class T, int kLanes, int kChunks, int kMaxM = 8>
 void launch_vectors(std::uint32_t vectors, const DecodeParams& p, std::uint64_t items,
-                    std::uint32_t max_context, const DeviceLimits& lim, cudaStream_t stream) {
+                    std::uint32_t max_context, const DeviceLimits& lim, cudaStream_t stream,
+                    const DecodeTuning& t) {
   if (vectors <= 1)
-    return launch_shape<T, Shape<T, kLanes, kChunks, 1>>(p, items, max_context, lim, stream);
+    return launch_stages<T, kLanes, kChunks, 1>(p, items, max_context, lim, stream, t);
   if (vectors <= 2)
-    return launch_shape<T, Shape<T, kLanes, kChunks, 2>>(p, items, max_context, lim, stream);
-  if (vectors <= 4)
-    return launch_shape<T, Shape<T, kLanes, kChunks, 4>>(p, items, max_context, lim, stream);
-  launch_shape<T, Shape<T, kLanes, kChunks, 8>>(p, items, max_context, lim, stream);
+    return launch_stages<T, kLanes, kChunks, 2>(p, items, max_context, lim, stream, t);
+  if (kMaxM <= 4 || vectors <= 4)
+    return launch_stages<T, kLanes, kChunks, 4>(p, items, max_context, lim, stream, t);
+  if constexpr (kMaxM >= 8)
+    launch_stages<T, kLanes, kChunks, 8>(p, items, max_context, lim, stream, t);
 }
 
 // Lanes per token row and chunks per lane from the row's 16-byte chunks.
 template <class T>
 void launch_typed(std::uint32_t vectors, const DecodeParams& p, std::uint64_t items,
-                  std::uint32_t max_context, const DeviceLimits& lim, cudaStream_t stream) {
-  if (p.chunks <= 8) return launch_vectors<T, 8, 1>(vectors, p, items, max_context, lim, stream);
-  if (p.chunks <= 16) return launch_vectors<T, 16, 1>(vectors, p, items, max_context, lim, stream);
-  if constexpr (sizeof(T) == 4) {
-    if (p.chunks > 32) return launch_vectors<T, 32, 2>(vectors, p, items, max_context, lim, stream);
+                  std::uint32_t max_context, const DeviceLimits& lim, cudaStream_t stream,
+                  const DecodeTuning& t) {
+  if (p.chunks <= 8) return launch_vectors<T, 8, 1>(vectors, p, items, max_context, lim, stream, t);
+  if (p.chunks <= 16) {
+    if constexpr (sizeof(T) == 2) {
+      if (t.lanes == 8 && vectors <= 4) {
+        return launch_vectors<T, 8, 2, 4>(vectors, p, items, max_context, lim, stream, t);
+      }
+    }
+    return launch_vectors<T, 16, 1>(vectors, p, items, max_context, lim, stream, t);
   }
-  launch_vectors<T, 32, 1>(vectors, p, items, max_context, lim, stream);
+  if constexpr (sizeof(T) == 4) {
+    if (p.chunks > 32)
+      return launch_vectors<T, 32, 2>(vectors, p, items, max_context, lim, stream, t);
+  }
+  launch_vectors<T, 32, 1>(vectors, p, items, max_context, lim, stream, t);
 }
 
 bool is_pow2(std::uint32_t x) { return x != 0 && (x & (x - 1)) == 0; }
@@ -553,7 +591,7 @@ bool decode_eligible(DType dtype, const LayerCacheDesc<float>& k, const LayerCac
 }
 
 void launch_decode(DType dtype, AttnParams a, const LayerCacheDesc<float>& k,
-                   const DeviceLimits& lim, cudaStream_t stream) {
+                   const DeviceLimits& lim, cudaStream_t stream, const DecodeTuning& t) {
   const std::uint32_t max_new = k.max_seq_length;
   const std::uint32_t max_context = k.max_cache_length;
   DecodeParams p{};
@@ -564,7 +602,9 @@ void launch_decode(DType dtype, AttnParams a, const LayerCacheDesc<float>& k,
   p.q_scale = a.scale * kLog2e;
   a.rows_per_block = max_new;
   a.row_tiles = 1;
-  a.heads_per_block = std::min(a.group, std::max(1u, kMaxVectors / max_new));
+  std::uint32_t max_vectors = kMaxVectors;
+  if (t.max_vectors != 0) max_vectors = std::min<std::uint32_t>(t.max_vectors, kMaxVectors);
+  a.heads_per_block = std::min(a.group, std::max(1u, max_vectors / max_new));
   a.head_tiles = ceil_div(a.group, a.heads_per_block);
   p.a = a;
   const std::uint64_t items = std::uint64_t{a.n_kv} * a.head_tiles * k.batch_size;
@@ -574,7 +614,7 @@ void launch_decode(DType dtype, AttnParams a, const LayerCacheDesc<float>& k,
   }
   const std::uint32_t vectors = max_new * a.heads_per_block;
   visit_dtype(dtype, [&](auto tag) {
-    launch_typed<decltype(tag)>(vectors, p, items, max_context, lim, stream);
+    launch_typed<decltype(tag)>(vectors, p, items, max_context, lim, stream, t);
   });
 }
 
