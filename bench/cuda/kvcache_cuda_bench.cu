@@ -8,7 +8,10 @@
 // Decode: head dim 128, 8 KV heads, 8 and 32 query heads, page 16 with a
 // shuffled page table, bf16 and f16, several batch x context shapes, one new
 // token per entry (and one speculative shape with 4); `kernel` says which
-// attention kernel ran (kvcache::cuda::attention_kernel_name). Each
+// attention kernel ran (kvcache::cuda::attention_kernel_name). Every decode
+// shape is timed twice on the same data: with an AttentionWorkspace (ws yes,
+// as an engine calls it) and without one (ws no: per-call device queries and
+// stream-ordered scratch allocation when the call splits). Each
 // timed call reads a different copy of the cache (the copies are the pool's
 // "layers"), with enough copies that the working set is >= 4x the L2, so the
 // figures are DRAM-resident. Timed with CUDA events around each call, after
@@ -40,6 +43,7 @@
 #include "kvcache/cuda/device_buffer.h"
 #include "kvcache/cuda/device_collection.h"
 #include "kvcache/cuda/kernels.h"
+#include "kvcache/cuda/workspace.h"
 
 namespace {
 
@@ -124,6 +128,7 @@ struct Record {
                 copies = 0;
   double median_s = 0, bytes = 0, gbps = 0, gflops = 0;
   bool skipped = false;
+  bool workspace = false;  // attention called with an AttentionWorkspace
 };
 
 struct Env {
@@ -182,9 +187,10 @@ std::size_t free_bytes() {
   return f;
 }
 
+// Two records: with a workspace, then without.
 template <CacheElement T>
-Record bench_decode(const Env& env, std::uint32_t n_q, std::uint32_t batch, std::uint32_t ctx,
-                    std::uint32_t new_tokens) {
+std::vector<Record> bench_decode(const Env& env, std::uint32_t n_q, std::uint32_t batch,
+                                 std::uint32_t ctx, std::uint32_t new_tokens) {
   const std::uint32_t n_kv = 8, dim = 128, page = 16;
   Record r{"decode", std::string(kvcache::dtype_name(kvcache::dtype_of_v<T>)),
            "",       n_q,
@@ -196,7 +202,7 @@ Record bench_decode(const Env& env, std::uint32_t n_q, std::uint32_t batch, std:
   r.copies = static_cast<std::uint32_t>(std::max<std::size_t>(1, (4 * env.l2 + one - 1) / one));
   if (one * r.copies > free_bytes() * 8 / 10) {
     r.skipped = true;
-    return r;
+    return {r};
   }
   Setup<T> s(batch, ctx - new_tokens, new_tokens, page, n_kv, dim, r.copies);
   kc::DeviceCollection<T> dev(s.desc, s.pool.data());
@@ -204,14 +210,21 @@ Record bench_decode(const Env& env, std::uint32_t n_q, std::uint32_t batch, std:
   kc::DeviceBuffer<float> q(std::size_t{batch} * new_tokens * n_q * dim), out(q.size());
   fill(q.data(), q.size(), 11);
   auto offsets = kc::DeviceBuffer<std::uint32_t>::from_host(s.offsets);
-  r.median_s = median_time(3, env.repeats, [&](int i) {
-    const std::uint32_t layer = static_cast<std::uint32_t>(i) % r.copies;
-    kc::attention(dev.key(layer), dev.value(layer), std::span<const float>(q.span()), n_q,
-                  std::span<const std::uint32_t>(offsets.span()), out.span());
-  });
   r.bytes = double(batch) * ctx * n_kv * dim * sizeof(T) * 2;
-  r.gbps = r.bytes / r.median_s * 1e-9;
-  return r;
+  kc::AttentionWorkspace ws;
+  std::vector<Record> rs;
+  for (kc::AttentionWorkspace* w : {&ws, static_cast<kc::AttentionWorkspace*>(nullptr)}) {
+    Record x = r;
+    x.workspace = w != nullptr;
+    x.median_s = median_time(3, env.repeats, [&](int i) {
+      const std::uint32_t layer = static_cast<std::uint32_t>(i) % r.copies;
+      kc::attention(dev.key(layer), dev.value(layer), std::span<const float>(q.span()), n_q,
+                    std::span<const std::uint32_t>(offsets.span()), out.span(), {}, nullptr, w);
+    });
+    x.gbps = x.bytes / x.median_s * 1e-9;
+    rs.push_back(x);
+  }
+  return rs;
 }
 
 template <CacheElement T>
@@ -271,30 +284,32 @@ std::string json(const Record& r, const Env& env) {
                 "{\"kind\": \"%s\", \"kernel\": \"%s\", \"dtype\": \"%s\", \"n_q_heads\": %u, "
                 "\"n_kv_heads\": %u, "
                 "\"head_dim\": %u, \"page_size\": %u, \"batch\": %u, \"context\": %u, "
-                "\"new_tokens\": %u, \"cache_copies\": %u, \"skipped\": %s, \"median_s\": %.9g, "
+                "\"new_tokens\": %u, \"cache_copies\": %u, \"skipped\": %s, "
+                "\"workspace\": %s, \"median_s\": %.9g, "
                 "\"bytes_kv\": %.0f, \"gbps\": %.2f, \"copy_gbps\": %.2f, "
                 "\"copy_read_gbps\": %.2f, \"fraction_of_copy\": %.4f, \"gflops\": %.1f}",
                 r.kind.c_str(), r.kernel.c_str(), r.dtype.c_str(), r.n_q, r.n_kv, r.dim, r.page,
                 r.batch, r.context, r.new_tokens, r.copies, r.skipped ? "true" : "false",
-                r.median_s, r.bytes, r.gbps, env.copy_gbps, env.copy_read_gbps,
-                env.copy_gbps > 0 ? r.gbps / env.copy_gbps : 0, r.gflops);
+                r.workspace ? "true" : "false", r.median_s, r.bytes, r.gbps, env.copy_gbps,
+                env.copy_read_gbps, env.copy_gbps > 0 ? r.gbps / env.copy_gbps : 0, r.gflops);
   return buf;
 }
 
 void print_table(const std::vector<Record>& rs, const Env& env) {
   std::printf("\ncopy (device to device): %.0f GB/s read+write, %.0f GB/s read-only equivalent\n",
               env.copy_gbps, env.copy_read_gbps);
-  std::printf("%-9s %-8s %-5s %4s %6s %7s %4s %11s %9s %8s %9s\n", "kind", "kernel", "dtype", "n_q",
-              "batch", "context", "new", "median_us", "GB/s", "of_copy", "GFLOP/s");
+  std::printf("%-9s %-8s %-5s %4s %6s %7s %4s %3s %11s %9s %8s %9s\n", "kind", "kernel", "dtype",
+              "n_q", "batch", "context", "new", "ws", "median_us", "GB/s", "of_copy", "GFLOP/s");
   for (const Record& r : rs) {
     if (r.skipped) {
       std::printf("%-9s %-8s %-5s %4u %6u %7u   skipped (not enough device memory)\n",
                   r.kind.c_str(), r.kernel.c_str(), r.dtype.c_str(), r.n_q, r.batch, r.context);
       continue;
     }
-    std::printf("%-9s %-8s %-5s %4u %6u %7u %4u %11.1f %9.0f %8.3f %9.0f\n", r.kind.c_str(),
+    std::printf("%-9s %-8s %-5s %4u %6u %7u %4u %3s %11.1f %9.0f %8.3f %9.0f\n", r.kind.c_str(),
                 r.kernel.c_str(), r.dtype.c_str(), r.n_q, r.batch, r.context, r.new_tokens,
-                r.median_s * 1e6, r.gbps, r.gbps / env.copy_gbps, r.gflops);
+                r.kind == "decode" ? (r.workspace ? "yes" : "no") : "-", r.median_s * 1e6, r.gbps,
+                r.gbps / env.copy_gbps, r.gflops);
   }
 }
 
@@ -340,7 +355,9 @@ void decode_suite(const Env& env, bool quick, std::vector<Record>& out) {
   const std::vector<Shape> small{{32, 4096, 1}, {1, 32768, 1}};
   for (std::uint32_t n_q : {8u, 32u}) {
     for (const Shape& s : quick ? small : full) {
-      out.push_back(bench_decode<T>(env, n_q, s.batch, s.ctx, s.new_tokens));
+      for (const Record& r : bench_decode<T>(env, n_q, s.batch, s.ctx, s.new_tokens)) {
+        out.push_back(r);
+      }
       std::fprintf(stderr, ".");
     }
   }
@@ -351,6 +368,7 @@ void decode_suite(const Env& env, bool quick, std::vector<Record>& out) {
 struct Variant {
   const char* name;
   kc::detail::DecodeTuning t;
+  bool workspace = true;  // the rig's AttentionWorkspace (false: none, per-call scratch)
 };
 
 // Calls attention on cache copy `layer` with tuning t.
@@ -359,8 +377,9 @@ struct DecodeRig {
   std::uint32_t n_q, batch, ctx, new_tokens, copies;
   Setup<T> s;
   kc::DeviceCollection<T> dev;
-  kc::DeviceBuffer<float> q, out, ws;
+  kc::DeviceBuffer<float> q, out;
   kc::DeviceBuffer<std::uint32_t> offsets;
+  kc::AttentionWorkspace ws;
   DecodeRig(const Env& env, std::uint32_t n_q_, std::uint32_t batch_, std::uint32_t ctx_,
             std::uint32_t new_, std::uint32_t copies_)
       : n_q(n_q_),
@@ -372,16 +391,16 @@ struct DecodeRig {
         dev(s.desc, s.pool.data()),
         q(std::size_t{batch_} * new_ * n_q_ * 128),
         out(q.size()),
-        ws(kc::detail::max_workspace_bytes(std::size_t{batch_} * new_, n_q_, 128) / sizeof(float)),
         offsets(kc::DeviceBuffer<std::uint32_t>::from_host(s.offsets)) {
     (void)env;
     fill(q.data(), q.size(), 11);
   }
-  void call(std::uint32_t layer, const kc::detail::DecodeTuning& t) {
-    kc::detail::attention_cuda_tuned(
-        kvcache::dtype_of_v<T>, kvcache::detail::erase(dev.key(layer)),
-        kvcache::detail::erase(dev.value(layer)), std::span<const float>(q.span()), n_q,
-        std::span<const std::uint32_t>(offsets.span()), out.span(), {}, nullptr, t);
+  void call(std::uint32_t layer, const kc::detail::DecodeTuning& t, bool use_ws = true) {
+    kc::detail::attention_cuda_tuned(kvcache::dtype_of_v<T>, kvcache::detail::erase(dev.key(layer)),
+                                     kvcache::detail::erase(dev.value(layer)),
+                                     std::span<const float>(q.span()), n_q,
+                                     std::span<const std::uint32_t>(offsets.span()), out.span(), {},
+                                     nullptr, use_ws ? &ws : nullptr, t);
   }
   double bytes() const { return double(batch) * ctx * 8 * 128 * sizeof(T) * 2; }
 };
@@ -405,13 +424,10 @@ void sweep_shape(const Env& env, std::uint32_t n_q, std::uint32_t batch, std::ui
               copies);
   std::vector<float> ref;
   for (const Variant& v0 : vs) {
-    kc::detail::DecodeTuning t = v0.t;
-    if (t.workspace_bytes != 0) {  // "ws": the rig's preallocated workspace
-      t.workspace = rig.ws.data();
-      t.workspace_bytes = rig.ws.size() * sizeof(float);
-    }
+    const kc::detail::DecodeTuning& t = v0.t;
+    const bool w = v0.workspace;
     rig.out.fill_bytes(0xff);  // NaN: a variant that writes nothing shows as nan
-    rig.call(0, t);
+    rig.call(0, t, w);
     check(cudaDeviceSynchronize(), "sweep variant");
     const std::vector<float> got = rig.out.to_host();
     if (ref.empty()) ref = got;
@@ -420,11 +436,11 @@ void sweep_shape(const Env& env, std::uint32_t n_q, std::uint32_t batch, std::ui
       const double d = std::abs(double(got[i]) - double(ref[i]));
       diff = std::isnan(d) ? INFINITY : std::max(diff, d);
     }
-    const double med = median_time(3, 10, [&](int i) { rig.call(i % copies, t); });
+    const double med = median_time(3, 10, [&](int i) { rig.call(i % copies, t, w); });
     Events ev;
     constexpr int kBack = 20;
     const double pipe = ev.time_s([&] {
-      for (int i = 0; i < kBack; ++i) rig.call(i % copies, t);
+      for (int i = 0; i < kBack; ++i) rig.call(i % copies, t, w);
     }) / kBack;
     const double gbps = rig.bytes() / med * 1e-9;
     std::printf("  %-14s %9.1f %9.1f %6.0f %7.3f %9.2e\n", v0.name, med * 1e6, pipe * 1e6, gbps,
@@ -432,32 +448,37 @@ void sweep_shape(const Env& env, std::uint32_t n_q, std::uint32_t batch, std::ui
   }
 }
 
+// Every variant uses the rig's workspace unless its name says "nows".
+// "default" is what kvcache::cuda::attention runs (ring depth 3, one-wave
+// split plan); "old" is the previous default's ring and plan (4 stages, 4
+// waves) without a workspace, for comparison (the merge kernel is the new
+// one either way).
 int run_sweep(const Env& env) {
   using kc::detail::DecodeTuning;
   auto V = [](const char* n, std::uint32_t vec, std::uint32_t st, std::uint32_t lanes,
-              std::uint32_t waves, std::uint32_t min_split, bool ws) {
+              std::uint32_t waves, std::uint32_t min_split, bool ws = true) {
     DecodeTuning t;
     t.max_vectors = vec;
     t.stages = st;
     t.lanes = lanes;
     t.split_waves = waves;
     t.min_split_tokens = min_split;
-    t.workspace_bytes = ws ? 1 : 0;
-    return Variant{n, t};
+    return Variant{n, t, ws};
   };
-  const Variant def = V("default", 0, 0, 0, 0, 0, false);
+  const Variant def = V("default", 0, 0, 0, 0, 0);
   const std::vector<Variant> common{def,
-                                    V("stages3", 0, 3, 0, 0, 0, false),
-                                    V("stages2", 0, 2, 0, 0, 0, false),
-                                    V("lanes8", 0, 0, 8, 0, 0, false),
-                                    V("lanes8+st3", 0, 3, 8, 0, 0, false),
-                                    V("waves2", 0, 0, 0, 2, 0, false)};
-  const std::vector<Variant> heads{V("vec2", 2, 0, 0, 0, 0, false),
-                                   V("vec1", 1, 0, 0, 0, 0, false)};
-  const std::vector<Variant> single{V("ws", 0, 0, 0, 0, 0, true), V("waves1", 0, 0, 0, 1, 0, false),
-                                    V("split512", 0, 0, 0, 0, 512, false),
-                                    V("split1024", 0, 0, 0, 0, 1024, false),
-                                    V("ws+st3", 0, 3, 0, 0, 0, true)};
+                                    V("nows", 0, 0, 0, 0, 0, false),
+                                    V("stages4", 0, 4, 0, 0, 0),
+                                    V("stages2", 0, 2, 0, 0, 0),
+                                    V("lanes8", 0, 0, 8, 0, 0),
+                                    V("lanes8+st2", 0, 2, 8, 0, 0),
+                                    V("waves2", 0, 0, 0, 2, 0),
+                                    V("waves4", 0, 0, 0, 4, 0),
+                                    V("old", 0, 4, 0, 4, 0, false)};
+  const std::vector<Variant> heads{V("vec2", 2, 0, 0, 0, 0), V("vec1", 1, 0, 0, 0, 0)};
+  const std::vector<Variant> single{V("split512", 0, 0, 0, 0, 512),
+                                    V("split1024", 0, 0, 0, 0, 1024),
+                                    V("split2048", 0, 0, 0, 0, 2048)};
   auto cat = [](std::vector<Variant> a, const std::vector<Variant>& b) {
     a.insert(a.end(), b.begin(), b.end());
     return a;
@@ -468,20 +489,20 @@ int run_sweep(const Env& env) {
       env.copy_gbps);
   for (std::uint32_t n_q : {8u, 32u}) {
     const std::vector<Variant> base = n_q == 8 ? common : cat(common, heads);
-    sweep_shape(env, n_q, 32, 4096, 1, cat(base, {V("ws", 0, 0, 0, 0, 0, true)}));
+    sweep_shape(env, n_q, 32, 4096, 1, base);
     sweep_shape(env, n_q, 128, 16384, 1, base);
     sweep_shape(env, n_q, 1, 32768, 1, cat(base, single));
   }
-  sweep_shape(env, 32, 32, 4096, 4,
-              {def, V("stages3", 0, 3, 0, 0, 0, false), V("vec4", 4, 0, 0, 0, 0, false),
-               V("vec4+st3", 4, 3, 0, 0, 0, false), V("vec4+lanes8", 4, 0, 8, 0, 0, false),
-               V("vec2", 2, 0, 0, 0, 0, false), V("waves2", 0, 0, 0, 2, 0, false)});
+  sweep_shape(
+      env, 32, 32, 4096, 4,
+      {def, V("nows", 0, 0, 0, 0, 0, false), V("stages4", 0, 4, 0, 0, 0), V("vec4", 4, 0, 0, 0, 0),
+       V("vec4+lanes8", 4, 0, 8, 0, 0), V("vec2", 2, 0, 0, 0, 0), V("waves2", 0, 0, 0, 2, 0)});
   return 0;
 }
 
 int run_once(const Env& env, const std::uint32_t (&o)[4]) {
   DecodeRig<BFloat16> rig(env, o[0], o[1], o[2], o[3], copies_for(env, o[1], o[2], 2));
-  for (std::uint32_t i = 0; i < 3; ++i) rig.call(i % rig.copies, {});
+  for (std::uint32_t i = 0; i < 3; ++i) rig.call(i % rig.copies, {});  // with the workspace
   check(cudaDeviceSynchronize(), "once");
   std::printf("once: bf16 n_q %u batch %u ctx %u new %u: 3 calls done\n", o[0], o[1], o[2], o[3]);
   return 0;

@@ -18,6 +18,7 @@
 #include "kvcache/cuda/device_buffer.h"
 #include "kvcache/cuda/device_collection.h"
 #include "kvcache/cuda/kernels.h"
+#include "kvcache/cuda/workspace.h"
 #include "kvcache/kernels/reference.h"
 
 namespace kvcache::cuda::test {
@@ -78,9 +79,10 @@ struct Mirrored {
                    std::span<const float>(v_new_d.span()),
                    std::span<const std::uint32_t>(offsets_d.span()));
   }
-  void attend_on_device() {
+  void attend_on_device(AttentionWorkspace* ws = nullptr) { attend_into(out_d, ws); }
+  void attend_into(DeviceBuffer<float>& out, AttentionWorkspace* ws = nullptr) {
     cuda::attention(key(), value(), std::span<const float>(q_d.span()), n_q,
-                    std::span<const std::uint32_t>(offsets_d.span()), out_d.span());
+                    std::span<const std::uint32_t>(offsets_d.span()), out.span(), {}, nullptr, ws);
   }
   // The references on the host cache; returns attention_reference's output.
   std::vector<float> reference() {

@@ -155,12 +155,12 @@ TEST(CudaDecode, ExplicitScale) {
 }
 
 // The decode kernel's non-default paths (detail::DecodeTuning, reached by
-// the bench's --sweep): ring depths 2 and 3, 8 lanes x 2 vectors per token
-// row, 1 / 2 / 4 query vectors per block, other split plans and a
-// caller-provided workspace; every one against the reference.
+// the bench's --sweep): ring depths 2 and 4, 8 lanes x 2 vectors per token
+// row, 1 / 2 / 4 query vectors per block, other split plans, each with and
+// without an AttentionWorkspace; every one against the reference.
 template <CacheElement T>
-void check_tuned(const Case& c, std::uint32_t seed, const detail::DecodeTuning& t,
-                 const char* what) {
+void check_tuned(const Case& c, std::uint32_t seed, const detail::DecodeTuning& t, const char* what,
+                 AttentionWorkspace* ws = nullptr) {
   SCOPED_TRACE(std::string(dtype_name(dtype_of_v<T>)) + " " + c.name() + " " + what);
   std::mt19937 rng(seed);
   Mirrored<T> m(c, rng);
@@ -169,7 +169,7 @@ void check_tuned(const Case& c, std::uint32_t seed, const detail::DecodeTuning& 
   detail::attention_cuda_tuned(
       dtype_of_v<T>, kvcache::detail::erase(m.key()), kvcache::detail::erase(m.value()),
       std::span<const float>(m.q_d.span()), m.n_q,
-      std::span<const std::uint32_t>(m.offsets_d.span()), m.out_d.span(), {}, nullptr, t);
+      std::span<const std::uint32_t>(m.offsets_d.span()), m.out_d.span(), {}, nullptr, ws, t);
   synchronize();
   expect_close(m.out_d.to_host(), m.reference(), kAbsTol, kRelTol, "attention");
 }
@@ -180,16 +180,17 @@ TEST(CudaDecode, TunedVariants) {
     std::uint32_t vec, stages, lanes, waves, min_split;
   };
   const V variants[] = {{"stages2", 0, 2, 0, 0, 0},
-                        {"stages3", 0, 3, 0, 0, 0},
+                        {"stages4", 0, 4, 0, 0, 0},
                         {"lanes8", 0, 0, 8, 0, 0},
                         {"lanes8+st2", 0, 2, 8, 0, 0},
                         {"vec4+lanes8+st3", 4, 3, 8, 0, 0},
                         {"vec1", 1, 0, 0, 0, 0},
                         {"vec2", 2, 0, 0, 0, 0},
                         {"vec4", 4, 0, 0, 0, 0},
-                        {"waves1", 0, 0, 0, 1, 0},
+                        {"waves4", 0, 0, 0, 4, 0},
                         {"split1024", 0, 0, 0, 0, 1024},
-                        {"stages2+waves8", 0, 2, 0, 8, 0}};
+                        {"stages2+waves8", 0, 2, 0, 8, 0},
+                        {"stages4+lanes8+waves2", 0, 4, 8, 2, 0}};
   // Ragged rows (1..4 per entry, so 8-vector blocks and lanes8 falling back
   // to 16 lanes), GQA 4 (4 vectors per block with one row), a long split
   // context, head dims 128 and 80 (idle vectors of a lane-row set).
@@ -198,6 +199,7 @@ TEST(CudaDecode, TunedVariants) {
                         {{{9001, 1}}, true, 16, 1, 4, 80},
                         {{{3000, 4}, {17, 2}}, true, 16, 2, 4, 128}};
   std::uint32_t seed = 2100;
+  AttentionWorkspace ws;  // shared by every variant: grows, keeps per-kernel state
   for (const V& v : variants) {
     detail::DecodeTuning t;
     t.max_vectors = v.vec;
@@ -207,19 +209,10 @@ TEST(CudaDecode, TunedVariants) {
     t.min_split_tokens = v.min_split;
     for (const Case& c : cases) {
       check_tuned<BFloat16>(c, seed, t, v.name);
-      check_tuned<Half>(c, seed++, t, v.name);
+      check_tuned<Half>(c, seed, t, v.name, &ws);
+      ++seed;
     }
   }
-  // A caller-provided workspace (split path), large enough and too small.
-  const Case c{{{20011, 1}, {300, 3}}, true, 16, 2, 4, 128};
-  DeviceBuffer<float> ws(detail::max_workspace_bytes(4, 8, 128) / sizeof(float));
-  ws.fill_bytes(0xff);
-  detail::DecodeTuning t;
-  t.workspace = ws.data();
-  t.workspace_bytes = ws.size() * sizeof(float);
-  check_tuned<BFloat16>(c, 2200, t, "workspace");
-  t.workspace_bytes = 16;
-  check_tuned<BFloat16>(c, 2201, t, "workspace too small");
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 
 #include "attention_internal.h"
@@ -259,63 +260,85 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnParams p) {
   }
 }
 
-// Combines the splits of one (row, query head): weights exp(lse_s - max).
-// All loads are parallel: thread s reads split s's LSE (block max and sum by
-// shuffles), then warp w sums splits w, w + 4, ... over the dims (lane d,
-// d + 32, ...; coalesced rows, unrolled so several splits' loads are in
-// flight), and the four warps' sums are added through shared memory.
-__global__ void __launch_bounds__(kThreads) merge_kernel(AttnParams p) {
-  constexpr unsigned kWarpsM = kThreads / 32;
-  constexpr unsigned kPerLane = kMaxHeadDim / 32;
-  static_assert(kThreads >= kMaxSplits, "one thread per split's LSE");
+// Merge geometry: a block owns kMergeDims dims of one (row, query head);
+// kMergeLanes lanes cover one split's kMergeDims dims (4 consecutive floats
+// each, one 16-byte load when head_dim % 4 == 0), so a warp reads 4 splits
+// per step and a block of G groups (G = next power of two >= n_splits,
+// 4..32) reads G splits at once: every partial of the block is loaded in
+// one or a few independent rounds (<= 4 loads per thread at 128 splits).
+constexpr unsigned kMergeDims = 32;
+constexpr unsigned kMergeLanes = 8;
+constexpr unsigned kMergeMaxGroups = 32;
+constexpr unsigned kMergeMaxThreads = kMergeLanes * kMergeMaxGroups;
+
+// Sum (kSum) or max over the block; every thread gets the result.
+template <bool kSum>
+__device__ float block_reduce(float x, float* red) {
+  for (int o = 16; o > 0; o /= 2) {
+    const float y = __shfl_xor_sync(0xffffffffu, x, o);
+    x = kSum ? x + y : fmaxf(x, y);
+  }
+  const unsigned warps = blockDim.x / 32;
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = x;
+  __syncthreads();
+  float r = red[0];
+  for (unsigned w = 1; w < warps; ++w) r = kSum ? r + red[w] : fmaxf(r, red[w]);
+  __syncthreads();  // red may be reused
+  return r;
+}
+
+// Combines the splits of (row, query head) blockIdx.x over dims
+// [blockIdx.y * kMergeDims, +kMergeDims): weights exp(lse_s - max) / sum.
+// Each thread reads at most one split's LSE (blockDim.x >= n_splits), the
+// block reduces max and sum, group g = t / kMergeLanes accumulates splits
+// g, g + G, ... (all loads independent), the groups' sums meet in shared
+// memory and one warp writes the chunk.
+__global__ void __launch_bounds__(kMergeMaxThreads) merge_kernel(AttnParams p) {
+  static_assert(kMergeMaxThreads >= kMaxSplits, "one thread per split's LSE");
   __shared__ float weight[kMaxSplits];
-  __shared__ float red[kWarpsM];
-  __shared__ float sums[kWarpsM][kMaxHeadDim];
+  __shared__ float red[kMergeMaxThreads / 32];
+  __shared__ float sums[kMergeMaxGroups][kMergeDims + 1];
   const std::size_t rh = blockIdx.x;
   const std::size_t stride = std::size_t{p.total_rows} * p.n_q;
-  const unsigned t = threadIdx.x, lane = t % 32, warp = t / 32;
+  const unsigned t = threadIdx.x;
+  const unsigned groups = blockDim.x / kMergeLanes;
   const float lse = t < p.n_splits ? p.part_lse[t * stride + rh] : kNegInf;
-  float mx = lse;
-  for (int o = 16; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-  if (lane == 0) red[warp] = mx;
-  __syncthreads();
-  mx = red[0];
-  for (unsigned w = 1; w < kWarpsM; ++w) mx = fmaxf(mx, red[w]);
+  const float mx = block_reduce<false>(lse, red);
   const float wt = lse == kNegInf ? 0.0f : expf(lse - mx);
-  if (t < kMaxSplits) weight[t] = wt;
-  float sum = wt;
-  for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  __syncthreads();  // every thread has read red (the max)
-  if (lane == 0) red[warp] = sum;
-  __syncthreads();
-  float total = 0.0f;
-  for (unsigned w = 0; w < kWarpsM; ++w) total += red[w];
-  float acc[kPerLane];
-#pragma unroll
-  for (unsigned j = 0; j < kPerLane; ++j) acc[j] = 0.0f;
+  if (t < p.n_splits) weight[t] = wt;
+  const float total = block_reduce<true>(wt, red);  // its barrier publishes weight
+  const unsigned g = t / kMergeLanes;
+  const unsigned d0 = blockIdx.y * kMergeDims + (t % kMergeLanes) * 4;
+  const bool vec = p.dim % 4 == 0;
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll 4
-  for (unsigned sp = warp; sp < p.n_splits; sp += kWarpsM) {
+  for (unsigned sp = g; sp < p.n_splits; sp += groups) {
     const float w = weight[sp];
-    const float* src = p.part_o + (sp * stride + rh) * p.dim;
-#pragma unroll
-    for (unsigned j = 0; j < kPerLane; ++j) {
-      const unsigned d = lane + 32 * j;
-      if (d < p.dim) {
-        const float x = src[d];
-        acc[j] = w != 0.0f ? fmaf(w, x, acc[j]) : acc[j];
+    const float* src = p.part_o + (sp * stride + rh) * p.dim + d0;
+    float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (vec) {
+      if (d0 < p.dim) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        x[0] = v.x;
+        x[1] = v.y;
+        x[2] = v.z;
+        x[3] = v.w;
       }
+    } else {
+#pragma unroll
+      for (unsigned e = 0; e < 4; ++e) x[e] = d0 + e < p.dim ? src[e] : 0.0f;
     }
+#pragma unroll
+    for (unsigned e = 0; e < 4; ++e) acc[e] = w != 0.0f ? fmaf(w, x[e], acc[e]) : acc[e];
   }
 #pragma unroll
-  for (unsigned j = 0; j < kPerLane; ++j) {
-    if (lane + 32 * j < p.dim) sums[warp][lane + 32 * j] = acc[j];
-  }
+  for (unsigned e = 0; e < 4; ++e) sums[g][(t % kMergeLanes) * 4 + e] = acc[e];
   __syncthreads();
-  const float inv_total = 1.0f / total;
-  for (unsigned d = t; d < p.dim; d += kThreads) {
+  if (t < kMergeDims) {
+    const unsigned d = blockIdx.y * kMergeDims + t;
     float o = 0.0f;
-    for (unsigned w = 0; w < kWarpsM; ++w) o += sums[w][d];
-    p.out[rh * p.dim + d] = o * inv_total;
+    for (unsigned gg = 0; gg < groups; ++gg) o += sums[gg][t];
+    if (d < p.dim) p.out[rh * p.dim + d] = o / total;
   }
 }
 
@@ -354,22 +377,18 @@ void plan_splits(AttnParams& p, std::uint64_t items, std::uint32_t max_context,
 }
 
 template <class T>
-void launch(AttnParams p, std::uint64_t items, std::uint32_t max_context, const DeviceLimits& lim,
-            cudaStream_t stream, const DecodeTuning& ws) {
+void launch(AttnParams p, std::uint64_t items, std::uint32_t max_context, CallContext& c) {
   const std::size_t smem = smem_bytes(p.rows_per_block * p.heads_per_block, p.dim);
-  check_cuda(cudaFuncSetAttribute(attention_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(smem)),
-             "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)", smem);
-  int per_sm = 0;
-  check_cuda(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attention_kernel<T>, kThreads, smem),
-      "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-  plan_splits(p, items, max_context, std::uint64_t(std::max(per_sm, 1)) * lim.sms);
-  const StreamScratch scratch = make_partials(p, stream, ws);
+  // The attribute is always the device's opt-in maximum (plan_tiles keeps
+  // smem within it), so no call lowers it under another's launch.
+  const int per_sm = blocks_per_sm(c, reinterpret_cast<const void*>(&attention_kernel<T>), kThreads,
+                                   smem, static_cast<std::size_t>(c.lim.smem_optin));
+  plan_splits(p, items, max_context, std::uint64_t(std::max(per_sm, 1)) * c.lim.sms);
+  const StreamScratch scratch = make_partials(p, c);
   const dim3 grid(static_cast<unsigned>(items), p.n_splits);
-  attention_kernel<T><<<grid, kThreads, smem, stream>>>(p);
+  attention_kernel<T><<<grid, kThreads, smem, c.stream>>>(p);
   check_cuda(cudaGetLastError(), "attention kernel launch");
-  launch_merge(p, stream);
+  launch_merge(p, c.stream);
 }
 
 void check_heads(std::uint32_t n_q_heads, std::uint32_t n_kv) {
@@ -392,36 +411,96 @@ DeviceLimits device_limits() {
   return l;
 }
 
-StreamScratch make_partials(AttnParams& p, cudaStream_t stream, const DecodeTuning& t) {
-  const std::size_t part_rows = std::size_t{p.n_splits} * p.total_rows * p.n_q;
-  const std::size_t bytes = p.n_splits > 1 ? part_rows * (p.dim + 1) * sizeof(float) : 0;
-  const bool given = t.workspace != nullptr && t.workspace_bytes >= bytes;
-  StreamScratch scratch(given ? 0 : bytes, stream);
-  if (p.n_splits > 1) {
-    float* base = given ? t.workspace : scratch.floats();
-    p.part_o = base;
-    p.part_lse = base + part_rows * p.dim;
+CallContext make_context(AttentionWorkspace* ws, cudaStream_t stream) {
+  CallContext c;
+  c.stream = stream;
+  if (ws == nullptr) {
+    c.lim = device_limits();
+    return c;
   }
-  return scratch;
+  c.ws = ws->state();
+  if (c.ws == nullptr) {
+    throw InvalidArgument("attention: the AttentionWorkspace is moved-from (empty)");
+  }
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  if (dev != c.ws->device) {
+    throw InvalidArgument("attention: the AttentionWorkspace belongs to device " +
+                          std::to_string(c.ws->device) + " but device " + std::to_string(dev) +
+                          " is current");
+  }
+  c.lim = c.ws->lim;
+  return c;
 }
 
-std::size_t max_workspace_bytes(std::size_t q_rows, std::uint32_t n_q_heads,
-                                std::uint32_t head_dim) {
-  return std::size_t{kMaxSplits} * q_rows * n_q_heads * (std::size_t{head_dim} + 1) * sizeof(float);
+int blocks_per_sm(CallContext& c, const void* kernel, int threads, std::size_t smem,
+                  std::size_t attr_smem) {
+  WorkspaceState* ws = c.ws;
+  if (ws != nullptr) {
+    for (const WorkspaceState::Occupancy& o : ws->occupancy) {
+      if (o.kernel == kernel && o.smem == smem) return o.blocks_per_sm;
+    }
+  }
+  const bool set = ws == nullptr || std::find(ws->attributes_set.begin(), ws->attributes_set.end(),
+                                              kernel) == ws->attributes_set.end();
+  if (set) {
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(attr_smem)),
+               "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)", attr_smem);
+    if (ws != nullptr) ws->attributes_set.push_back(kernel);
+  }
+  int per_sm = 0;
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem),
+             "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+  if (ws != nullptr) ws->occupancy.push_back({kernel, smem, per_sm});
+  return per_sm;
+}
+
+StreamScratch make_partials(AttnParams& p, CallContext& c) {
+  if (p.n_splits <= 1) return {};
+  const std::size_t part_rows = std::size_t{p.n_splits} * p.total_rows * p.n_q;
+  const std::size_t bytes = part_rows * (p.dim + 1) * sizeof(float);
+  const auto point = [&](float* base) {
+    p.part_o = base;
+    p.part_lse = base + part_rows * p.dim;
+  };
+  WorkspaceState* ws = c.ws;
+  if (ws == nullptr) {
+    StreamScratch scratch(bytes, c.stream);
+    point(scratch.floats());
+    return scratch;
+  }
+  if (ws->capacity < bytes) {
+    // Earlier calls on this stream may still read the old scratch.
+    check_cuda(cudaStreamSynchronize(c.stream), "cudaStreamSynchronize");
+    if (ws->scratch != nullptr) check_cuda(cudaFree(ws->scratch), "cudaFree");
+    ws->scratch = nullptr;
+    ws->capacity = 0;
+    constexpr std::size_t kRound = std::size_t{1} << 16;
+    const std::size_t grown = (bytes + kRound - 1) / kRound * kRound;
+    check_cuda(cudaMalloc(&ws->scratch, grown), "cudaMalloc", grown);
+    ws->capacity = grown;
+  }
+  point(static_cast<float*>(ws->scratch));
+  return {};
 }
 
 void launch_merge(const AttnParams& p, cudaStream_t stream) {
   if (p.n_splits <= 1) return;
-  merge_kernel<<<static_cast<unsigned>(std::size_t{p.total_rows} * p.n_q), kThreads, 0, stream>>>(
-      p);
+  unsigned groups = 4;
+  while (groups < p.n_splits && groups < kMergeMaxGroups) groups *= 2;
+  const dim3 grid(static_cast<unsigned>(std::size_t{p.total_rows} * p.n_q),
+                  ceil_div(p.dim, kMergeDims));
+  merge_kernel<<<grid, groups * kMergeLanes, 0, stream>>>(p);
   check_cuda(cudaGetLastError(), "attention merge kernel launch");
 }
 
 void attention_cuda(DType dtype, const LayerCacheDesc<float>& k, const LayerCacheDesc<float>& v,
                     std::span<const float> q, std::uint32_t n_q_heads,
                     std::span<const std::uint32_t> row_offsets, std::span<float> out,
-                    const AttentionOptions& options, CUstream_st* stream) {
-  attention_cuda_tuned(dtype, k, v, q, n_q_heads, row_offsets, out, options, stream,
+                    const AttentionOptions& options, CUstream_st* stream,
+                    AttentionWorkspace* workspace) {
+  attention_cuda_tuned(dtype, k, v, q, n_q_heads, row_offsets, out, options, stream, workspace,
                        DecodeTuning{});
 }
 
@@ -429,7 +508,8 @@ void attention_cuda_tuned(DType dtype, const LayerCacheDesc<float>& k,
                           const LayerCacheDesc<float>& v, std::span<const float> q,
                           std::uint32_t n_q_heads, std::span<const std::uint32_t> row_offsets,
                           std::span<float> out, const AttentionOptions& options,
-                          CUstream_st* stream, const DecodeTuning& tuning) {
+                          CUstream_st* stream, AttentionWorkspace* workspace,
+                          const DecodeTuning& tuning) {
   check_cache_pair(k, v);
   check_row_offsets_span(row_offsets, k.batch_size);
   kvcache::detail::check_precision(options.precision);
@@ -476,21 +556,39 @@ void attention_cuda_tuned(DType dtype, const LayerCacheDesc<float>& k,
   const std::uint32_t vec = 16 / static_cast<std::uint32_t>(dtype_size(dtype));
   p.vec = k.head_dim % vec == 0 && k.block_stride % vec == 0 && aligned16(k.blocks) &&
           aligned16(v.blocks);
-  const DeviceLimits lim = device_limits();
+  CallContext ctx = make_context(workspace, to_stream(stream));
   if (decode_eligible(dtype, k, v)) {
-    launch_decode(dtype, p, k, lim, to_stream(stream), tuning);
+    launch_decode(dtype, p, k, ctx, tuning);
     return;
   }
-  plan_tiles(p, k.max_seq_length, lim);
+  plan_tiles(p, k.max_seq_length, ctx.lim);
   const std::uint64_t items = std::uint64_t{k.batch_size} * p.row_tiles * p.n_kv * p.head_tiles;
   if (items > 0x7fffffffu) {
     throw InvalidArgument("attention needs " + std::to_string(items) +
                           " thread blocks per split, limit 2^31-1");
   }
-  visit_dtype(dtype, [&](auto tag) {
-    launch<decltype(tag)>(p, items, k.max_cache_length, lim, stream, tuning);
-  });
+  visit_dtype(dtype, [&](auto tag) { launch<decltype(tag)>(p, items, k.max_cache_length, ctx); });
 }
+
+}  // namespace kvcache::cuda::detail
+
+namespace kvcache::cuda {
+
+AttentionWorkspace::AttentionWorkspace() : state_(std::make_unique<detail::WorkspaceState>()) {
+  detail::check_cuda(cudaGetDevice(&state_->device), "cudaGetDevice");
+  state_->lim = detail::device_limits();
+}
+AttentionWorkspace::~AttentionWorkspace() = default;
+AttentionWorkspace::AttentionWorkspace(AttentionWorkspace&& o) noexcept = default;
+AttentionWorkspace& AttentionWorkspace::operator=(AttentionWorkspace&& o) noexcept = default;
+int AttentionWorkspace::device() const noexcept { return state_ ? state_->device : -1; }
+std::size_t AttentionWorkspace::capacity_bytes() const noexcept {
+  return state_ ? state_->capacity : 0;
+}
+
+}  // namespace kvcache::cuda
+
+namespace kvcache::cuda::detail {
 
 const char* attention_kernel_name_cuda(DType dtype, const LayerCacheDesc<float>& k,
                                        const LayerCacheDesc<float>& v) {

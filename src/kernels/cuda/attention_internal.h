@@ -1,6 +1,6 @@
 // Internal: what the generic attention kernel (attention.cu) and the decode
 // kernel (decode_attention.cu) share: the launch parameters, the split-KV
-// workspace and merge, device limits.
+// scratch and merge, device limits, the workspace's state.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -8,9 +8,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <utility>
+#include <vector>
 
 #include "cuda_check.h"
 #include "decode_tuning.h"
+#include "kvcache/cuda/workspace.h"
 #include "kvcache/dtype.h"
 #include "kvcache/kv_cache.h"
 
@@ -64,9 +66,50 @@ inline std::uint32_t ceil_div(std::uint64_t a, std::uint64_t b) {
   return static_cast<std::uint32_t>((a + b - 1) / b);
 }
 
+// What an AttentionWorkspace (kvcache/cuda/workspace.h) holds.
+struct WorkspaceState {
+  struct Occupancy {
+    const void* kernel;
+    std::size_t smem;
+    int blocks_per_sm;
+  };
+  int device = 0;
+  DeviceLimits lim;
+  void* scratch = nullptr;  // cudaMalloc, capacity bytes
+  std::size_t capacity = 0;
+  std::vector<const void*> attributes_set;  // kernels whose smem attribute is set
+  std::vector<Occupancy> occupancy;
+  WorkspaceState() = default;
+  WorkspaceState(const WorkspaceState&) = delete;
+  WorkspaceState& operator=(const WorkspaceState&) = delete;
+  ~WorkspaceState() {
+    if (scratch != nullptr) (void)cudaFree(scratch);
+  }
+};
+
+// One attention call's device facts: from the workspace, or read now.
+struct CallContext {
+  DeviceLimits lim;
+  WorkspaceState* ws = nullptr;  // nullptr: per-call queries and scratch
+  cudaStream_t stream = nullptr;
+};
+
+// The context of a call with workspace ws (nullptr: none). Throws
+// InvalidArgument for a moved-from workspace or one of another device.
+CallContext make_context(AttentionWorkspace* ws, cudaStream_t stream);
+
+// Blocks of `kernel` per SM with `threads` threads and `smem` dynamic shared
+// bytes. First sets the kernel's MaxDynamicSharedMemorySize attribute to
+// attr_smem (>= smem; always the same value per kernel, so calls with and
+// without workspaces never lower it under each other): once per workspace
+// and kernel, or every call without a workspace. Throws DeviceError.
+int blocks_per_sm(CallContext& c, const void* kernel, int threads, std::size_t smem,
+                  std::size_t attr_smem);
+
 // Stream-ordered scratch memory (cudaMallocAsync / cudaFreeAsync).
 class StreamScratch {
  public:
+  StreamScratch() = default;
   StreamScratch(std::size_t bytes, cudaStream_t stream) : stream_(stream) {
     if (bytes != 0) check_cuda(cudaMallocAsync(&p_, bytes, stream), "cudaMallocAsync", bytes);
   }
@@ -82,14 +125,14 @@ class StreamScratch {
 
  private:
   void* p_ = nullptr;
-  cudaStream_t stream_;
+  cudaStream_t stream_ = nullptr;
 };
 
 // The split partials when p.n_splits > 1 (else nothing), p pointed at them:
-// t.workspace when given and large enough (the scratch is then empty), else
-// stream-ordered memory; the scratch must outlive the launches that use it
-// (stream order does).
-StreamScratch make_partials(AttnParams& p, cudaStream_t stream, const DecodeTuning& t);
+// the workspace's scratch (grown if needed; the returned scratch is then
+// empty), else stream-ordered memory; the scratch must outlive the launches
+// that use it (stream order does).
+StreamScratch make_partials(AttnParams& p, CallContext& c);
 // Combines p.n_splits partials (part_o, part_lse) into p.out.
 void launch_merge(const AttnParams& p, cudaStream_t stream);
 
@@ -100,7 +143,7 @@ bool decode_eligible(DType dtype, const LayerCacheDesc<float>& k, const LayerCac
 // Launches the decode kernel (and the merge when it splits) for a call
 // decode_eligible accepts; p as filled by attention_cuda (tiles and splits
 // are planned here from k's batch_size, max_seq_length, max_cache_length).
-void launch_decode(DType dtype, AttnParams p, const LayerCacheDesc<float>& k,
-                   const DeviceLimits& lim, cudaStream_t stream, const DecodeTuning& t);
+void launch_decode(DType dtype, AttnParams p, const LayerCacheDesc<float>& k, CallContext& c,
+                   const DecodeTuning& t);
 
 }  // namespace kvcache::cuda::detail

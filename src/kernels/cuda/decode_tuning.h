@@ -9,6 +9,7 @@
 #include <span>
 
 #include "kvcache/cuda/kernels.h"
+#include "kvcache/cuda/workspace.h"
 #include "kvcache/dtype.h"
 #include "kvcache/kv_cache.h"
 
@@ -19,32 +20,25 @@ struct DecodeTuning {
   // (0: 8). Fewer vectors = more head tiles, each re-reading the KV head's
   // K/V (adjacent blocks, mostly from L2).
   std::uint32_t max_vectors = 0;
-  // cp.async ring depth per warp, 2..4 (0: 4). Honoured for f16 / bf16 rows
-  // of 9..16 16-byte vectors (head dim 72..128); other rows use 4.
+  // cp.async ring depth per warp, 2..4 (0: 3). Honoured for f16 / bf16 rows
+  // of 9..16 16-byte vectors (head dim 72..128); other rows use 3.
   std::uint32_t stages = 0;
   // Lanes per token row: 8 = 8 lanes x 2 vectors for f16 / bf16 rows of
   // 9..16 vectors when a block has <= 4 query vectors (0: by the row: 16).
   std::uint32_t lanes = 0;
-  // Split-KV plan: splits until the grid is split_waves x the resident
-  // blocks (0: 4), each split >= min_split_tokens (0: 256).
+  // Split-KV plan: floor(split_waves x resident blocks / unsplit blocks)
+  // splits (0: 1 wave), each split >= min_split_tokens (0: 256).
   std::uint32_t split_waves = 0;
   std::uint32_t min_split_tokens = 0;
-  // Caller-provided split workspace (device memory, >= workspace_bytes):
-  // used instead of a per-call cudaMallocAsync when large enough.
-  float* workspace = nullptr;
-  std::size_t workspace_bytes = 0;
 };
 
 // kvcache::cuda::attention with decode-kernel knobs (the generic kernel
-// ignores them, except the workspace).
+// ignores them); workspace as in attention (nullptr: none).
 void attention_cuda_tuned(DType dtype, const LayerCacheDesc<float>& k,
                           const LayerCacheDesc<float>& v, std::span<const float> q,
                           std::uint32_t n_q_heads, std::span<const std::uint32_t> row_offsets,
                           std::span<float> out, const AttentionOptions& options,
-                          CUstream_st* stream, const DecodeTuning& tuning);
-
-// Bytes of split workspace a call may need at most (kMaxSplits splits).
-std::size_t max_workspace_bytes(std::size_t q_rows, std::uint32_t n_q_heads,
-                                std::uint32_t head_dim);
+                          CUstream_st* stream, AttentionWorkspace* workspace,
+                          const DecodeTuning& tuning);
 
 }  // namespace kvcache::cuda::detail
