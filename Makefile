@@ -90,7 +90,7 @@ fuzz: deps
 # (the CUDA binaries use the reference kernels, not the CPU fast paths), which
 # cuts the build from many minutes to a few on 2 cores.
 CUDA_ARCHS ?= 90
-cuda:
+cuda: deps
 	cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVCACHE_CUDA=ON \
 	  -DKVCACHE_PYTHON=OFF -DCMAKE_CUDA_COMPILER=$(or $(NVCC),/usr/local/cuda/bin/nvcc) \
 	  -DCMAKE_CUDA_ARCHITECTURES=$(CUDA_ARCHS) -DKVCACHE_HWY_SCALAR_ONLY=ON $(CMAKE_FLAGS)
