@@ -54,6 +54,35 @@ void validate_collection_desc(const void* blocks, const std::uint32_t* cache_len
                               std::uint32_t head_dim, std::uint32_t num_blocks, PageLayout layout);
 }  // namespace detail
 
+// One layer's K (kv 0) or V (kv 1) of a collection: what get_key_cache /
+// get_value_cache view, by pointer arithmetic only (the pointers may be
+// device memory: kvcache/cuda/device_collection.h uses it too). Throws
+// InvalidArgument for layer >= d.num_layers.
+template <CacheElement T>
+LayerCacheDesc<T> layer_cache_desc(const CollectionDesc<T>& d, std::uint32_t layer,
+                                   std::uint32_t kv) {
+  if (layer >= d.num_layers) {
+    throw InvalidArgument("layer " + std::to_string(layer) + " is out of range: the cache has " +
+                          std::to_string(d.num_layers) + " layers");
+  }
+  const std::size_t block_elems =
+      std::size_t{d.block_tokens} * d.n_kv_heads * d.head_dim;  // one layer's K of a block
+  LayerCacheDesc<T> l;
+  l.blocks = d.blocks + (std::size_t{kv} * d.num_layers + layer) * block_elems;
+  l.cache_lengths = d.cache_lengths;
+  l.lookup_table = d.lookup_table;
+  l.lookup_stride = d.lookup_stride;
+  l.batch_size = d.batch_size;
+  l.max_seq_length = d.max_seq_length;
+  l.max_cache_length = d.max_cache_length;
+  l.block_tokens = d.block_tokens;
+  l.n_kv_heads = d.n_kv_heads;
+  l.head_dim = d.head_dim;
+  l.block_stride = 2 * std::size_t{d.num_layers} * block_elems;
+  l.layout = d.layout;
+  return l;
+}
+
 template <CacheElement T, class CacheType>
 class KVCacheCollectionBase {
  public:
@@ -86,26 +115,7 @@ class KVCacheCollectionBase {
 
  private:
   CacheType layer_cache(std::uint32_t layer, std::uint32_t kv) const {
-    if (layer >= d_.num_layers) {
-      throw InvalidArgument("layer " + std::to_string(layer) + " is out of range: the cache has " +
-                            std::to_string(d_.num_layers) + " layers");
-    }
-    const std::size_t block_elems =
-        std::size_t{d_.block_tokens} * d_.n_kv_heads * d_.head_dim;  // one layer's K of a block
-    LayerCacheDesc<T> l;
-    l.blocks = d_.blocks + (std::size_t{kv} * d_.num_layers + layer) * block_elems;
-    l.cache_lengths = d_.cache_lengths;
-    l.lookup_table = d_.lookup_table;
-    l.lookup_stride = d_.lookup_stride;
-    l.batch_size = d_.batch_size;
-    l.max_seq_length = d_.max_seq_length;
-    l.max_cache_length = d_.max_cache_length;
-    l.block_tokens = d_.block_tokens;
-    l.n_kv_heads = d_.n_kv_heads;
-    l.head_dim = d_.head_dim;
-    l.block_stride = 2 * std::size_t{d_.num_layers} * block_elems;
-    l.layout = d_.layout;
-    return CacheType(l);
+    return CacheType(layer_cache_desc(d_, layer, kv));
   }
 
   CollectionDesc<T> d_{};

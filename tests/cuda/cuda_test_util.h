@@ -84,8 +84,9 @@ struct Mirrored {
     cuda::attention(key(), value(), std::span<const float>(q_d.span()), n_q,
                     std::span<const std::uint32_t>(offsets_d.span()), out.span(), {}, nullptr, ws);
   }
-  // The references on the host cache; returns attention_reference's output.
-  std::vector<float> reference() {
+  // The references on the host cache (store_kv_reference into the host
+  // pool, then attention_reference with `options`); returns the output.
+  std::vector<float> reference(const AttentionOptions& options = {}) {
     std::vector<float> out(q.size());
     kvcache::test::with_collection(host, [&](const auto& col) {
       const auto k = col.get_key_cache(OwnedCache<T>::kLayer);
@@ -93,7 +94,8 @@ struct Mirrored {
       store_kv_reference(k, v, std::span<const float>(k_new), std::span<const float>(v_new),
                          std::span<const std::uint32_t>(host.row_offsets));
       attention_reference(k, v, std::span<const float>(q), n_q,
-                          std::span<const std::uint32_t>(host.row_offsets), std::span<float>(out));
+                          std::span<const std::uint32_t>(host.row_offsets), std::span<float>(out),
+                          options);
     });
     return out;
   }

@@ -78,26 +78,7 @@ class DeviceCollection {
 
  private:
   LayerCacheDesc<T> layer_desc(std::uint32_t layer, std::uint32_t kv) const {
-    if (layer >= desc_.num_layers) {
-      throw InvalidArgument("layer " + std::to_string(layer) + " is out of range: the cache has " +
-                            std::to_string(desc_.num_layers) + " layers");
-    }
-    const std::size_t block_elems =
-        std::size_t{desc_.block_tokens} * desc_.n_kv_heads * desc_.head_dim;
-    LayerCacheDesc<T> l;
-    l.blocks = desc_.blocks + (std::size_t{kv} * desc_.num_layers + layer) * block_elems;
-    l.cache_lengths = desc_.cache_lengths;
-    l.lookup_table = desc_.lookup_table;
-    l.lookup_stride = desc_.lookup_stride;
-    l.batch_size = desc_.batch_size;
-    l.max_seq_length = desc_.max_seq_length;
-    l.max_cache_length = desc_.max_cache_length;
-    l.block_tokens = desc_.block_tokens;
-    l.n_kv_heads = desc_.n_kv_heads;
-    l.head_dim = desc_.head_dim;
-    l.block_stride = 2 * std::size_t{desc_.num_layers} * block_elems;
-    l.layout = desc_.layout;
-    return l;
+    return layer_cache_desc(desc_, layer, kv);
   }
 
   CollectionDesc<T> desc_;
