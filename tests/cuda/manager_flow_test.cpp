@@ -1,0 +1,118 @@
+// The documented flow (docs/CUDA.md, device_collection.h) with a real
+// PagedKVCacheManager: the manager on the host does the bookkeeping, the page
+// pool lives on the GPU. Each step the same random K/V/q go through
+// cuda::store_kv + cuda::attention on the device pool (via DeviceCollection,
+// every layer) and through the references on the manager's own host pool;
+// the two pools must stay equal byte for byte and the outputs within the
+// kernels' bound (kernels_test.cpp). Steps: a ragged prefill, decodes, a
+// release whose pages a new sequence then reuses (out of order), a
+// speculative step of 3 tokens. Pages are handed out in shuffled order by
+// releasing an interleaved set first.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "cuda_test_util.h"
+#include "kvcache/kvcache.h"
+
+namespace kvcache::cuda::test {
+namespace {
+
+constexpr float kAbsTol = 1e-5f;
+constexpr float kRelTol = 1e-5f;
+constexpr std::uint32_t kLayers = 2, kKvHeads = 2, kGroup = 4, kDim = 64, kPage = 16;
+
+std::vector<float> random_floats(std::size_t n, std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> x(n);
+  for (float& f : x) f = u(rng);
+  return x;
+}
+
+class ManagerFlow : public ::testing::Test {
+ protected:
+  KVCacheParams params{.dtype = DType::bf16,
+                       .num_layers = kLayers,
+                       .n_kv_heads = kKvHeads,
+                       .head_dim = kDim,
+                       .cache_strategy = CacheStrategy::paged,
+                       .page_size = kPage};
+  PagedKVCacheManager manager{params, /*total_num_pages=*/96, /*max_batch_size=*/8,
+                              /*max_seq_len=*/1024};
+  std::mt19937 rng{2024};
+  DeviceBuffer<BFloat16> pool;
+  AttentionWorkspace ws;
+
+  // One step for `seqs` with `new_tokens` each, on both pools; commits it.
+  void step(const std::vector<SeqId>& seqs, const std::vector<std::uint32_t>& new_tokens) {
+    std::vector<std::uint32_t> rows(seqs.size() + 1, 0);
+    std::partial_sum(new_tokens.begin(), new_tokens.end(), rows.begin() + 1);
+    const std::size_t total = rows.back();
+    const std::uint32_t n_q = kKvHeads * kGroup;
+    KVCacheBatch batch = manager.fetch(seqs, new_tokens);
+    auto host = batch.paged<BFloat16>();
+    if (pool.empty()) {
+      pool = DeviceBuffer<BFloat16>(pool_elements(host.desc()));
+      upload_host_pool(host);  // both pools start from the same bytes
+    }
+    DeviceCollection<BFloat16> dev(host.desc(), pool.data());
+    const auto rows_d = DeviceBuffer<std::uint32_t>::from_host(rows);
+    for (std::uint32_t layer = 0; layer < kLayers; ++layer) {
+      SCOPED_TRACE("layer " + std::to_string(layer));
+      const auto k_new = random_floats(total * kKvHeads * kDim, rng);
+      const auto v_new = random_floats(total * kKvHeads * kDim, rng);
+      const auto q = random_floats(total * n_q * kDim, rng);
+      const auto k_d = DeviceBuffer<float>::from_host(k_new);
+      const auto v_d = DeviceBuffer<float>::from_host(v_new);
+      const auto q_d = DeviceBuffer<float>::from_host(q);
+      DeviceBuffer<float> out_d(q.size());
+      out_d.fill_bytes(0xff);  // NaN poison
+      cuda::store_kv(dev.key(layer), dev.value(layer), k_d.span(), v_d.span(), rows_d.span());
+      cuda::attention(dev.key(layer), dev.value(layer), q_d.span(), n_q, rows_d.span(),
+                      out_d.span(), {}, nullptr, &ws);
+      const auto k_host = host.get_key_cache(layer), v_host = host.get_value_cache(layer);
+      store_kv_reference(k_host, v_host, std::span<const float>(k_new),
+                         std::span<const float>(v_new), std::span<const std::uint32_t>(rows));
+      std::vector<float> ref(q.size());
+      attention_reference(k_host, v_host, std::span<const float>(q), n_q,
+                          std::span<const std::uint32_t>(rows), std::span<float>(ref));
+      synchronize();
+      expect_close(out_d.to_host(), ref, kAbsTol, kRelTol, "attention through the manager");
+    }
+    expect_pools_equal(host);
+    manager.step(seqs, new_tokens);
+  }
+
+  void upload_host_pool(const PagedKVCacheCollection<BFloat16>& host) {
+    pool.upload(std::span<const BFloat16>(host.blocks(), pool_elements(host.desc())));
+  }
+
+  void expect_pools_equal(const PagedKVCacheCollection<BFloat16>& host) {
+    const std::vector<BFloat16> d = pool.to_host();
+    EXPECT_EQ(std::memcmp(d.data(), host.blocks(), d.size() * sizeof(BFloat16)), 0)
+        << "device pool differs from the manager's host pool";
+  }
+};
+
+TEST_F(ManagerFlow, PrefillDecodeReleaseReuseSpeculative) {
+  // Shuffle the free list: claim and fill 6 sequences, release every other.
+  std::vector<SeqId> warm = manager.claim(6);
+  step(warm, {17, 40, 3, 33, 16, 29});
+  for (std::size_t i = 0; i < warm.size(); i += 2) manager.release(warm[i]);
+
+  std::vector<SeqId> seqs = manager.claim(3);
+  step(seqs, {37, 5, 20});  // ragged prefill into recycled pages
+  step(seqs, {1, 1, 1});    // decode (the decode kernel)
+  step(seqs, {1, 1, 1});
+  manager.release(seqs[1]);
+  const SeqId fresh = manager.claim(1)[0];
+  step({seqs[0], fresh, seqs[2]}, {3, 12, 3});  // speculative rows + a prefill
+  step({seqs[0], fresh, seqs[2]}, {1, 1, 1});
+  manager.check_invariants();
+}
+
+}  // namespace
+}  // namespace kvcache::cuda::test
