@@ -19,8 +19,12 @@
 // read; gbps = bytes_kv / median_s; copy_gbps = device-to-device cudaMemcpy
 // (read + write bytes / time) measured in the same run; fraction_of_copy =
 // gbps / copy_gbps (copy_read_gbps = read bytes only / time is printed too).
-// Prefill: one entry of 2048 new tokens, GQA 4, head dim 128: GFLOP/s of the
-// causal attention (4 * head_dim flops per (query head, visible key)).
+// Prefill: 1 (bf16, f16) and 8 (bf16) entries of 2048 new tokens, no history,
+// GQA 4 (32 query heads, 8 KV heads), head dim 128, with a workspace; the
+// prefill (tensor-core) kernel, plus the same bf16 batch-1 shape forced
+// through the generic kernel for comparison: GFLOP/s of the causal attention
+// (4 * head_dim flops per (query head, visible key)). Working set (8 MB of
+// K/V at batch 1) is L2-resident: prefill is compute-bound.
 // store_kv: GB/s of (f32 input read + cache write) bytes.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
