@@ -19,8 +19,12 @@
 // read; gbps = bytes_kv / median_s; copy_gbps = device-to-device cudaMemcpy
 // (read + write bytes / time) measured in the same run; fraction_of_copy =
 // gbps / copy_gbps (copy_read_gbps = read bytes only / time is printed too).
-// Prefill: one entry of 2048 new tokens, GQA 4, head dim 128: GFLOP/s of the
-// causal attention (4 * head_dim flops per (query head, visible key)).
+// Prefill: 1 (bf16, f16) and 8 (bf16) entries of 2048 new tokens, no history,
+// GQA 4 (32 query heads, 8 KV heads), head dim 128, with a workspace; the
+// prefill (tensor-core) kernel, plus the same bf16 batch-1 shape forced
+// through the generic kernel for comparison: GFLOP/s of the causal attention
+// (4 * head_dim flops per (query head, visible key)). Working set (8 MB of
+// K/V at batch 1) is L2-resident: prefill is compute-bound.
 // store_kv: GB/s of (f32 input read + cache write) bytes.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -227,28 +231,37 @@ std::vector<Record> bench_decode(const Env& env, std::uint32_t n_q, std::uint32_
   return rs;
 }
 
+// Causal prefill of `batch` entries x `tokens` new tokens, no history;
+// generic: force the generic kernel (detail::DecodeTuning::generic) for a
+// same-run comparison. GFLOP/s counts 4 * head_dim flops per (query head,
+// visible key): 2 for q.k and 2 for p.v.
 template <CacheElement T>
-Record bench_prefill(const Env& env, std::uint32_t tokens) {
+Record bench_prefill(const Env& env, std::uint32_t batch, std::uint32_t tokens, bool generic) {
   const std::uint32_t n_kv = 8, n_q = 32, dim = 128, page = 16;
   Record r{"prefill", std::string(kvcache::dtype_name(kvcache::dtype_of_v<T>)),
            "",        n_q,
            n_kv,      dim,
-           page,      1,
+           page,      batch,
            tokens,    tokens,
            1};
-  Setup<T> s(1, 0, tokens, page, n_kv, dim, 1);
+  Setup<T> s(batch, 0, tokens, page, n_kv, dim, 1);
   kc::DeviceCollection<T> dev(s.desc, s.pool.data());
-  r.kernel = kc::attention_kernel_name(dev.key(0), dev.value(0));
-  kc::DeviceBuffer<float> q(std::size_t{tokens} * n_q * dim), out(q.size());
+  r.kernel = generic ? "generic" : kc::attention_kernel_name(dev.key(0), dev.value(0));
+  kc::DeviceBuffer<float> q(std::size_t{batch} * tokens * n_q * dim), out(q.size());
   fill(q.data(), q.size(), 13);
   auto offsets = kc::DeviceBuffer<std::uint32_t>::from_host(s.offsets);
+  kc::AttentionWorkspace ws;
+  kc::detail::DecodeTuning t;
+  t.generic = generic;
   r.median_s = median_time(2, std::max(3, env.repeats / 2), [&](int) {
-    kc::attention(dev.key(0), dev.value(0), std::span<const float>(q.span()), n_q,
-                  std::span<const std::uint32_t>(offsets.span()), out.span());
+    kc::detail::attention_cuda_tuned(
+        kvcache::dtype_of_v<T>, kvcache::detail::erase(dev.key(0)),
+        kvcache::detail::erase(dev.value(0)), std::span<const float>(q.span()), n_q,
+        std::span<const std::uint32_t>(offsets.span()), out.span(), {}, nullptr, &ws, t);
   });
-  const double pairs = double(tokens) * (tokens + 1) / 2;
+  const double pairs = double(batch) * tokens * (tokens + 1) / 2;
   r.gflops = 4.0 * n_q * dim * pairs / r.median_s * 1e-9;
-  r.bytes = double(tokens) * n_kv * dim * sizeof(T) * 2;
+  r.bytes = double(batch) * tokens * n_kv * dim * sizeof(T) * 2;
   r.gbps = r.bytes / r.median_s * 1e-9;
   return r;
 }
@@ -529,8 +542,10 @@ int run(int argc, char** argv) {
   std::vector<Record> rs;
   decode_suite<BFloat16>(env, args.quick, rs);
   decode_suite<Half>(env, args.quick, rs);
-  rs.push_back(bench_prefill<BFloat16>(env, 2048));
-  rs.push_back(bench_prefill<Half>(env, 2048));
+  rs.push_back(bench_prefill<BFloat16>(env, 1, 2048, false));
+  rs.push_back(bench_prefill<Half>(env, 1, 2048, false));
+  rs.push_back(bench_prefill<BFloat16>(env, 8, 2048, false));
+  rs.push_back(bench_prefill<BFloat16>(env, 1, 2048, true));  // the generic kernel, same shape
   rs.push_back(bench_store<BFloat16>(env, 8, 2048));
   rs.push_back(bench_store<Half>(env, 8, 2048));
   std::fprintf(stderr, "\n");

@@ -11,8 +11,10 @@
 #include <random>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include "kernels/cuda/decode_tuning.h"
 #include "kernels/kernel_test_util.h"
 #include "kvcache/cuda/device.h"
 #include "kvcache/cuda/device_buffer.h"
@@ -84,16 +86,33 @@ struct Mirrored {
     cuda::attention(key(), value(), std::span<const float>(q_d.span()), n_q,
                     std::span<const std::uint32_t>(offsets_d.span()), out.span(), {}, nullptr, ws);
   }
+  // attention through the generic kernel whatever the shape
+  // (detail::DecodeTuning::generic), with `options`.
+  void attend_generic(const AttentionOptions& options = {}, AttentionWorkspace* ws = nullptr) {
+    detail::DecodeTuning t;
+    t.generic = true;
+    const LayerCacheDesc<T> k = key(), v = value();
+    detail::attention_cuda_tuned(dtype_of_v<T>, kvcache::detail::erase(k),
+                                 kvcache::detail::erase(v), std::span<const float>(q_d.span()), n_q,
+                                 std::span<const std::uint32_t>(offsets_d.span()), out_d.span(),
+                                 options, nullptr, ws, t);
+  }
   // The references on the host cache (store_kv_reference into the host
   // pool, then attention_reference with `options`); returns the output.
-  std::vector<float> reference(const AttentionOptions& options = {}) {
+  // round_q: the reference sees q rounded to T (what the prefill kernel
+  // feeds its tensor cores).
+  std::vector<float> reference(const AttentionOptions& options = {}, bool round_q = false) {
+    std::vector<float> q_ref = q;
+    if (round_q) {
+      for (float& x : q_ref) x = to_float(from_float<T>(x));
+    }
     std::vector<float> out(q.size());
     kvcache::test::with_collection(host, [&](const auto& col) {
       const auto k = col.get_key_cache(OwnedCache<T>::kLayer);
       const auto v = col.get_value_cache(OwnedCache<T>::kLayer);
       store_kv_reference(k, v, std::span<const float>(k_new), std::span<const float>(v_new),
                          std::span<const std::uint32_t>(host.row_offsets));
-      attention_reference(k, v, std::span<const float>(q), n_q,
+      attention_reference(k, v, std::span<const float>(q_ref), n_q,
                           std::span<const std::uint32_t>(host.row_offsets), std::span<float>(out),
                           options);
     });
@@ -105,6 +124,24 @@ struct Mirrored {
     return std::memcmp(d.data(), host.blocks.data(), d.size() * sizeof(T)) == 0;
   }
 };
+
+// Absolute bound of the prefill kernel (f16 / bf16 caches) against
+// attention_reference on q rounded to T (docs/CUDA.md derives it): the
+// softmax weights p (<= 1, relative to the running max) are rounded to T for
+// the P.V mma while the row sum l is kept in f32, so an output moves by at
+// most sum_j |round(p_j) - p_j| |v_j| / l <= u max|v| (u: T's unit
+// roundoff, 2^-8 bf16, 2^-11 f16; |v| <= 1 here); f16 weights below 2^-14
+// are subnormal with an absolute error up to 2^-25 each, at most
+// context x 2^-25 more (l >= 1); plus the fp32 bound 1e-5 of the other
+// kernels (the relative 1e-5 is applied on top by the caller).
+template <CacheElement T>
+float prefill_abs_tol(std::uint32_t max_context) {
+  if constexpr (std::is_same_v<T, BFloat16>) {
+    return 1e-5f + 0x1p-8f;
+  } else {
+    return 1e-5f + 0x1p-11f + static_cast<float>(max_context) * 0x1p-25f;
+  }
+}
 
 // Every element finite (written: the poison is NaN) and within
 // abs_tol + rel_tol * |ref|. Reports the first few failures.

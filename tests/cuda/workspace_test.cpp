@@ -70,7 +70,8 @@ TEST(CudaWorkspace, ReusedAcrossShapesAndDtypesGrowsAndMatches) {
   const std::size_t c2 = check_reuse<float>(big, 3002, "decode", ws);
   EXPECT_GT(c2, c1);
   // The generic kernel (a 5-row entry) on the split path, another dtype.
-  const Case generic{{{9000, 1}, {10, 5}}, true, 16, 2, 2, 96, PageLayout::hnd};
+  // Head dim 72: not one of the prefill kernel's (64, 80, 96, 128).
+  const Case generic{{{9000, 1}, {10, 5}}, true, 16, 2, 2, 72, PageLayout::hnd};
   const std::size_t c3 = check_reuse<Half>(generic, 3003, "generic", ws);
   EXPECT_GE(c3, c2);
   // Odd head dim (scalar merge path) and a smaller call again: never shrinks.

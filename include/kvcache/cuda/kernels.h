@@ -44,7 +44,10 @@
 // Results: store_kv writes exactly what store_kv_reference writes (the same
 // round-to-nearest-even f16 / bf16 conversion, bit for bit). attention
 // matches attention_reference within fp32 rounding (different summation
-// order, split-KV log-sum-exp merge); tests/cuda/ states the bound.
+// order, split-KV log-sum-exp merge) on the decode and generic kernels; the
+// prefill kernel (f16 / bf16 caches, > 4 new rows) rounds q and the softmax
+// weights to the cache's 16-bit type for the tensor cores (as FlashAttention
+// does): docs/CUDA.md and tests/cuda/prefill_test.cpp state that bound.
 // Not supported yet: RoPE on K in store_kv, AttentionPrecision::bf16
 // (InvalidArgument); AttentionOptions::prefetch is ignored.
 // Thread-safety: concurrent calls on disjoint outputs are safe.
@@ -78,8 +81,11 @@ const char* attention_kernel_name_cuda(DType dtype, const LayerCacheDesc<float>&
 
 // Which attention kernel a call with these descriptors runs: "decode" (at
 // most 4 new tokens per entry, i.e. the view's max_seq_length <= 4,
-// head_dim a multiple of 16 bytes, 16-byte aligned pools) or "generic"
-// (everything else). Host-only: reads no device memory, launches nothing.
+// head_dim a multiple of 16 bytes, 16-byte aligned pools), "prefill" (f16 /
+// bf16 caches, max_seq_length > 4, head_dim 64, 80, 96 or 128, 16-byte
+// aligned pools: tensor cores, q and the softmax weights rounded to the
+// cache's 16-bit type, see docs/CUDA.md) or "generic" (everything else).
+// Host-only: reads no device memory, launches nothing.
 template <CacheElement T>
 const char* attention_kernel_name(const LayerCacheDesc<T>& k_cache,
                                   const LayerCacheDesc<T>& v_cache) {

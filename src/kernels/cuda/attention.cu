@@ -557,8 +557,12 @@ void attention_cuda_tuned(DType dtype, const LayerCacheDesc<float>& k,
   p.vec = k.head_dim % vec == 0 && k.block_stride % vec == 0 && aligned16(k.blocks) &&
           aligned16(v.blocks);
   CallContext ctx = make_context(workspace, to_stream(stream));
-  if (decode_eligible(dtype, k, v)) {
+  if (!tuning.generic && decode_eligible(dtype, k, v)) {
     launch_decode(dtype, p, k, ctx, tuning);
+    return;
+  }
+  if (!tuning.generic && prefill_eligible(dtype, k, v)) {
+    launch_prefill(dtype, p, k, ctx);
     return;
   }
   plan_tiles(p, k.max_seq_length, ctx.lim);
@@ -592,7 +596,8 @@ namespace kvcache::cuda::detail {
 
 const char* attention_kernel_name_cuda(DType dtype, const LayerCacheDesc<float>& k,
                                        const LayerCacheDesc<float>& v) {
-  return decode_eligible(dtype, k, v) ? "decode" : "generic";
+  if (decode_eligible(dtype, k, v)) return "decode";
+  return prefill_eligible(dtype, k, v) ? "prefill" : "generic";
 }
 
 }  // namespace kvcache::cuda::detail

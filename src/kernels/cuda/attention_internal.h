@@ -1,5 +1,6 @@
-// Internal: what the generic attention kernel (attention.cu) and the decode
-// kernel (decode_attention.cu) share: the launch parameters, the split-KV
+// Internal: what the generic attention kernel (attention.cu), the decode
+// kernel (decode_attention.cu) and the prefill kernel (prefill_attention.cu)
+// share: the launch parameters, the split-KV
 // scratch and merge, device limits, the workspace's state.
 #pragma once
 
@@ -145,5 +146,15 @@ bool decode_eligible(DType dtype, const LayerCacheDesc<float>& k, const LayerCac
 // are planned here from k's batch_size, max_seq_length, max_cache_length).
 void launch_decode(DType dtype, AttnParams p, const LayerCacheDesc<float>& k, CallContext& c,
                    const DecodeTuning& t);
+
+// Whether the tensor-core prefill kernel (prefill_attention.cu) serves a call
+// the decode kernel does not: f16 / bf16 cache, head_dim in {64, 80, 96,
+// 128}, max_seq_length > kDecodeMaxRows, 16-byte aligned K and V pools and
+// pages. Reads no device memory.
+bool prefill_eligible(DType dtype, const LayerCacheDesc<float>& k, const LayerCacheDesc<float>& v);
+// Launches the prefill kernel for a call prefill_eligible accepts (no
+// split-KV: one block covers its query vectors' whole context).
+void launch_prefill(DType dtype, const AttnParams& a, const LayerCacheDesc<float>& k,
+                    CallContext& c);
 
 }  // namespace kvcache::cuda::detail

@@ -30,10 +30,13 @@ struct DecodeTuning {
   // splits (0: 1 wave), each split >= min_split_tokens (0: 256).
   std::uint32_t split_waves = 0;
   std::uint32_t min_split_tokens = 0;
+  // Run the generic kernel even where the decode or prefill kernel would
+  // (tests keep the generic kernel covered at every shape; bench comparisons).
+  bool generic = false;
 };
 
-// kvcache::cuda::attention with decode-kernel knobs (the generic kernel
-// ignores them); workspace as in attention (nullptr: none).
+// kvcache::cuda::attention with decode-kernel knobs (the generic and prefill
+// kernels ignore them, except `generic`); workspace as in attention (nullptr: none).
 void attention_cuda_tuned(DType dtype, const LayerCacheDesc<float>& k,
                           const LayerCacheDesc<float>& v, std::span<const float> q,
                           std::uint32_t n_q_heads, std::span<const std::uint32_t> row_offsets,
