@@ -47,7 +47,10 @@
 // order, split-KV log-sum-exp merge) on the decode and generic kernels; the
 // prefill kernel (f16 / bf16 caches, > 4 new rows) rounds q and the softmax
 // weights to the cache's 16-bit type for the tensor cores (as FlashAttention
-// does): docs/CUDA.md and tests/cuda/prefill_test.cpp state that bound.
+// does): docs/CUDA.md and tests/cuda/prefill_test.cpp state that bound. That
+// path does so although AttentionOptions::precision is fp32 (the only value
+// the CUDA kernels accept, which on the CPU means q and the weights stay
+// f32): a known difference from the CPU contract, listed in docs/CUDA.md.
 // Not supported yet: RoPE on K in store_kv, AttentionPrecision::bf16
 // (InvalidArgument); AttentionOptions::prefetch is ignored.
 // Thread-safety: concurrent calls on disjoint outputs are safe.
