@@ -25,7 +25,9 @@
 // through the generic kernel for comparison: GFLOP/s of the causal attention
 // (4 * head_dim flops per (query head, visible key)). Working set (8 MB of
 // K/V at batch 1) is L2-resident: prefill is compute-bound.
-// store_kv: GB/s of (f32 input read + cache write) bytes.
+// store_kv: GB/s of (f32 input read + cache write) bytes, 8 x 2,048 new
+// tokens (8 KV heads, head dim 128, bf16 / f16 / f32) without and with RoPE on
+// K (kernel "rope_k": theta 10000, rotary_dim 128), and a 32-entry decode step.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -267,13 +269,18 @@ Record bench_prefill(const Env& env, std::uint32_t batch, std::uint32_t tokens, 
 }
 
 template <CacheElement T>
-Record bench_store(const Env& env, std::uint32_t batch, std::uint32_t tokens) {
+Record bench_store(const Env& env, std::uint32_t batch, std::uint32_t tokens, bool rope) {
   const std::uint32_t n_kv = 8, dim = 128, page = 16;
-  Record r{"store_kv", std::string(kvcache::dtype_name(kvcache::dtype_of_v<T>)),
-           "store_kv", 0,
-           n_kv,       dim,
-           page,       batch,
-           tokens,     tokens,
+  Record r{"store_kv",
+           std::string(kvcache::dtype_name(kvcache::dtype_of_v<T>)),
+           rope ? "rope_k" : "store_kv",
+           0,
+           n_kv,
+           dim,
+           page,
+           batch,
+           tokens,
+           tokens,
            1};
   Setup<T> s(batch, 0, tokens, page, n_kv, dim, 1);
   kc::DeviceCollection<T> dev(s.desc, s.pool.data());
@@ -282,9 +289,12 @@ Record bench_store(const Env& env, std::uint32_t batch, std::uint32_t tokens) {
   fill(k.data(), n, 17);
   fill(v.data(), n, 19);
   auto offsets = kc::DeviceBuffer<std::uint32_t>::from_host(s.offsets);
+  kvcache::StoreOptions options;
+  options.rope_k.enabled = rope;  // theta 10000, rotary_dim = head_dim
   r.median_s = median_time(3, env.repeats, [&](int) {
     kc::store_kv(dev.key(0), dev.value(0), std::span<const float>(k.span()),
-                 std::span<const float>(v.span()), std::span<const std::uint32_t>(offsets.span()));
+                 std::span<const float>(v.span()), std::span<const std::uint32_t>(offsets.span()),
+                 options);
   });
   r.bytes = double(n) * 2 * (4 + sizeof(T));
   r.gbps = r.bytes / r.median_s * 1e-9;
@@ -546,8 +556,13 @@ int run(int argc, char** argv) {
   rs.push_back(bench_prefill<Half>(env, 1, 2048, false));
   rs.push_back(bench_prefill<BFloat16>(env, 8, 2048, false));
   rs.push_back(bench_prefill<BFloat16>(env, 1, 2048, true));  // the generic kernel, same shape
-  rs.push_back(bench_store<BFloat16>(env, 8, 2048));
-  rs.push_back(bench_store<Half>(env, 8, 2048));
+  for (bool rope : {false, true}) {
+    rs.push_back(bench_store<BFloat16>(env, 8, 2048, rope));
+    rs.push_back(bench_store<Half>(env, 8, 2048, rope));
+    rs.push_back(bench_store<float>(env, 8, 2048, rope));
+  }
+  rs.push_back(bench_store<BFloat16>(env, 32, 1, false));  // a decode step's store
+  rs.push_back(bench_store<BFloat16>(env, 32, 1, true));
   std::fprintf(stderr, "\n");
   std::string doc = "{\"device\": \"" + kc::device_description() + "\", \"results\": [\n";
   for (std::size_t i = 0; i < rs.size(); ++i) {

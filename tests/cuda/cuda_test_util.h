@@ -12,6 +12,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/decode_tuning.h"
@@ -36,14 +37,47 @@ struct Case {
   std::uint32_t group = 1;
   std::uint32_t dim = 64;
   PageLayout layout = PageLayout::nhd;
+  // Paged only: every entry's history starts this many pages later (the
+  // pages in front all map to the entry's first page): positions past 100k
+  // without a pool that large (store tests; attention would walk them all).
+  std::uint32_t far_pages = 0;
   std::string name() const {
     return std::string(paged ? "paged" : "continuous") + " page " + std::to_string(page) + " kv " +
            std::to_string(n_kv) + " group " + std::to_string(group) + " dim " +
            std::to_string(dim) + " " + std::string(layout_name(layout)) + " entries " +
            std::to_string(entries.size()) + " first context " +
-           std::to_string(entries[0].cache_length + entries[0].new_tokens);
+           std::to_string(entries[0].cache_length + entries[0].new_tokens) +
+           (far_pages != 0 ? " far_pages " + std::to_string(far_pages) : std::string());
   }
 };
+
+// `pages` more pages of history in front of every entry (Case::far_pages).
+// Each entry must hold at least one token.
+template <CacheElement T>
+void push_history_back(OwnedCache<T>& h, std::uint32_t pages) {
+  if (pages == 0) return;
+  const std::uint32_t batch = h.desc.batch_size, old_stride = h.desc.lookup_stride;
+  const std::uint32_t stride = old_stride + pages;
+  std::vector<std::uint32_t> lookup(std::size_t{batch} * stride);
+  for (std::uint32_t b = 0; b < batch; ++b) {
+    for (std::uint32_t j = 0; j < stride; ++j) {
+      lookup[std::size_t{b} * stride + j] =
+          h.lookup[std::size_t{b} * old_stride + (j < pages ? 0 : j - pages)];
+    }
+    h.cache_lengths[b] += pages * h.desc.block_tokens;
+  }
+  h.lookup = std::move(lookup);
+  h.desc.lookup_table = h.lookup.data();
+  h.desc.lookup_stride = stride;
+  h.desc.max_cache_length += pages * h.desc.block_tokens;
+}
+
+template <CacheElement T>
+OwnedCache<T> make_host(const Case& c, std::mt19937& rng) {
+  OwnedCache<T> h(c.entries, c.paged, c.page, c.n_kv, c.dim, rng, c.layout);
+  push_history_back(h, c.far_pages);
+  return h;
+}
 
 // One case's host data and its device mirror.
 template <CacheElement T>
@@ -57,7 +91,7 @@ struct Mirrored {
   std::uint32_t n_q;
 
   Mirrored(const Case& c, std::mt19937& rng)
-      : host(c.entries, c.paged, c.page, c.n_kv, c.dim, rng, c.layout),
+      : host(make_host<T>(c, rng)),
         pool(DeviceBuffer<T>::from_host({host.blocks.data(), host.blocks.size()})),
         dev(host.desc, pool.data()),
         n_q(c.n_kv * c.group) {

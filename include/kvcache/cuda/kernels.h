@@ -42,7 +42,13 @@
 // measured. Results are bit-identical either way.
 //
 // Results: store_kv writes exactly what store_kv_reference writes (the same
-// round-to-nearest-even f16 / bf16 conversion, bit for bit). attention
+// round-to-nearest-even f16 / bf16 conversion, bit for bit); with
+// StoreOptions::rope_k, V bit for bit and K what apply_rope_reference then
+// store_kv_reference write up to cos / sin: the device computes them as
+// rope_cos_sin does (angle pos * inv_freq in double, cos / sin in double,
+// rounded to float) but with CUDA's double sincos (<= 2 ulp of double)
+// instead of the host's libm, so a float cos / sin can differ by 1 float ulp
+// in rare near-tie cases (tests/cuda/store_test.cpp states the bound). attention
 // matches attention_reference within fp32 rounding (different summation
 // order, split-KV log-sum-exp merge) on the decode and generic kernels; the
 // prefill kernel (f16 / bf16 caches, > 4 new rows) rounds q and the softmax
@@ -51,8 +57,8 @@
 // path does so although AttentionOptions::precision is fp32 (the only value
 // the CUDA kernels accept, which on the CPU means q and the weights stay
 // f32): a known difference from the CPU contract, listed in docs/CUDA.md.
-// Not supported yet: RoPE on K in store_kv, AttentionPrecision::bf16
-// (InvalidArgument); AttentionOptions::prefetch is ignored.
+// Not supported yet: AttentionPrecision::bf16 (InvalidArgument);
+// AttentionOptions::prefetch and StoreOptions::prefetch are ignored.
 // Thread-safety: concurrent calls on disjoint outputs are safe.
 #pragma once
 
@@ -77,7 +83,8 @@ void attention_cuda(DType dtype, const LayerCacheDesc<float>& k, const LayerCach
                     AttentionWorkspace* workspace);
 void store_kv_cuda(DType dtype, const LayerCacheDesc<float>& k, const LayerCacheDesc<float>& v,
                    std::span<const float> k_new, std::span<const float> v_new,
-                   std::span<const std::uint32_t> row_offsets, CUstream_st* stream);
+                   std::span<const std::uint32_t> row_offsets, const StoreOptions& options,
+                   CUstream_st* stream);
 const char* attention_kernel_name_cuda(DType dtype, const LayerCacheDesc<float>& k,
                                        const LayerCacheDesc<float>& v);
 }  // namespace detail
@@ -116,19 +123,44 @@ void attention(const Cache& k_cache, const Cache& v_cache, std::span<const float
             workspace);
 }
 
+// store_kv options: the CPU's kvcache::StoreOptions (kernels/attention.h).
+// rope_k rotates K (not V) in fp32 before the conversion, as the CPU store
+// does (NeoX pairs (i, i + rotary_dim / 2), position cache_lengths[b] + i,
+// kernels/rope.h), validated like the CPU's (rotary_dim even and <= head_dim,
+// theta > 0: InvalidArgument). rope_table must be nullptr (a RopeTable is host
+// memory; the device computes cos / sin per token): InvalidArgument
+// otherwise. prefetch is a CPU strategy: ignored (a value outside the enum
+// is rejected, as on the CPU).
 template <CacheElement T>
 void store_kv(const LayerCacheDesc<T>& k_cache, const LayerCacheDesc<T>& v_cache,
               std::span<const float> k_new, std::span<const float> v_new,
-              std::span<const std::uint32_t> row_offsets, CUstream_st* stream = nullptr) {
+              std::span<const std::uint32_t> row_offsets, const StoreOptions& options = {},
+              CUstream_st* stream = nullptr) {
   detail::store_kv_cuda(dtype_of_v<T>, kvcache::detail::erase(k_cache),
-                        kvcache::detail::erase(v_cache), k_new, v_new, row_offsets, stream);
+                        kvcache::detail::erase(v_cache), k_new, v_new, row_offsets, options,
+                        stream);
+}
+
+// The same with default StoreOptions (no RoPE), on `stream`.
+template <CacheElement T>
+void store_kv(const LayerCacheDesc<T>& k_cache, const LayerCacheDesc<T>& v_cache,
+              std::span<const float> k_new, std::span<const float> v_new,
+              std::span<const std::uint32_t> row_offsets, CUstream_st* stream) {
+  store_kv(k_cache, v_cache, k_new, v_new, row_offsets, StoreOptions{}, stream);
 }
 
 template <KVCacheT Cache>
 void store_kv(const Cache& k_cache, const Cache& v_cache, std::span<const float> k_new,
               std::span<const float> v_new, std::span<const std::uint32_t> row_offsets,
-              CUstream_st* stream = nullptr) {
-  store_kv(k_cache.desc(), v_cache.desc(), k_new, v_new, row_offsets, stream);
+              const StoreOptions& options = {}, CUstream_st* stream = nullptr) {
+  store_kv(k_cache.desc(), v_cache.desc(), k_new, v_new, row_offsets, options, stream);
+}
+
+template <KVCacheT Cache>
+void store_kv(const Cache& k_cache, const Cache& v_cache, std::span<const float> k_new,
+              std::span<const float> v_new, std::span<const std::uint32_t> row_offsets,
+              CUstream_st* stream) {
+  store_kv(k_cache.desc(), v_cache.desc(), k_new, v_new, row_offsets, StoreOptions{}, stream);
 }
 
 }  // namespace kvcache::cuda
