@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <string>
 
+#include "async_copy.cuh"
 #include "attention_internal.h"
 #include "cuda_check.h"
 #include "kvcache/cuda/kernels.h"
@@ -75,22 +76,6 @@ struct Shape {
 };
 
 // ---- small device helpers ----
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool fill) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  const int bytes = fill ? 16 : 0;  // 0: zero-fill, nothing read
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(bytes)
-               : "memory");
-}
-
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
 
 // The 16 bytes of a row chunk as fp32 (exact for every element type).
 template <class T>
