@@ -24,6 +24,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -551,14 +552,6 @@ void launch_typed(std::uint32_t vectors, const DecodeParams& p, std::uint64_t it
   launch_vectors<T, 32, 1>(vectors, p, items, max_context, c, t);
 }
 
-bool is_pow2(std::uint32_t x) { return x != 0 && (x & (x - 1)) == 0; }
-
-std::uint32_t log2_of(std::uint32_t x) {
-  std::uint32_t s = 0;
-  while ((1u << s) < x) ++s;
-  return s;
-}
-
 }  // namespace
 
 bool decode_eligible(DType dtype, const LayerCacheDesc<float>& k, const LayerCacheDesc<float>& v) {
@@ -575,8 +568,8 @@ void launch_decode(DType dtype, AttnParams a, const LayerCacheDesc<float>& k, Ca
   DecodeParams p{};
   p.rows = max_new;
   p.chunks = a.dim * static_cast<std::uint32_t>(dtype_size(dtype)) / 16;
-  p.page_pow2 = is_pow2(a.block_tokens);
-  p.page_shift = p.page_pow2 ? log2_of(a.block_tokens) : 0;
+  p.page_pow2 = std::has_single_bit(a.block_tokens);
+  p.page_shift = p.page_pow2 ? static_cast<std::uint32_t>(std::countr_zero(a.block_tokens)) : 0;
   p.q_scale = a.scale * kLog2e;
   a.rows_per_block = max_new;
   a.row_tiles = 1;

@@ -34,6 +34,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -379,14 +380,6 @@ void launch_typed(const PrefillParams& p, std::uint64_t items, CallContext& c) {
   }
 }
 
-bool is_pow2(std::uint32_t x) { return x != 0 && (x & (x - 1)) == 0; }
-
-std::uint32_t log2_of(std::uint32_t x) {
-  std::uint32_t s = 0;
-  while ((1u << s) < x) ++s;
-  return s;
-}
-
 }  // namespace
 
 bool prefill_eligible(DType dtype, const LayerCacheDesc<float>& k, const LayerCacheDesc<float>& v) {
@@ -402,8 +395,8 @@ void launch_prefill(DType dtype, const AttnParams& a, const LayerCacheDesc<float
   p.a = a;
   p.a.n_splits = 1;
   p.tiles = ceil_div(std::uint64_t{k.max_seq_length} * a.group, kM);
-  p.page_pow2 = is_pow2(a.block_tokens);
-  p.page_shift = p.page_pow2 ? log2_of(a.block_tokens) : 0;
+  p.page_pow2 = std::has_single_bit(a.block_tokens);
+  p.page_shift = p.page_pow2 ? static_cast<std::uint32_t>(std::countr_zero(a.block_tokens)) : 0;
   p.s_scale = a.scale * kLog2e;
   const std::uint64_t items = std::uint64_t{k.batch_size} * a.n_kv * p.tiles;
   if (items > 0x7fffffffu) {
