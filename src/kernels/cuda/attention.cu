@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -547,6 +548,8 @@ void attention_cuda_tuned(DType dtype, const LayerCacheDesc<float>& k,
   p.head_stride = head_stride(k);
   p.lookup_stride = k.lookup_stride;
   p.block_tokens = k.block_tokens;
+  p.page_pow2 = std::has_single_bit(k.block_tokens);
+  p.page_shift = p.page_pow2 ? static_cast<std::uint32_t>(std::countr_zero(k.block_tokens)) : 0;
   p.n_kv = k.n_kv_heads;
   p.n_q = n_q_heads;
   p.group = n_q_heads / k.n_kv_heads;

@@ -39,6 +39,8 @@ struct AttnParams {
   std::size_t head_stride;
   std::uint32_t lookup_stride;
   std::uint32_t block_tokens;
+  std::uint32_t page_shift;  // log2(block_tokens) when page_pow2
+  bool page_pow2;
   std::uint32_t n_kv;
   std::uint32_t n_q;
   std::uint32_t group;
@@ -53,6 +55,17 @@ struct AttnParams {
   float scale;
   bool vec;  // 16-byte loads of K/V rows
 };
+
+// Element offset of token tok's row (KV head kvh, dim 0) of entry b, through
+// the page table (shared by the decode and prefill kernels).
+__device__ __forceinline__ std::size_t row_offset(const AttnParams& a, std::uint32_t b,
+                                                  std::uint32_t kvh, std::uint32_t tok) {
+  const std::uint32_t j = a.page_pow2 ? tok >> a.page_shift : tok / a.block_tokens;
+  const std::uint32_t in_page = tok - j * a.block_tokens;
+  const std::uint32_t page = __ldg(a.lookup + std::size_t{b} * a.lookup_stride + j);
+  return std::size_t{page} * a.block_stride + std::size_t{in_page} * a.token_stride +
+         std::size_t{kvh} * a.head_stride;
+}
 
 struct DeviceLimits {
   int sms = 0;

@@ -24,7 +24,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -52,11 +51,9 @@ constexpr float kLn2 = 0.6931471805599453f;
 
 struct DecodeParams {
   AttnParams a;
-  std::uint32_t rows;        // new rows per entry served (the view's max_seq_length)
-  std::uint32_t chunks;      // 16-byte vectors per K/V row
-  std::uint32_t page_shift;  // log2(block_tokens) when page_pow2
-  bool page_pow2;
-  float q_scale;  // scale * log2(e): scores in base-2 exponent units
+  std::uint32_t rows;    // new rows per entry served (the view's max_seq_length)
+  std::uint32_t chunks;  // 16-byte vectors per K/V row
+  float q_scale;         // scale * log2(e): scores in base-2 exponent units
 };
 
 // Compile-time shape of one instantiation.
@@ -195,17 +192,6 @@ __device__ void init_state(const DecodeParams& p, const Item& it, const Lane& ln
   }
 }
 
-// Element offset of token tok's row (KV head kvh, dim 0) of entry b.
-__device__ __forceinline__ std::size_t row_offset(const DecodeParams& p, std::uint32_t b,
-                                                  std::uint32_t kvh, std::uint32_t tok) {
-  const AttnParams& a = p.a;
-  const std::uint32_t j = p.page_pow2 ? tok >> p.page_shift : tok / a.block_tokens;
-  const std::uint32_t in_page = tok - j * a.block_tokens;
-  const std::uint32_t page = __ldg(a.lookup + std::size_t{b} * a.lookup_stride + j);
-  return std::size_t{page} * a.block_stride + std::size_t{in_page} * a.token_stride +
-         std::size_t{kvh} * a.head_stride;
-}
-
 // First token of warp stage `stage` (row g = 0, step 0).
 template <class S>
 __device__ __forceinline__ std::uint32_t stage_token(const Item& it, const Lane& ln, int stage) {
@@ -229,7 +215,7 @@ __device__ void issue_stage(const DecodeParams& p, const Item& it, const Lane& l
   for (int u = 0; u < S::kSteps; ++u) {
     const std::uint32_t tok = tok0 + u * S::kGroups + ln.g;
     const bool in = tok < it.end;
-    const std::size_t off = in ? row_offset(p, it.b, it.kvh, tok) : 0;
+    const std::size_t off = in ? row_offset(p.a, it.b, it.kvh, tok) : 0;
 #pragma unroll
     for (int j = 0; j < S::kChunks; ++j) {
       const std::uint32_t c = ln.r + j * S::kLanes;
@@ -568,8 +554,6 @@ void launch_decode(DType dtype, AttnParams a, const LayerCacheDesc<float>& k, Ca
   DecodeParams p{};
   p.rows = max_new;
   p.chunks = a.dim * static_cast<std::uint32_t>(dtype_size(dtype)) / 16;
-  p.page_pow2 = std::has_single_bit(a.block_tokens);
-  p.page_shift = p.page_pow2 ? static_cast<std::uint32_t>(std::countr_zero(a.block_tokens)) : 0;
   p.q_scale = a.scale * kLog2e;
   a.rows_per_block = max_new;
   a.row_tiles = 1;

@@ -34,7 +34,6 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -59,10 +58,8 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 struct PrefillParams {
   AttnParams a;
-  std::uint32_t tiles;       // vector tiles per (entry, KV head)
-  std::uint32_t page_shift;  // log2(block_tokens) when page_pow2
-  bool page_pow2;
-  float s_scale;  // scale * log2(e)
+  std::uint32_t tiles;  // vector tiles per (entry, KV head)
+  float s_scale;        // scale * log2(e)
 };
 
 template <int kD>
@@ -125,17 +122,6 @@ __device__ __forceinline__ unsigned pack2(float x, float y) {
 
 // ---- the kernel ----
 
-// Element offset of token tok's row (KV head kvh, dim 0) of entry b.
-__device__ __forceinline__ std::size_t row_offset(const PrefillParams& p, std::uint32_t b,
-                                                  std::uint32_t kvh, std::uint32_t tok) {
-  const AttnParams& a = p.a;
-  const std::uint32_t j = p.page_pow2 ? tok >> p.page_shift : tok / a.block_tokens;
-  const std::uint32_t in_page = tok - j * a.block_tokens;
-  const std::uint32_t page = __ldg(a.lookup + std::size_t{b} * a.lookup_stride + j);
-  return std::size_t{page} * a.block_stride + std::size_t{in_page} * a.token_stride +
-         std::size_t{kvh} * a.head_stride;
-}
-
 // Issues the cp.async copies of K and V tokens [tok0, tok0 + kN) into one
 // buffer (tokens >= end zero-filled). Thread t copies chunks t, t +
 // kThreads, ... of the tile's kN x kChunks chunks.
@@ -153,7 +139,7 @@ __device__ __forceinline__ void issue_tile(const PrefillParams& p, std::uint32_t
     const int t = c / S::kChunks, ch = c % S::kChunks;
     const std::uint32_t tok = tok0 + t;
     const bool in = tok < end;
-    const std::size_t off = (in ? row_offset(p, b, kvh, tok) : 0) + std::size_t(ch) * 8;
+    const std::size_t off = (in ? row_offset(p.a, b, kvh, tok) : 0) + std::size_t(ch) * 8;
     const unsigned so = static_cast<unsigned>((t * S::kStride + ch * 8) * 2);
     cp_async16(k_dst + so, kb + off, in);
     cp_async16(v_dst + so, vb + off, in);
@@ -395,8 +381,6 @@ void launch_prefill(DType dtype, const AttnParams& a, const LayerCacheDesc<float
   p.a = a;
   p.a.n_splits = 1;
   p.tiles = ceil_div(std::uint64_t{k.max_seq_length} * a.group, kM);
-  p.page_pow2 = std::has_single_bit(a.block_tokens);
-  p.page_shift = p.page_pow2 ? static_cast<std::uint32_t>(std::countr_zero(a.block_tokens)) : 0;
   p.s_scale = a.scale * kLog2e;
   const std::uint64_t items = std::uint64_t{k.batch_size} * a.n_kv * p.tiles;
   if (items > 0x7fffffffu) {
