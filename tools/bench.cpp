@@ -12,7 +12,9 @@
 // unique K+V bytes against streaming read bandwidth over a buffer as large as
 // the working set, measured in rounds alternating with the kernel calls
 // (ratios are medians of per-round ratios); prefill also reports GFLOP/s
-// against fp32 FMA peak.
+// against fp32 FMA peak. --strategy both builds a paged and a continuous
+// cache holding the same K/V values and times them in alternation
+// (paged_over_continuous).
 // store: times store_kv (optionally with fused RoPE, its cos/sin computed per
 // token or read from a RopeTable) against memcpy moving
 // the same number of bytes.
@@ -298,9 +300,29 @@ double check_attention(const AttentionArgs& a, const KVCacheParams& p, bool deco
   return err;
 }
 
+// The cache(s) a bench attention run times: the one of --strategy, or with
+// --strategy both a paged cache and a continuous one holding the same K/V
+// values, timed in alternation (the pairing the "paged within 5 % of
+// continuous" goal needs on a machine whose bandwidth drifts within seconds).
+struct Subject {
+  std::string strategy;
+  KVCacheParams p;
+  BenchCache c;
+  double check_err = 0;
+  std::vector<double> times;
+};
+
 template <CacheElement T>
 nlohmann::json bench_attention(const AttentionArgs& a) {
-  const KVCacheParams p = make_params(a);
+  if (a.strategy != "paged" && a.strategy != "continuous" && a.strategy != "both") {
+    throw InvalidArgument("--strategy must be paged, continuous or both, got '" + a.strategy + "'");
+  }
+  const bool paired = a.strategy == "both";
+  std::vector<std::string> strategies =
+      paired ? std::vector<std::string>{"paged", "continuous"} : std::vector{a.strategy};
+  AttentionArgs first = a;
+  first.strategy = strategies[0];
+  const KVCacheParams p = make_params(first);
   if (a.q_heads == 0 || a.q_heads % a.kv_heads != 0) {
     throw InvalidArgument("--q-heads " + std::to_string(a.q_heads) +
                           " must be a positive multiple of --kv-heads " +
@@ -321,7 +343,6 @@ nlohmann::json bench_attention(const AttentionArgs& a) {
   ThreadPool pool(a.threads);
   std::mt19937 rng(2024);
 
-  const double check_err = check_attention<T>(a, p, decode, options, pool, rng);
   // AttentionPrecision::bf16 on a bf16 cache: the kernel and the reference
   // round probabilities against different maxima (kernels/reference.h), up
   // to 2^-8 of the largest |V| element (1 here).
@@ -332,20 +353,33 @@ nlohmann::json bench_attention(const AttentionArgs& a) {
   const std::size_t set_bytes = std::size_t{a.batch} * a.context * p.bytes_per_token();
   const std::uint32_t sets =
       a.resident == "dram" ? static_cast<std::uint32_t>((kGiB + set_bytes - 1) / set_bytes) : 1;
-  BenchCache c = make_cache(a, p, sets, a.context, rng);
-  fill<T>(c, p, decode ? a.context - 1 : 0, decode ? 1 : a.context, huge, pool, rng);
+  std::vector<Subject> subjects;
+  subjects.reserve(strategies.size());
+  for (const std::string& strategy : strategies) {
+    AttentionArgs sa = a;
+    sa.strategy = strategy;
+    Subject& s = subjects.emplace_back();
+    s.strategy = strategy;
+    s.p = make_params(sa);
+    s.check_err = check_attention<T>(sa, s.p, decode, options, pool, rng);
+    s.c = make_cache(sa, s.p, sets, a.context, rng);
+    std::mt19937 values(4049);  // the same K/V values in every subject
+    fill<T>(s.c, s.p, decode ? a.context - 1 : 0, decode ? 1 : a.context, huge, pool, values);
+  }
   const std::uint32_t rows = decode ? a.batch : a.batch * a.context;
   const auto q = random_floats(std::size_t{rows} * a.q_heads * a.head_dim, rng);
   std::vector<float> out(q.size());
   const auto ro = offsets(a.batch, decode ? 1 : a.context);
-  auto call = [&](std::size_t i) {
-    with_layer<T>(c.batches[i % sets], [&](const auto& k, const auto& v) {
+  auto call_on = [&](Subject& s, std::size_t i) {
+    with_layer<T>(s.c.batches[i % sets], [&](const auto& k, const auto& v) {
       attention(k, v, std::span(q), a.q_heads, std::span<const std::uint32_t>(ro), std::span(out),
                 options, &pool);
     });
   };
   const std::size_t repeats =
-      a.repeats != 0 ? a.repeats : (decode ? std::max<std::size_t>(15, 3 * sets) : 3);
+      a.repeats != 0
+          ? a.repeats
+          : (decode ? std::max<std::size_t>(paired ? 45 : 15, (paired ? 6 : 3) * sets) : 3);
   // Kernel calls, a streaming read of a buffer as large as the working set
   // and (decode) the paged read of the same pages alternate in rounds, and
   // each ratio is the median of per-round ratios: on a shared machine the
@@ -353,28 +387,40 @@ nlohmann::json bench_attention(const AttentionArgs& a) {
   // measured minutes apart do not compare. Cache-resident runs give each of
   // the three an untimed pass first in every round, so that each is timed on
   // data the others have not just evicted (timed cold, a 16 MiB stream read
-  // ~65 GB/s on the Zen 5 VM against ~220 warm).
+  // ~65 GB/s on the Zen 5 VM against ~220 warm). Paired runs time both
+  // subjects in every round, in alternating order, with more, shorter rounds.
   const bool warm = a.resident == "cache";
-  const std::size_t rounds = std::min<std::size_t>(repeats, kBenchRounds);
+  const std::size_t rounds =
+      std::min<std::size_t>(repeats, paired ? 3 * kBenchRounds : kBenchRounds);
   const std::size_t per_round = (repeats + rounds - 1) / rounds;
   const std::size_t stream_bytes = set_bytes * sets;  // sets >= 1
   Buffer stream_buf(stream_bytes, huge);
   float sink = kernels::stream_read(stream_buf.p, stream_bytes, &pool);  // warm-up
   const std::vector<std::uint32_t> tokens(a.batch, a.context);
+  Subject& main = subjects[0];
   auto read_pages = [&](std::size_t i) {
-    with_layer<T>(c.batches[i % sets], [&](const auto& k, const auto& v) {
+    with_layer<T>(main.c.batches[i % sets], [&](const auto& k, const auto& v) {
       sink += kernels::paged_read(detail::erase(k.desc()), detail::erase(v.desc()), sizeof(T),
                                   tokens, &pool);
     });
   };
-  time_calls(std::min<std::size_t>(sets, 50), call);  // warm-up
+  for (Subject& s : subjects) {  // warm-up
+    time_calls(std::min<std::size_t>(sets, 50), [&](std::size_t i) { call_on(s, i); });
+  }
   const double bytes = static_cast<double>(set_bytes);
-  std::vector<double> times, stream_rates, read_rates, stream_fractions, read_fractions;
+  std::vector<double> stream_rates, read_rates, stream_fractions, read_fractions, pair_ratios;
   for (std::size_t r = 0; r < rounds; ++r) {
-    if (warm) call(r * per_round);
-    const auto t = time_calls(per_round, [&](std::size_t i) { call(r * per_round + i); });
-    times.insert(times.end(), t.begin(), t.end());
-    const double kernel_rate = bytes / median(t) / 1e9;
+    std::vector<double> round_median(subjects.size());
+    for (std::size_t k = 0; k < subjects.size(); ++k) {
+      const std::size_t which = r % 2 == 0 ? k : subjects.size() - 1 - k;
+      Subject& s = subjects[which];
+      if (warm) call_on(s, r * per_round);
+      const auto t = time_calls(per_round, [&](std::size_t i) { call_on(s, r * per_round + i); });
+      s.times.insert(s.times.end(), t.begin(), t.end());
+      round_median[which] = median(t);
+    }
+    if (paired) pair_ratios.push_back(round_median[1] / round_median[0]);
+    const double kernel_rate = bytes / round_median[0] / 1e9;
     if (warm) sink += kernels::stream_read(stream_buf.p, stream_bytes, &pool);
     const double t0 = now_s();
     sink += kernels::stream_read(stream_buf.p, stream_bytes, &pool);
@@ -389,6 +435,7 @@ nlohmann::json bench_attention(const AttentionArgs& a) {
     }
   }
   if (sink == 12345.0f) std::cerr << "";  // keep the sums alive
+  const std::vector<double>& times = main.times;
   const double med = median(times);
   nlohmann::json j{
       {"bench", "attention"},
@@ -414,8 +461,8 @@ nlohmann::json bench_attention(const AttentionArgs& a) {
       {"working_set_bytes", set_bytes * sets},
       {"repeats", times.size()},
       {"rounds", rounds},
-      {"check_max_abs_err", check_err},
-      {"check_ok", check_err < check_bound},
+      {"check_max_abs_err", main.check_err},
+      {"check_ok", main.check_err < check_bound},
       {"median_s", med},
       {"min_s", *std::min_element(times.begin(), times.end())},
       {"bytes_kv", bytes},
@@ -426,6 +473,20 @@ nlohmann::json bench_attention(const AttentionArgs& a) {
        *std::min_element(stream_fractions.begin(), stream_fractions.end())},
       {"fraction_of_stream_max",
        *std::max_element(stream_fractions.begin(), stream_fractions.end())}};
+  if (paired) {
+    // The main figures above are the paged cache's; these are the continuous
+    // cache's, timed in the same rounds. paged_over_continuous: the paged
+    // cache's rate over the continuous one's, the median of per-round ratios
+    // (>= 0.95 is the goal of being within 5 %).
+    const Subject& cont = subjects[1];
+    j["continuous_check_max_abs_err"] = cont.check_err;
+    j["continuous_check_ok"] = cont.check_err < check_bound;
+    j["continuous_median_s"] = median(cont.times);
+    j["continuous_gbps"] = bytes / median(cont.times) / 1e9;
+    j["paged_over_continuous"] = median(pair_ratios);
+    j["paged_over_continuous_min"] = *std::min_element(pair_ratios.begin(), pair_ratios.end());
+    j["paged_over_continuous_max"] = *std::max_element(pair_ratios.begin(), pair_ratios.end());
+  }
   if (decode) {
     // The same pages read without arithmetic, in page-table order: the
     // ceiling the page size and order leave (same sets rotated, same threads).
@@ -542,7 +603,9 @@ void add_common(CLI::App* cmd, Common& a) {
   cmd->add_option("--page-order", a.page_order, "shuffled | sequential")->capture_default_str();
   cmd->add_option("--threads", a.threads, "Threads (pool size, caller included)")
       ->capture_default_str();
-  cmd->add_option("--strategy", a.strategy, "paged | continuous")->capture_default_str();
+  cmd->add_option("--strategy", a.strategy,
+                  "paged | continuous (bench attention also: both, the two timed in alternation)")
+      ->capture_default_str();
   cmd->add_option("--layout", a.layout, "Page layout: nhd | hnd (PageLayout)")
       ->capture_default_str();
   cmd->add_option("--huge-pages", a.huge_pages,
