@@ -134,6 +134,12 @@ void attention_f32(const AttentionCtx& c);
 void attention_f16(const AttentionCtx& c);
 void attention_bf16(const AttentionCtx& c);
 
+// out[i] = ExpScores(x[i]) (kernels/cpu/exp_scores-inl.h: the softmax's e^x)
+// on the target the kernels dispatch to now (select_isa), so that tests can
+// hold each target's exponential against std::exp. Throws InvalidArgument
+// when the sizes differ.
+void exp_scores(std::span<const float> x, std::span<float> out);
+
 // Whether the processor has AVX512-BF16 (vdpbf16ps), which the AVX-512
 // targets use for AttentionPrecision::bf16.
 inline bool cpu_has_avx512_bf16() {
@@ -158,6 +164,18 @@ inline bool running_on_amd() {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   static const bool amd = __builtin_cpu_is("amd");
   return amd;
+#else
+  return false;
+#endif
+}
+
+// Whether the processor and the OS support AVX-512 F: on AMD it tells Zen 4
+// and later from Zen 3 and earlier for the automatic prefetch choice,
+// whatever instruction set select_isa() pins.
+inline bool cpu_has_avx512() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  static const bool has = __builtin_cpu_supports("avx512f");
+  return has;
 #else
   return false;
 #endif
