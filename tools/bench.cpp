@@ -452,7 +452,7 @@ nlohmann::json bench_attention(const AttentionArgs& a) {
       {"threads", a.threads},
       {"mode", a.mode},
       {"resident", a.resident},
-      {"prefetch", std::string(prefetch_name(resolve_attention_prefetch(prefetch)))},
+      {"prefetch", std::string(prefetch_name(resolve_attention_prefetch(prefetch, p.page_layout)))},
       {"precision", a.precision},
       {"huge_pages", a.huge_pages},
       {"isa", active_isa()},

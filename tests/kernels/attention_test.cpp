@@ -431,9 +431,11 @@ TEST(AttentionFast, EveryPrefetchStrategy) {
   for (const AttentionPrefetch pf : {AttentionPrefetch::automatic, AttentionPrefetch::next_step_l1,
                                      AttentionPrefetch::next_tile_l2, AttentionPrefetch::none}) {
     SCOPED_TRACE("prefetch " + std::to_string(static_cast<int>(pf)));
-    EXPECT_NE(resolve_attention_prefetch(pf), AttentionPrefetch::automatic);
-    if (pf != AttentionPrefetch::automatic) {
-      EXPECT_EQ(resolve_attention_prefetch(pf), pf);
+    for (const PageLayout layout : {PageLayout::nhd, PageLayout::hnd}) {
+      EXPECT_NE(resolve_attention_prefetch(pf, layout), AttentionPrefetch::automatic);
+      if (pf != AttentionPrefetch::automatic) {
+        EXPECT_EQ(resolve_attention_prefetch(pf, layout), pf);
+      }
     }
     for_dtypes([&](auto tag) {
       using T = decltype(tag);

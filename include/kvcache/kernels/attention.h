@@ -85,9 +85,12 @@ struct StoreOptions {
 // uses. Throws InvalidArgument for a value outside the enum.
 StorePrefetch resolve_store_prefetch(const StoreOptions& options, DType dtype);
 
-// The strategy `requested` stands for on the calling processor (never
-// automatic): what attention() uses for AttentionOptions::prefetch.
-AttentionPrefetch resolve_attention_prefetch(AttentionPrefetch requested);
+// The strategy `requested` stands for on the calling processor for caches
+// of page layout `layout` (never automatic): what attention() uses for
+// AttentionOptions::prefetch. Throws InvalidArgument for a value outside the
+// enum.
+AttentionPrefetch resolve_attention_prefetch(AttentionPrefetch requested,
+                                             PageLayout layout = PageLayout::nhd);
 
 // The prefetch strategies by name, as `kvcache bench --prefetch` and the
 // Python binding spell them: attention "auto", "step-l1", "tile-l2", "none";

@@ -32,9 +32,12 @@ namespace kvcache {
 // How the fast decode kernel (kernels/attention.h) hides the latency of the
 // K/V rows it reads; results never depend on it, only speed does. The
 // reference kernel ignores it.
-//  automatic:    next_tile_l2 on AMD processors, next_step_l1 elsewhere (what
-//                measured fastest on each; docs/PERFORMANCE.md, "Prefetch").
-//                On AMD each worker first times loads of the first line of 16
+//  automatic:    next_step_l1 on processors other than AMD's, and on AMD
+//                processors without AVX-512 (Zen 3 and older) for NHD pages;
+//                next_tile_l2 on other AMD processors and pages (what
+//                measured fastest on each; docs/PERFORMANCE.md, "Prefetch"
+//                and session 25). Where it resolves to next_tile_l2, each
+//                worker first times loads of the first line of 16
 //                K/V rows spread over each decode item; items whose lines all
 //                answer from a cache run as `none` (from cache the pump is
 //                pure cost: MHA 1.4x on one thread, docs/PERFORMANCE.md
@@ -43,7 +46,8 @@ namespace kvcache {
 //  next_step_l1: the rows of the next block of tokens (all the item's KV
 //                heads) into L1, one block ahead (best on a Sapphire Rapids
 //                Xeon when the kernel still walked a tile head by head; not
-//                re-measured since the token-major order of session 5).
+//                re-measured there since the token-major order of session 5;
+//                best on a Zen 3 with NHD pages in session 25).
 //  next_tile_l2: whole rows (all heads) of the next tile into L2,
 //                in address order, issued as fast as the loops read the
 //                current tile (best on Zen 4 and Zen 5). Issued as

@@ -88,15 +88,21 @@ void check_shapes(const LayerCacheDesc<float>& k, const LayerCacheDesc<float>& v
 }
 }  // namespace kernels
 
-AttentionPrefetch resolve_attention_prefetch(AttentionPrefetch requested) {
+AttentionPrefetch resolve_attention_prefetch(AttentionPrefetch requested, PageLayout layout) {
   if (requested > AttentionPrefetch::none) {
     throw InvalidArgument("AttentionOptions::prefetch value " +
                           std::to_string(static_cast<int>(requested)) +
                           " is not automatic, next_step_l1, next_tile_l2 or none");
   }
   if (requested != AttentionPrefetch::automatic) return requested;
-  return kernels::running_on_amd() ? AttentionPrefetch::next_tile_l2
-                                   : AttentionPrefetch::next_step_l1;
+  if (!kernels::running_on_amd()) return AttentionPrefetch::next_step_l1;
+  // AMD without AVX-512 (Zen 3 and older) on NHD pages: next_step_l1 read
+  // 1.23x (MHA) and 1.11x (GQA 4) of next_tile_l2 in DRAM on a Zen 3; on HND
+  // pages next_tile_l2 stayed ahead (docs/PERFORMANCE.md, session 25).
+  if (layout == PageLayout::nhd && !kernels::cpu_has_avx512()) {
+    return AttentionPrefetch::next_step_l1;
+  }
+  return AttentionPrefetch::next_tile_l2;
 }
 
 namespace detail {
@@ -140,7 +146,7 @@ void attention_cpu(DType dtype, const LayerCacheDesc<float>& k, const LayerCache
   c.row_offsets = row_offsets.data();
   c.plan = &plan;
   c.pool = pool;
-  c.prefetch = resolve_attention_prefetch(options.prefetch);
+  c.prefetch = resolve_attention_prefetch(options.prefetch, k.layout);
   c.probe_residency = options.prefetch == AttentionPrefetch::automatic &&
                       c.prefetch == AttentionPrefetch::next_tile_l2;
   c.bf16_inputs = options.precision == AttentionPrecision::bf16 && dtype == DType::bf16;
