@@ -36,8 +36,8 @@ namespace kvcache {
 //                processors without AVX-512 (Zen 3 and older) for NHD pages;
 //                next_tile_l2 on other AMD processors and pages (what
 //                measured fastest on each; docs/PERFORMANCE.md, "Prefetch"
-//                and session 25). Where it resolves to next_tile_l2, each
-//                worker first times loads of the first line of 16
+//                and session 25). On AMD processors each worker first
+//                times loads of the first line of 16
 //                K/V rows spread over each decode item; items whose lines all
 //                answer from a cache run as `none` (from cache the pump is
 //                pure cost: MHA 1.4x on one thread, docs/PERFORMANCE.md

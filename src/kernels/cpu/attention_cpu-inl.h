@@ -64,9 +64,14 @@ constexpr std::uint32_t kTile = 32;  // max KV tokens per tile (multiple of any 
 // 1.00-1.085x, inside the +-5 % that builds with identical DRAM loops differ
 // by on this VM (docs/PERFORMANCE.md, session 18).
 // With next_step_l1 the steps are kPvTokensStepL1 tokens, the next step's V
-// rows prefetched into L1 (16 tokens of 8 heads would be 32 KiB, most of L1).
+// rows prefetched into L1, and the last step prefetches as many tokens of
+// the next tile's K rows. Each step's prefetches go out at once, and a
+// burst larger than the core's misses in flight stalls it: on Zen 3 (DRAM,
+// 2 threads, NHD, 8 heads) 2 tokens (64 lines) read 1.26x of 4 tokens for
+// MHA and 1.06x for GQA 4, with the next tile's first 2 tokens instead of 8
+// another 1.12x for GQA 4 (docs/PERFORMANCE.md, session 25).
 constexpr std::uint32_t kPvTokens = 16;
-constexpr std::uint32_t kPvTokensStepL1 = 4;
+constexpr std::uint32_t kPvTokensStepL1 = 2;
 // On NHD pages, query vectors per head from which the tile loops go head by
 // head (a head's rows 256 bytes apart in a page, but its queries and
 // accumulators stay in L1). DRAM, 2 threads, against token-major: GQA 8
@@ -932,6 +937,8 @@ class ItemRunner {
     // Rows already in the caches need no prefetcher-friendly walk: NHD items
     // go head by head there too (as HND ones do; see head_major()).
     head_major_ = !heads_contiguous() || m_per_head >= kNhdHeadMajorVectors || resident;
+    // Rows the probe found cached run without prefetches either way.
+    step_l1_ = c_.prefetch == AttentionPrefetch::next_step_l1 && !resident;
     // NHD rows hold only the item's heads when it has them all (decode).
     pump_pairs_ = heads_contiguous() && std::size_t{nh} * dim != c_.token_stride;
     // The pair products only where each K/V row serves several query vectors
@@ -1182,9 +1189,7 @@ class ItemRunner {
     // One pumping tile in kTimedTileEvery is timed (the TSC costs ~40 cycles
     // a read; timing every tile took MHA from L2 to 0.94x).
     const bool timed = pump_active_ && ++pumped_tiles_ % kTimedTileEvery == 0;
-    if (c_.prefetch == AttentionPrefetch::next_step_l1 && next != nullptr) {
-      prefetch_segment_starts_l2(*next, h0);
-    }
+    if (step_l1_ && next != nullptr) prefetch_segment_starts_l2(*next, h0);
     std::uint64_t t[3] = {};
     if (timed) t[0] = ticks();
     score_tile(df, rows, h0, nh, m, s);
@@ -1240,7 +1245,7 @@ class ItemRunner {
                    Scratch& s) const {
     constexpr std::uint32_t kT = kN / kQ;
     const std::uint32_t nt = rows.n;
-    const bool step_l1 = c_.prefetch == AttentionPrefetch::next_step_l1;
+    const bool step_l1 = step_l1_;
     if (head_major()) {
       for (std::uint32_t hl = 0; hl < nh; ++hl) {
         for (std::uint32_t tb = 0; tb < nt; tb += kT) {
@@ -1326,7 +1331,7 @@ class ItemRunner {
     HWY_ALIGN float out[kN];
     std::uint32_t tn = 0, hn_ = 0;  // the next pair to assign
     for (std::uint32_t p0 = 0; p0 < pairs; p0 += kT) {
-      if (c_.prefetch == AttentionPrefetch::next_step_l1) {
+      if (step_l1_) {
         if (p0 + kT < pairs) {
           const std::uint32_t last = std::min(pairs, p0 + 2 * kT) - 1;
           prefetch_tokens_l1(rows.k, (p0 + kT) / nh, last / nh + 1, h0, nh);
@@ -1367,7 +1372,7 @@ class ItemRunner {
   // in turn (accumulators reloaded per group).
   void pv_tile(DF df, const TileRows& rows, const TileRows* next, std::uint32_t h0,
                std::uint32_t nh, std::uint32_t m, Scratch& s) const {
-    if (c_.prefetch == AttentionPrefetch::next_step_l1) {
+    if (step_l1_) {
       return pv_tile_steps<kPvTokensStepL1, true>(df, rows, next, h0, nh, m, s);
     }
     pv_tile_steps<kPvTokens, false>(df, rows, next, h0, nh, m, s);
@@ -1384,7 +1389,7 @@ class ItemRunner {
         if (tg + kStep < nt) {
           prefetch_tokens_l1(rows.v, tg + kStep, std::min(nt, tg + 2 * kStep), h0, nh);
         } else if (next != nullptr) {
-          prefetch_tokens_l1(next->k, 0, std::min<std::uint32_t>(next->n, kN), h0, nh);
+          prefetch_tokens_l1(next->k, 0, std::min(next->n, kStep), h0, nh);
         }
       }
       std::uint32_t hl = 0;
@@ -1409,7 +1414,7 @@ class ItemRunner {
     const std::size_t dimp = s.dimp;
     const T* vp[kTile];
     for (std::uint32_t hl = 0; hl < nh; ++hl) {
-      if (c_.prefetch == AttentionPrefetch::next_step_l1) {
+      if (step_l1_) {
         if (hl + 1 < nh) {
           prefetch_tokens_l1(rows.v, 0, std::min<std::uint32_t>(nt, kN), h0 + hl + 1, 1);
         } else if (next != nullptr) {
@@ -1761,6 +1766,7 @@ class ItemRunner {
   bool maybe_resident_ = true;
   // Per item; read in the inlined loops and pump.
   bool head_major_ = false;
+  bool step_l1_ = false;     // AttentionPrefetch::next_step_l1 for this item
   bool pump_pairs_ = false;  // pump K and V lines of a row alternately
   // Rows of the next item's tile that the pump walks past an item's end
   // (last: the members above are read in the loops, at short offsets).

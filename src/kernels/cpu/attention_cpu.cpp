@@ -147,8 +147,8 @@ void attention_cpu(DType dtype, const LayerCacheDesc<float>& k, const LayerCache
   c.plan = &plan;
   c.pool = pool;
   c.prefetch = resolve_attention_prefetch(options.prefetch, k.layout);
-  c.probe_residency = options.prefetch == AttentionPrefetch::automatic &&
-                      c.prefetch == AttentionPrefetch::next_tile_l2;
+  // The residency probe where automatic was measured with it: on AMD.
+  c.probe_residency = options.prefetch == AttentionPrefetch::automatic && kernels::running_on_amd();
   c.bf16_inputs = options.precision == AttentionPrecision::bf16 && dtype == DType::bf16;
   switch (dtype) {
     case DType::f32:

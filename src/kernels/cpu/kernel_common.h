@@ -118,8 +118,8 @@ struct AttentionCtx {
   ThreadPool* pool = nullptr;
   // Resolved (never automatic): see AttentionPrefetch in kernels/reference.h.
   AttentionPrefetch prefetch = AttentionPrefetch::next_step_l1;
-  // next_tile_l2 chosen by `automatic`: decode items whose rows a probe finds
-  // in the caches run without it (ItemRunner::rows_resident).
+  // `automatic` on AMD: decode items whose rows a probe finds in the caches
+  // run without prefetches (ItemRunner::rows_resident).
   bool probe_residency = false;
   // AttentionPrecision::bf16 on a bf16 cache: the scaled queries and the
   // probabilities are rounded to bf16 before they multiply K and V.
