@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "kernel_test_util.h"
+#include "kernels/cpu/kernel_common.h"
 #include "kvcache/error.h"
 #include "kvcache/kernels/isa.h"
 #include "kvcache/kernels/reference.h"
@@ -421,6 +422,29 @@ TEST(AttentionFast, PrecisionOutsideTheEnumThrows) {
     }
   });
   for (float x : out) EXPECT_EQ(x, 3.0f);  // nothing written
+}
+
+// What `automatic` resolves to, per processor and page layout
+// (kvcache/kernels/reference.h): next_step_l1 off AMD and for NHD pages on
+// AMD processors without AVX-512, next_tile_l2 otherwise.
+TEST(AttentionFast, AutomaticPrefetchFollowsProcessorAndLayout) {
+  const bool amd = kernels::running_on_amd();
+  const bool avx512 = kernels::cpu_has_avx512();
+  const AttentionPrefetch nhd =
+      resolve_attention_prefetch(AttentionPrefetch::automatic, PageLayout::nhd);
+  const AttentionPrefetch hnd =
+      resolve_attention_prefetch(AttentionPrefetch::automatic, PageLayout::hnd);
+  if (!amd) {
+    EXPECT_EQ(nhd, AttentionPrefetch::next_step_l1);
+    EXPECT_EQ(hnd, AttentionPrefetch::next_step_l1);
+  } else {
+    EXPECT_EQ(nhd, avx512 ? AttentionPrefetch::next_tile_l2 : AttentionPrefetch::next_step_l1);
+    EXPECT_EQ(hnd, AttentionPrefetch::next_tile_l2);
+  }
+  // The layout's default is NHD.
+  EXPECT_EQ(resolve_attention_prefetch(AttentionPrefetch::automatic), nhd);
+  EXPECT_THROW(resolve_attention_prefetch(static_cast<AttentionPrefetch>(9), PageLayout::hnd),
+               InvalidArgument);
 }
 
 // Every prefetch strategy computes the same attention (prefetches only move
