@@ -33,55 +33,53 @@
 HWY_BEFORE_NAMESPACE();
 namespace kvcache::kernels::HWY_NAMESPACE {
 
+// e^r for x = n ln2 + r, |r| <= ln2 / 2, and n: Highway's Exp reduction and
+// its coefficients, 1 + r + r^2 P(r) evaluated by Horner. The targets below
+// differ only in how they apply 2^n.
+template <class DF, class V = hwy::HWY_NAMESPACE::Vec<DF>>
+HWY_INLINE V ExpReduced(DF df, V x, V& n) {
+  namespace hn = hwy::HWY_NAMESPACE;
+  n = hn::Round(hn::Mul(x, hn::Set(df, 1.44269504088896341f)));
+  V r = hn::MulAdd(n, hn::Set(df, -0.693145751953125f), x);
+  r = hn::MulAdd(n, hn::Set(df, -1.428606765330187045e-6f), r);
+  V p = hn::Set(df, +0.000198527617612853646278381f);
+  p = hn::MulAdd(p, r, hn::Set(df, +0.00139304355252534151077271f));
+  p = hn::MulAdd(p, r, hn::Set(df, +0.00833336077630519866943359f));
+  p = hn::MulAdd(p, r, hn::Set(df, +0.0416664853692054748535156f));
+  p = hn::MulAdd(p, r, hn::Set(df, +0.166666671633720397949219f));
+  p = hn::MulAdd(p, r, hn::Set(df, +0.5f));
+  p = hn::MulAdd(p, hn::Mul(r, r), r);
+  return hn::Add(p, hn::Set(df, 1.0f));
+}
+
+// Whole vectors of floats, where the intrinsics below apply.
+template <class DF>
+constexpr bool kFullF32 = std::is_same_v<DF, hwy::HWY_NAMESPACE::ScalableTag<float>>;
+
 template <class DF>
 HWY_INLINE hwy::HWY_NAMESPACE::Vec<DF> ExpScores(DF df, hwy::HWY_NAMESPACE::Vec<DF> x) {
 #if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL)
-  if constexpr (std::is_same_v<DF, hwy::HWY_NAMESPACE::ScalableTag<float>>) {
-    const __m512 v = x.raw;
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693145751953125f), v);
-    r = _mm512_fmadd_ps(n, _mm512_set1_ps(-1.428606765330187045e-6f), r);
-    __m512 p = _mm512_set1_ps(+0.000198527617612853646278381f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(+0.00139304355252534151077271f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(+0.00833336077630519866943359f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(+0.0416664853692054748535156f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(+0.166666671633720397949219f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(+0.5f));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r);
-    p = _mm512_add_ps(p, _mm512_set1_ps(1.0f));
-    const __mmask16 in_range = _mm512_cmp_ps_mask(v, _mm512_set1_ps(-104.0f), _CMP_GE_OQ);
-    return hwy::HWY_NAMESPACE::Vec<DF>{_mm512_maskz_scalef_ps(in_range, p, n)};
-  } else {
-    return hwy::HWY_NAMESPACE::Exp(df, x);
+  if constexpr (kFullF32<DF>) {
+    using V = hwy::HWY_NAMESPACE::Vec<DF>;
+    V n;
+    const V p = ExpReduced(df, x, n);
+    const __mmask16 in_range = _mm512_cmp_ps_mask(x.raw, _mm512_set1_ps(-104.0f), _CMP_GE_OQ);
+    return V{_mm512_maskz_scalef_ps(in_range, p.raw, n.raw)};
   }
 #elif HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
-  if constexpr (std::is_same_v<DF, hwy::HWY_NAMESPACE::ScalableTag<float>>) {
-    const __m256 v = x.raw;
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(v, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-0.693145751953125f), v);
-    r = _mm256_fmadd_ps(n, _mm256_set1_ps(-1.428606765330187045e-6f), r);
-    __m256 p = _mm256_set1_ps(+0.000198527617612853646278381f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(+0.00139304355252534151077271f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(+0.00833336077630519866943359f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(+0.0416664853692054748535156f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(+0.166666671633720397949219f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(+0.5f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r);
-    p = _mm256_add_ps(p, _mm256_set1_ps(1.0f));
+  if constexpr (kFullF32<DF>) {
+    using V = hwy::HWY_NAMESPACE::Vec<DF>;
+    V n;
+    const V p = ExpReduced(df, x, n);
     // p lies in [2^-0.5, 2^0.5], exponent field 126 or 127: adding n keeps
     // it normal for n >= -125. NaN and -inf fail the ordered compare.
-    const __m256i scaled =
-        _mm256_add_epi32(_mm256_castps_si256(p), _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23));
-    const __m256 in_range = _mm256_cmp_ps(n, _mm256_set1_ps(-125.0f), _CMP_GE_OQ);
-    return hwy::HWY_NAMESPACE::Vec<DF>{_mm256_and_ps(_mm256_castsi256_ps(scaled), in_range)};
-  } else {
-    return hwy::HWY_NAMESPACE::Exp(df, x);
+    const __m256i scaled = _mm256_add_epi32(_mm256_castps_si256(p.raw),
+                                            _mm256_slli_epi32(_mm256_cvtps_epi32(n.raw), 23));
+    const __m256 in_range = _mm256_cmp_ps(n.raw, _mm256_set1_ps(-125.0f), _CMP_GE_OQ);
+    return V{_mm256_and_ps(_mm256_castsi256_ps(scaled), in_range)};
   }
-#else
-  return hwy::HWY_NAMESPACE::Exp(df, x);
 #endif
+  return hwy::HWY_NAMESPACE::Exp(df, x);
 }
 
 }  // namespace kvcache::kernels::HWY_NAMESPACE
