@@ -1245,18 +1245,17 @@ class ItemRunner {
                    Scratch& s) const {
     constexpr std::uint32_t kT = kN / kQ;
     const std::uint32_t nt = rows.n;
-    const bool step_l1 = step_l1_;
     if (head_major()) {
       for (std::uint32_t hl = 0; hl < nh; ++hl) {
         for (std::uint32_t tb = 0; tb < nt; tb += kT) {
-          if (step_l1) prefetch_next_score_block_head_major(rows, tb + kT, h0, hl, nh);
+          if (step_l1_) prefetch_next_score_block_head_major(rows, tb + kT, h0, hl, nh);
           score_block<kQ>(df, rows, tb, h0, hl, m, s);
         }
       }
       return;
     }
     for (std::uint32_t tb = 0; tb < nt; tb += kT) {
-      if (step_l1) {
+      if (step_l1_) {
         if (tb + kT < nt) {
           prefetch_tokens_l1(rows.k, tb + kT, std::min<std::uint32_t>(nt, tb + 2 * kT), h0, nh);
         } else {
