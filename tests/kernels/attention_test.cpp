@@ -468,6 +468,16 @@ TEST(AttentionFast, EveryPrefetchStrategy) {
         c.prefetch = pf;
         check_case<T>(c, rng);
       }
+      // Token-major NHD items with 2, 3 and 6 query vectors per head (GQA 2,
+      // 3 rows of MHA, 2 rows of GQA 3): the GQA steps of next_step_l1,
+      // whose prefetches run past each tile's end into the next tile's rows,
+      // with a tile (32 tokens) cut by pages of 7 and context ends that are
+      // not multiples of the 4-token step.
+      for (const auto& [group, rows] : {std::pair{2u, 1u}, {1u, 3u}, {3u, 2u}}) {
+        Case g{{{1001, rows}, {70, rows}, {3, rows}}, true, 7, 2, group, 128, 2};
+        g.prefetch = pf;
+        check_case<T>(g, rng);
+      }
     });
   }
 }

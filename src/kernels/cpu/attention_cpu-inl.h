@@ -72,6 +72,16 @@ constexpr std::uint32_t kTile = 32;  // max KV tokens per tile (multiple of any 
 // another 1.12x for GQA 4 (docs/PERFORMANCE.md, session 25).
 constexpr std::uint32_t kPvTokens = 16;
 constexpr std::uint32_t kPvTokensStepL1 = 2;
+// With next_step_l1 and several query vectors per head (GQA on NHD pages,
+// token-major), the arithmetic per row is several times MHA's, and 2-token
+// steps cost it the accumulators' loads and stores every 2 tokens (from L3,
+// 1 thread, GQA 4: 6.3-6.8 GB/s against 9.2-12.1 for 16-token steps without
+// prefetches). These items take kPvTokensStepL1Gqa-token steps instead, and
+// each head's prefetches go out just before that head's part of the step,
+// kPrefetchTokensGqa tokens ahead, so that no burst is larger than one
+// head's rows of one step (docs/PERFORMANCE.md, session 26).
+constexpr std::uint32_t kPvTokensStepL1Gqa = 4;
+constexpr std::uint32_t kPrefetchTokensGqa = 8;
 // On NHD pages, query vectors per head from which the tile loops go head by
 // head (a head's rows 256 bytes apart in a page, but its queries and
 // accumulators stay in L1). DRAM, 2 threads, against token-major: GQA 8
@@ -1255,14 +1265,14 @@ class ItemRunner {
       return;
     }
     for (std::uint32_t tb = 0; tb < nt; tb += kT) {
-      if (step_l1_) {
-        if (tb + kT < nt) {
-          prefetch_tokens_l1(rows.k, tb + kT, std::min<std::uint32_t>(nt, tb + 2 * kT), h0, nh);
-        } else {
-          prefetch_tokens_l1(rows.v, 0, std::min(nt, kPvTokensStepL1), h0, nh);
+      for (std::uint32_t hl = 0; hl < nh; ++hl) {
+        // Head hl's K rows kPrefetchTokensGqa tokens on, past the tile's
+        // end its first V rows.
+        if (step_l1_) {
+          prefetch_head_ahead_l1(rows.k, nt, rows.v, nt, tb + kPrefetchTokensGqa, kT, h0 + hl);
         }
+        score_block<kQ>(df, rows, tb, h0, hl, m, s);
       }
-      for (std::uint32_t hl = 0; hl < nh; ++hl) score_block<kQ>(df, rows, tb, h0, hl, m, s);
     }
   }
 
@@ -1372,6 +1382,9 @@ class ItemRunner {
   void pv_tile(DF df, const TileRows& rows, const TileRows* next, std::uint32_t h0,
                std::uint32_t nh, std::uint32_t m, Scratch& s) const {
     if (step_l1_) {
+      if (m > 1) {
+        return pv_tile_steps_gqa<kPvTokensStepL1Gqa>(df, rows, next, h0, nh, m, s);
+      }
       return pv_tile_steps<kPvTokensStepL1, true>(df, rows, next, h0, nh, m, s);
     }
     pv_tile_steps<kPvTokens, false>(df, rows, next, h0, nh, m, s);
@@ -1402,6 +1415,44 @@ class ItemRunner {
         pv_head(df, s.probs.get() + std::size_t{hl} * m * kTile + tg,
                 s.acc.get() + std::size_t{hl} * m * dimp, dimp, vp, n, m);
       }
+    }
+  }
+
+  // next_step_l1 with m > 1 query vectors per head (token-major): steps of
+  // kStep tokens, each head's V rows kPrefetchTokensGqa tokens on (past
+  // the tile's end the next tile's K rows) prefetched just before the
+  // head's part of the step.
+  template <std::uint32_t kStep>
+  void pv_tile_steps_gqa(DF df, const TileRows& rows, const TileRows* next, std::uint32_t h0,
+                         std::uint32_t nh, std::uint32_t m, Scratch& s) const {
+    const std::uint32_t nt = rows.n;
+    const std::size_t dimp = s.dimp;
+    const T* const* next_k = next != nullptr ? next->k : nullptr;
+    const std::uint32_t next_n = next != nullptr ? next->n : 0;
+    for (std::uint32_t tg = 0; tg < nt; tg += kStep) {
+      const std::uint32_t n = std::min(kStep, nt - tg);
+      for (std::uint32_t hl = 0; hl < nh; ++hl) {
+        prefetch_head_ahead_l1(rows.v, nt, next_k, next_n, tg + kPrefetchTokensGqa, kStep, h0 + hl);
+        const std::size_t off = std::size_t{h0 + hl} * c_.head_stride;
+        const T* vp[kStep];
+        for (std::uint32_t i = 0; i < n; ++i) vp[i] = rows.v[tg + i] + off;
+        pv_head(df, s.probs.get() + std::size_t{hl} * m * kTile + tg,
+                s.acc.get() + std::size_t{hl} * m * dimp, dimp, vp, n, m);
+      }
+    }
+  }
+
+  // Into L1: head h's rows of tokens [a, a + n) of the sequence made of
+  // `first` (tokens [0, nfirst)) followed by `then` (tokens [0, nthen);
+  // null: none).
+  void prefetch_head_ahead_l1(const T* const* first, std::uint32_t nfirst, const T* const* then,
+                              std::uint32_t nthen, std::uint32_t a, std::uint32_t n,
+                              std::uint32_t h) const {
+    const std::uint32_t b = a + n;
+    if (a < nfirst) prefetch_tokens_l1(first, a, std::min(b, nfirst), h, 1);
+    if (b > nfirst && then != nullptr) {
+      const std::uint32_t ta = a > nfirst ? a - nfirst : 0;
+      prefetch_tokens_l1(then, std::min(ta, nthen), std::min(b - nfirst, nthen), h, 1);
     }
   }
 
