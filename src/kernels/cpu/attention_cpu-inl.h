@@ -1377,27 +1377,39 @@ class ItemRunner {
   }
 
   // acc += p . V over the tile kPvTokens (with next_step_l1
-  // kPvTokensStepL1) tokens at a time: for each group of tokens, every head
-  // in turn (accumulators reloaded per group).
+  // kPvTokensStepL1, or kPvTokensStepL1Gqa for m > 1) tokens at a time: for
+  // each group of tokens, every head in turn (accumulators reloaded per
+  // group).
   void pv_tile(DF df, const TileRows& rows, const TileRows* next, std::uint32_t h0,
                std::uint32_t nh, std::uint32_t m, Scratch& s) const {
     if (step_l1_) {
       if (m > 1) {
-        return pv_tile_steps_gqa<kPvTokensStepL1Gqa>(df, rows, next, h0, nh, m, s);
+        return pv_tile_steps<kPvTokensStepL1Gqa, StepPrefetch::per_head>(df, rows, next, h0, nh, m,
+                                                                         s);
       }
-      return pv_tile_steps<kPvTokensStepL1, true>(df, rows, next, h0, nh, m, s);
+      return pv_tile_steps<kPvTokensStepL1, StepPrefetch::whole_step>(df, rows, next, h0, nh, m, s);
     }
-    pv_tile_steps<kPvTokens, false>(df, rows, next, h0, nh, m, s);
+    pv_tile_steps<kPvTokens, StepPrefetch::none>(df, rows, next, h0, nh, m, s);
   }
 
-  template <std::uint32_t kStep, bool kStepL1>
+  // How the PV steps of next_step_l1 prefetch: none (other strategies); the
+  // next step's V rows of every head at the step's start (past the tile's
+  // end the next tile's first K rows), MHA; or head by head, each head's V
+  // rows kPrefetchTokensGqa tokens on just before its part of the step
+  // (past the tile's end the next tile's K rows), items with m > 1 query
+  // vectors per head (see kPvTokensStepL1Gqa).
+  enum class StepPrefetch { none, whole_step, per_head };
+
+  template <std::uint32_t kStep, StepPrefetch kPrefetch>
   void pv_tile_steps(DF df, const TileRows& rows, const TileRows* next, std::uint32_t h0,
                      std::uint32_t nh, std::uint32_t m, Scratch& s) const {
     const std::uint32_t nt = rows.n;
     const std::size_t dimp = s.dimp;
+    const T* const* next_k = next != nullptr ? next->k : nullptr;
+    const std::uint32_t next_n = next != nullptr ? next->n : 0;
     for (std::uint32_t tg = 0; tg < nt; tg += kStep) {
       const std::uint32_t n = std::min(kStep, nt - tg);
-      if constexpr (kStepL1) {
+      if constexpr (kPrefetch == StepPrefetch::whole_step) {
         if (tg + kStep < nt) {
           prefetch_tokens_l1(rows.v, tg + kStep, std::min(nt, tg + 2 * kStep), h0, nh);
         } else if (next != nullptr) {
@@ -1409,30 +1421,10 @@ class ItemRunner {
         for (; hl + 2 <= nh; hl += 2) pv_head_pair(df, rows, tg, n, h0, hl, s);
       }
       for (; hl < nh; ++hl) {
-        const std::size_t off = std::size_t{h0 + hl} * c_.head_stride;
-        const T* vp[kStep];
-        for (std::uint32_t i = 0; i < n; ++i) vp[i] = rows.v[tg + i] + off;
-        pv_head(df, s.probs.get() + std::size_t{hl} * m * kTile + tg,
-                s.acc.get() + std::size_t{hl} * m * dimp, dimp, vp, n, m);
-      }
-    }
-  }
-
-  // next_step_l1 with m > 1 query vectors per head (token-major): steps of
-  // kStep tokens, each head's V rows kPrefetchTokensGqa tokens on (past
-  // the tile's end the next tile's K rows) prefetched just before the
-  // head's part of the step.
-  template <std::uint32_t kStep>
-  void pv_tile_steps_gqa(DF df, const TileRows& rows, const TileRows* next, std::uint32_t h0,
-                         std::uint32_t nh, std::uint32_t m, Scratch& s) const {
-    const std::uint32_t nt = rows.n;
-    const std::size_t dimp = s.dimp;
-    const T* const* next_k = next != nullptr ? next->k : nullptr;
-    const std::uint32_t next_n = next != nullptr ? next->n : 0;
-    for (std::uint32_t tg = 0; tg < nt; tg += kStep) {
-      const std::uint32_t n = std::min(kStep, nt - tg);
-      for (std::uint32_t hl = 0; hl < nh; ++hl) {
-        prefetch_head_ahead_l1(rows.v, nt, next_k, next_n, tg + kPrefetchTokensGqa, kStep, h0 + hl);
+        if constexpr (kPrefetch == StepPrefetch::per_head) {
+          prefetch_head_ahead_l1(rows.v, nt, next_k, next_n, tg + kPrefetchTokensGqa, kStep,
+                                 h0 + hl);
+        }
         const std::size_t off = std::size_t{h0 + hl} * c_.head_stride;
         const T* vp[kStep];
         for (std::uint32_t i = 0; i < n; ++i) vp[i] = rows.v[tg + i] + off;
