@@ -213,11 +213,15 @@ TEST_P(ErrorsTest, OtherSequencesDataSurvivesManyFailures) {
   EXPECT_TRUE(kvtest::copy_buffers(*mgr, batch) == bytes);
 }
 
+std::string StrategyParamName(const ::testing::TestParamInfo<CacheStrategy>& info) {
+  return std::string(strategy_name(info.param));
+}
+
 INSTANTIATE_TEST_SUITE_P(BothManagers, ErrorsTest,
                          ::testing::Values(CacheStrategy::paged, CacheStrategy::continuous),
-                         [](const auto& info) { return std::string(strategy_name(info.param)); });
+                         StrategyParamName);
 INSTANTIATE_TEST_SUITE_P(PagedManager, PagedErrorsTest, ::testing::Values(CacheStrategy::paged),
-                         [](const auto& info) { return std::string(strategy_name(info.param)); });
+                         StrategyParamName);
 
 // ---- constructors ---------------------------------------------------------------
 
