@@ -53,18 +53,22 @@ struct RopeOptions {
 
 inline constexpr std::size_t kStoreStreamingBytes = std::size_t{8} << 20;
 
-// Whether store_kv prefetches the next input row (K and V rows of the next
-// token) into L1 while it converts the current one; results never depend
-// on it. automatic picks, from measurements (docs/PERFORMANCE.md):
+// Whether store_kv prefetches its input ahead into L1: with next_row_l1 the
+// conversion loops prefetch 2 KiB ahead of what they read, one line per line
+// read, running on into the next token's K and V rows (until session 27 it
+// was one burst of the whole next row per row, which the L1's miss buffers
+// cannot take at once). Results never depend on it. automatic picks, from
+// measurements (docs/PERFORMANCE.md):
 // - next_row_l1 with RoPE on K, on every processor: the rotation reads each
 //   K row in a pass of its own, whose loads the hardware prefetchers alone
-//   leave waiting on DRAM (Zen 5 with a RopeTable: bf16 1.55x, f16 1.35x);
-// - next_row_l1 for bf16 and none for f16 / f32 on AMD processors: the
-//   hardware prefetchers keep up with the converter that does the least
-//   work per byte, not with bf16's integer rounding (Zen 5, bf16 1.28x,
-//   f16 0.94x with the prefetch; Zen 4: f16 0.79x, bf16 0.95x);
-// - next_row_l1 elsewhere (a Sapphire Rapids Xeon: bf16 0.68 -> 0.77 of
-//   memcpy).
+//   leave waiting on DRAM (Zen 5 with a RopeTable, burst form: bf16 1.55x,
+//   f16 1.35x);
+// - next_row_l1 for bf16 and f16, none for f32 on AMD processors (Zen 3,
+//   running form, against none: bf16 1.13x, f16 1.10-1.26x, f32 0.94x; the
+//   burst form had cost f16 on Zen 4 / 5, 0.79x / 0.94x: the running form is
+//   not measured there);
+// - next_row_l1 elsewhere (a Sapphire Rapids Xeon, burst form: bf16 0.68 ->
+//   0.77 of memcpy).
 enum class StorePrefetch : std::uint8_t { automatic, next_row_l1, none };
 
 class RopeTable;  // kernels/rope_table.h

@@ -44,21 +44,51 @@ HWY_INLINE void PutVec(V v, D d, hn::TFromD<D>* dst) {
   }
 }
 
-template <bool kStream>
-HWY_INLINE void ConvertRow(const float* src, float* dst, std::size_t n) {
-  if constexpr (kStream) {
-    const DF df;
-    const std::size_t lanes = hn::Lanes(df);
-    std::size_t i = 0;
-    for (; i + lanes <= n; i += lanes) hn::Stream(hn::LoadU(df, src + i), df, dst + i);
-    std::memcpy(dst + i, src + i, (n - i) * sizeof(float));
-  } else {
-    std::memcpy(dst, src, n * sizeof(float));
+// StorePrefetch::next_row_l1: while a conversion loop reads src[i], it
+// prefetches src[i + kPrefetchAheadFloats] into L1, one line per 64 bytes
+// read. The input rows of a token and of the next token are contiguous, so
+// the prefetches run on into the next row. This replaced one burst of the
+// whole next row (2 x 4 KiB at head dim 128 x 8 heads) at each row's start,
+// which the L1's miss buffers cannot take at once: alternated rounds on the
+// Zen 3 VM (DRAM, 16 x 4,096 tokens, 2 threads), bf16 1.13x (8 rounds, every
+// one faster), f16 1.10x over no prefetch, f32 0.94x (docs/PERFORMANCE.md,
+// session 27).
+constexpr std::size_t kPrefetchAheadFloats = 2048 / sizeof(float);
+constexpr std::size_t kFloatsPerLine = 64 / sizeof(float);
+
+// For a loop step reading src[i, i + step): prefetches src[j + pf] for each
+// j in it that starts a 64-byte line's worth of floats (pf: 0 for none).
+HWY_INLINE void PrefetchAhead(const float* src, std::size_t i, std::size_t step, std::size_t pf) {
+  if (pf == 0) return;
+  for (std::size_t j = (i + kFloatsPerLine - 1) / kFloatsPerLine * kFloatsPerLine; j < i + step;
+       j += kFloatsPerLine) {
+    prefetch_l1(src + j + pf);
   }
 }
 
 template <bool kStream>
-HWY_INLINE void ConvertRow(const float* src, hwy::float16_t* dst, std::size_t n) {
+HWY_INLINE void ConvertRow(const float* src, float* dst, std::size_t n, std::size_t pf = 0) {
+  if (!kStream && pf == 0) {
+    std::memcpy(dst, src, n * sizeof(float));
+    return;
+  }
+  const DF df;
+  const std::size_t lanes = hn::Lanes(df);
+  std::size_t i = 0;
+  if (pf == 0) {  // a plain copy loop (the check inside the loop cost f32 ~6 % here)
+    for (; i + lanes <= n; i += lanes) PutVec<kStream>(hn::LoadU(df, src + i), df, dst + i);
+  } else {
+    for (; i + lanes <= n; i += lanes) {
+      PrefetchAhead(src, i, lanes, pf);
+      PutVec<kStream>(hn::LoadU(df, src + i), df, dst + i);
+    }
+  }
+  std::memcpy(dst + i, src + i, (n - i) * sizeof(float));
+}
+
+template <bool kStream>
+HWY_INLINE void ConvertRow(const float* src, hwy::float16_t* dst, std::size_t n,
+                           std::size_t pf = 0) {
   const DF df;
   const hn::Rebind<hwy::float16_t, DF> dh;
   const std::size_t lanes = hn::Lanes(df);
@@ -67,11 +97,14 @@ HWY_INLINE void ConvertRow(const float* src, hwy::float16_t* dst, std::size_t n)
   // F16C hardware conversion: round-to-nearest-even, bit-identical to f32_to_f16_bits.
   // Highway's software DemoteTo on older / non-x86 targets rounds differently, so
   // those take the exact scalar path below.
-  for (; i + lanes <= n; i += lanes)
+  for (; i + lanes <= n; i += lanes) {
+    PrefetchAhead(src, i, lanes, pf);
     PutVec<kStream>(hn::DemoteTo(dh, hn::LoadU(df, src + i)), dh, dst + i);
+  }
 #else
   (void)dh;
   (void)lanes;
+  (void)pf;
 #endif
   for (; i < n; ++i) {
     const std::uint16_t bits = f32_to_f16_bits(src[i]);
@@ -109,14 +142,18 @@ HWY_INLINE void PutPair(VF f0, VF f1, hwy::bfloat16_t* dst) {
 #endif
 
 template <bool kStream>
-HWY_INLINE void ConvertRow(const float* src, hwy::bfloat16_t* dst, std::size_t n) {
+HWY_INLINE void ConvertRow(const float* src, hwy::bfloat16_t* dst, std::size_t n,
+                           std::size_t pf = 0) {
   std::size_t i = 0;
 #if HWY_TARGET != HWY_SCALAR
   const DF df;
   const std::size_t lanes = hn::Lanes(df);
   for (; i + 2 * lanes <= n; i += 2 * lanes) {
+    PrefetchAhead(src, i, 2 * lanes, pf);
     PutPair<kStream>(hn::LoadU(df, src + i), hn::LoadU(df, src + i + lanes), dst + i);
   }
+#else
+  (void)pf;
 #endif
   for (; i < n; ++i) {
     const std::uint16_t bits = f32_to_bf16_bits(src[i]);
@@ -215,18 +252,20 @@ constexpr bool kFusedRope = HWY_NATIVE_FMA && HWY_TARGET != HWY_SCALAR;
 // and written as T at dst; the elements from 2 * half on are copied.
 template <bool kStream, class T>
 HWY_INLINE void RotateConvertHead(const float* x, T* dst, const float* cs, std::uint32_t half,
-                                  std::uint32_t dim) {
+                                  std::uint32_t dim, std::size_t pf) {
   if constexpr (kFusedRope) {
     const DF df;
     const std::size_t lanes = hn::Lanes(df);
     for (std::size_t i = 0; i < half; i += 2 * lanes) {
+      PrefetchAhead(x, i, 2 * lanes, pf);
+      PrefetchAhead(x + half, i, 2 * lanes, pf);
       VF y0[2], y1[2];
       RotateVec(x, cs, half, i, y0[0], y1[0]);
       RotateVec(x, cs, half, i + lanes, y0[1], y1[1]);
       PutPair<kStream>(y0[0], y0[1], dst + i);
       PutPair<kStream>(y1[0], y1[1], dst + half + i);
     }
-    ConvertRow<kStream>(x + 2 * half, dst + 2 * half, dim - 2 * half);
+    ConvertRow<kStream>(x + 2 * half, dst + 2 * half, dim - 2 * half, pf);
   }
 }
 
@@ -259,6 +298,11 @@ void StoreRows(const StoreCtx& c, std::uint32_t r0, std::uint32_t r1, std::vecto
   std::uint32_t b = static_cast<std::uint32_t>(
       std::upper_bound(c.row_offsets, c.row_offsets + c.batch + 1, r0) - c.row_offsets - 1);
   const bool fused = kFusedRope && c.rope && (c.rotary_dim / 2) % (2 * hn::Lanes(DF())) == 0;
+  // The input is read as two interleaved streams (K and V rows), which a
+  // Xeon's hardware prefetcher alone does not keep far enough ahead.
+  const std::size_t pf = c.prefetch_next_row ? kPrefetchAheadFloats : 0;
+  // K's prefetches where K is read from the input (not from RopeRow's tmp).
+  const std::size_t k_pf = c.rope && !fused ? 0 : pf;
   for (std::uint32_t r = r0; r < r1; ++r) {
     while (r >= c.row_offsets[b + 1]) ++b;
     const std::uint32_t pos = c.cache_lengths[b] + (r - c.row_offsets[b]);
@@ -266,34 +310,33 @@ void StoreRows(const StoreCtx& c, std::uint32_t r0, std::uint32_t r1, std::vecto
     const std::size_t off =
         std::size_t{block} * c.block_stride + std::size_t{pos % c.page} * c.token_stride;
     const float* k_src = c.k_new + std::size_t{r} * row;
-    if (c.prefetch_next_row && r + 1 < r1) {
-      // The next row's inputs, one row ahead: the input is read as two
-      // interleaved streams (K and V rows), which a Xeon's hardware
-      // prefetcher alone does not keep far enough ahead (measured there:
-      // 0.68 -> 0.77 of memcpy for bf16, one thread; on Zen 4 it costs).
+    // The conversion loops prefetch ahead within the input (PrefetchAhead),
+    // except RopeRow (targets without a native FMA), whose K row gets the
+    // next row's in one burst here.
+    if (pf != 0 && c.rope && !fused && r + 1 < r1)
       prefetch_range_l1(k_src + row, row * sizeof(float));
-      prefetch_range_l1(c.v_new + std::size_t{r + 1} * row, row * sizeof(float));
-    }
     const float* v_src = c.v_new + std::size_t{r} * row;
     if (fused) {  // K rotated and written here; V below
       const float* cs = RopeCosSin(c, pos, tmp.data());
       for (std::uint32_t h = 0; h < c.n_kv; ++h) {
         RotateConvertHead<kStream>(k_src + std::size_t{h} * c.dim,
                                    static_cast<T*>(c.k_blocks) + off + h * c.head_stride, cs,
-                                   c.rotary_dim / 2, c.dim);
+                                   c.rotary_dim / 2, c.dim, pf);
       }
     } else if (c.rope) {
       RopeRow(c, k_src, tmp.data(), pos, tmp.data() + row);
       k_src = tmp.data();
     }
     if (c.head_stride == c.dim) {  // the token's heads are contiguous (NHD): one run
-      if (!fused) ConvertRow<kStream>(k_src, static_cast<T*>(c.k_blocks) + off, row);
-      ConvertRow<kStream>(v_src, static_cast<T*>(c.v_blocks) + off, row);
+      if (!fused) ConvertRow<kStream>(k_src, static_cast<T*>(c.k_blocks) + off, row, k_pf);
+      ConvertRow<kStream>(v_src, static_cast<T*>(c.v_blocks) + off, row, pf);
     } else {  // HND: one run of head_dim per head
       for (std::uint32_t h = 0; h < c.n_kv; ++h) {
         const std::size_t src = std::size_t{h} * c.dim, dst = off + h * c.head_stride;
-        if (!fused) ConvertRow<kStream>(k_src + src, static_cast<T*>(c.k_blocks) + dst, c.dim);
-        ConvertRow<kStream>(v_src + src, static_cast<T*>(c.v_blocks) + dst, c.dim);
+        if (!fused) {
+          ConvertRow<kStream>(k_src + src, static_cast<T*>(c.k_blocks) + dst, c.dim, k_pf);
+        }
+        ConvertRow<kStream>(v_src + src, static_cast<T*>(c.v_blocks) + dst, c.dim, pf);
       }
     }
   }
@@ -371,8 +414,8 @@ StorePrefetch resolve_store_prefetch(const StoreOptions& options, DType dtype) {
                           " is not automatic, next_row_l1 or none");
   }
   if (requested != StorePrefetch::automatic) return requested;
-  const bool prefetch =
-      options.rope_k.enabled || dtype == DType::bf16 || !kernels::running_on_amd();
+  // f32 on AMD: 0.94x with the running prefetch (session 27), none.
+  const bool prefetch = options.rope_k.enabled || dtype != DType::f32 || !kernels::running_on_amd();
   return prefetch ? StorePrefetch::next_row_l1 : StorePrefetch::none;
 }
 
