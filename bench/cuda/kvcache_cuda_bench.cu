@@ -4,6 +4,14 @@
 //   kvcache_cuda_bench --sweep          decode-kernel variants (detail::DecodeTuning)
 //   kvcache_cuda_bench --once N_Q BATCH CONTEXT NEW   one bf16 decode shape, 3 calls
 //                                       (for ncu: tools/cuda/profile_decode.sh)
+//   kvcache_cuda_bench --host           per-call costs of one decode step's
+//                                       store_kv and attention: event-timed
+//                                       single calls, host time per call and
+//                                       device time per call back to back, the
+//                                       runtime queries the host checks make,
+//                                       and the pair captured in a CUDA graph
+//                                       and replayed (checked against direct
+//                                       calls)
 //
 // Decode: head dim 128, 8 KV heads, 8 and 32 query heads, page 16 with a
 // shuffled page table, bf16 and f16, several batch x context shapes, one new
@@ -32,10 +40,12 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <numeric>
 #include <random>
@@ -341,6 +351,7 @@ struct Args {
   int repeats = 20;
   bool quick = false;
   bool sweep = false;
+  bool host = false;
   std::uint32_t once[4] = {0, 0, 0, 0};  // n_q, batch, context, new
 };
 
@@ -356,12 +367,14 @@ Args parse(int argc, char** argv) {
       a.quick = true;
     } else if (s == "--sweep") {
       a.sweep = true;
+    } else if (s == "--host") {
+      a.host = true;
     } else if (s == "--once" && i + 4 < argc) {
       for (auto& x : a.once) x = static_cast<std::uint32_t>(std::atol(argv[++i]));
     } else {
       throw std::invalid_argument("unknown argument '" + s +
                                   "'; usage: kvcache_cuda_bench [--json FILE] [--repeats N] "
-                                  "[--quick] [--sweep] [--once N_Q BATCH CONTEXT NEW]");
+                                  "[--quick] [--sweep] [--host] [--once N_Q BATCH CONTEXT NEW]");
     }
   }
   return a;
@@ -523,6 +536,140 @@ int run_sweep(const Env& env) {
   return 0;
 }
 
+// ---- --host: what a decode step's calls cost besides their kernels ----
+
+double host_now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Host microseconds per call of f, over n calls.
+template <class F>
+double host_us(int n, F&& f) {
+  const double t0 = host_now_s();
+  for (int i = 0; i < n; ++i) f(i);
+  return (host_now_s() - t0) / n * 1e6;
+}
+
+// Prints, for f: the event-timed single call (median), host time per call
+// issued back to back (before the synchronisation) and device time per call
+// back to back (events around n calls).
+template <class F>
+void report_calls(const char* what, cudaStream_t st, F&& f) {
+  constexpr int kN = 200;
+  const double single = median_time(5, 31, [&](int i) { f(i); }) * 1e6;
+  check(cudaStreamSynchronize(st), "sync");
+  Events ev;
+  double issue = 0;
+  const double piped = ev.time_s([&] { issue = host_us(kN, f); }) / kN * 1e6;
+  check(cudaDeviceSynchronize(), "sync");
+  std::printf("%-34s single %7.2f us   host per call %7.2f us   back to back %7.2f us\n", what,
+              single, issue, piped);
+}
+
+int run_host(const Env& env) {
+  (void)env;
+  constexpr std::uint32_t kBatch = 32, kCtx = 512, kNq = 8, kNkv = 8, kDim = 128, kPage = 16;
+  Setup<BFloat16> s(kBatch, kCtx - 1, 1, kPage, kNkv, kDim, 1);
+  kc::DeviceCollection<BFloat16> dev(s.desc, s.pool.data());
+  const std::size_t kv_n = std::size_t{kBatch} * kNkv * kDim;
+  kc::DeviceBuffer<float> k_new(kv_n), v_new(kv_n), q(std::size_t{kBatch} * kNq * kDim),
+      out(q.size());
+  fill(k_new.data(), kv_n, 21);
+  fill(v_new.data(), kv_n, 22);
+  fill(q.data(), q.size(), 23);
+  auto offsets = kc::DeviceBuffer<std::uint32_t>::from_host(s.offsets);
+  kc::AttentionWorkspace ws;
+  cudaStream_t st = nullptr;
+  // A blocking stream: the events on the null stream (Events, median_time)
+  // order against its work; graphs are captured on it.
+  check(cudaStreamCreate(&st), "cudaStreamCreate");
+  kvcache::StoreOptions rope;
+  rope.rope_k.enabled = true;
+  auto store = [&](int) {
+    kc::store_kv(dev.key(0), dev.value(0), std::span<const float>(k_new.span()),
+                 std::span<const float>(v_new.span()),
+                 std::span<const std::uint32_t>(offsets.span()), kvcache::StoreOptions{}, st);
+  };
+  auto store_rope = [&](int) {
+    kc::store_kv(dev.key(0), dev.value(0), std::span<const float>(k_new.span()),
+                 std::span<const float>(v_new.span()),
+                 std::span<const std::uint32_t>(offsets.span()), rope, st);
+  };
+  auto attend = [&](int) {
+    kc::attention(dev.key(0), dev.value(0), std::span<const float>(q.span()), kNq,
+                  std::span<const std::uint32_t>(offsets.span()), out.span(), {}, st, &ws);
+  };
+  auto step = [&](int i) {
+    store_rope(i);
+    attend(i);
+  };
+  std::printf(
+      "-- per-call costs: bf16, %u entries x %u context, 1 new token, n_q %u, %u KV "
+      "heads, head dim %u, page %u, stream of its own\n",
+      kBatch, kCtx, kNq, kNkv, kDim, kPage);
+  report_calls("store_kv", st, store);
+  report_calls("store_kv + RoPE", st, store_rope);
+  report_calls("attention (workspace)", st, attend);
+  report_calls("store_kv + RoPE, then attention", st, step);
+
+  // The runtime queries a call's host checks make.
+  int device = 0, sms = 0;
+  cudaPointerAttributes attr{};
+  const double ptr_us = host_us(1000, [&](int) {
+    check(cudaPointerGetAttributes(&attr, k_new.data()), "cudaPointerGetAttributes");
+  });
+  const double dev_us = host_us(1000, [&](int) { check(cudaGetDevice(&device), "cudaGetDevice"); });
+  const double attr_us = host_us(1000, [&](int) {
+    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "attribute");
+  });
+  std::printf(
+      "cudaPointerGetAttributes %.3f us, cudaGetDevice %.3f us, "
+      "cudaDeviceGetAttribute %.3f us (host, each)\n",
+      ptr_us, dev_us, attr_us);
+
+  // The step captured into a CUDA graph and replayed.
+  check(cudaStreamSynchronize(st), "sync");
+  const std::vector<float> direct = out.to_host(st);
+  out.fill_bytes(0xff, st);
+  check(cudaStreamSynchronize(st), "sync");
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  std::string failure;
+  try {
+    check(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture");
+    try {
+      step(0);
+    } catch (...) {
+      cudaStreamEndCapture(st, &graph);
+      throw;
+    }
+    check(cudaStreamEndCapture(st, &graph), "cudaStreamEndCapture");
+    check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+  } catch (const std::exception& e) {
+    failure = e.what();
+    (void)cudaGetLastError();
+  }
+  if (!failure.empty()) {
+    std::printf("graph capture of store_kv + attention: FAILED: %s\n", failure.c_str());
+  } else {
+    check(cudaGraphLaunch(exec, st), "cudaGraphLaunch");
+    check(cudaStreamSynchronize(st), "sync");
+    const std::vector<float> replayed = out.to_host(st);
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < direct.size(); ++i) {
+      differ += std::memcmp(&direct[i], &replayed[i], sizeof(float)) != 0;
+    }
+    report_calls("graph replay (store + RoPE, attention)", st,
+                 [&](int) { check(cudaGraphLaunch(exec, st), "cudaGraphLaunch"); });
+    std::printf("graph replay output: %zu of %zu floats differ from the direct calls'\n", differ,
+                direct.size());
+  }
+  if (exec != nullptr) cudaGraphExecDestroy(exec);
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  check(cudaStreamDestroy(st), "cudaStreamDestroy");
+  return failure.empty() ? 0 : 2;
+}
+
 int run_once(const Env& env, const std::uint32_t (&o)[4]) {
   DecodeRig<BFloat16> rig(env, o[0], o[1], o[2], o[3], copies_for(env, o[1], o[2], 2));
   for (std::uint32_t i = 0; i < 3; ++i) rig.call(i % rig.copies, {});  // with the workspace
@@ -545,6 +692,7 @@ int run(int argc, char** argv) {
   env.l2 = static_cast<std::size_t>(l2);
   std::fprintf(stderr, "kvcache_cuda_bench on %s\n", kc::device_description().c_str());
   if (args.once[0] != 0) return run_once(env, args.once);
+  if (args.host) return run_host(env);
   const double copy_s = measure_copy(env, std::size_t{1} << 30);
   env.copy_gbps = 2.0 * double(std::size_t{1} << 30) / copy_s * 1e-9;
   env.copy_read_gbps = env.copy_gbps / 2;

@@ -19,6 +19,22 @@
 // With n_devices > 1 (tensor parallel), make one DeviceCollection per device
 // from batch.paged<T>(device).desc() and that device's pool.
 //
+// CUDA graphs (the decode step captured once, replayed every step): a
+// replayed kernel reads the device memory its capture pointed at, with the
+// capture's launch shape. So the metadata must stay where it is and keep its
+// shape while its contents move on:
+//   - build the collection once with DeviceCollectionBounds: the lookup
+//     stride, max_seq_length and max_cache_length every later step fits in
+//     (e.g. the pages of the longest sequence, 1, and the context limit);
+//     the descriptors then carry those bounds, so the kernels' launch shape
+//     (split plan, grid) is the same every step;
+//   - every step, update(next_batch.desc()) repacks the step's page table
+//     into the bounded stride (sentinel-padded) and uploads it with the
+//     cache lengths into the same device buffers, then replay.
+// The batch size is fixed per collection (capture one graph per batch size;
+// padding a batch is the engine's choice). store_kv / attention's own rules
+// for graphs: kvcache/cuda/kernels.h.
+//
 // Invariants: the host desc is validated on construction exactly as a host
 // collection validates it (lookup entries within num_blocks or the sentinel,
 // committed tokens backed by blocks, ...): InvalidArgument naming the value.
@@ -26,14 +42,20 @@
 // memory (InvalidArgument otherwise): it must hold pool_elements(host) T.
 // Ownership: owns the uploaded cache_lengths / lookup_table (freed by the
 // destructor); borrows the pool. Descriptors it returns are valid while it
-// lives. The upload completes before the constructor returns.
-// Thread-safety: const methods are safe concurrently.
+// lives, and across update() (same device pointers). Uploads complete before
+// the constructor / update() return.
+// Thread-safety: const methods are safe concurrently; update() is not safe
+// concurrently with anything on the same collection, and overwrites the
+// device metadata: kernels still to run on the old contents must be ordered
+// before it (the same stream, or synchronised).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "kvcache/collection.h"
 #include "kvcache/cuda/device_buffer.h"
@@ -47,26 +69,83 @@ std::size_t pool_elements(const CollectionDesc<T>& d) {
   return std::size_t{d.num_blocks} * 2 * d.num_layers * d.block_tokens * d.n_kv_heads * d.head_dim;
 }
 
+// The shape a DeviceCollection keeps across update(): its descriptors carry
+// these values, each at least the host batch's (see CUDA graphs above).
+struct DeviceCollectionBounds {
+  std::uint32_t lookup_stride = 0;     // page-table entries per batch entry
+  std::uint32_t max_seq_length = 0;    // new tokens of any entry in any step
+  std::uint32_t max_cache_length = 0;  // cache_length + new tokens, any entry, any step
+};
+
 template <CacheElement T>
 class DeviceCollection {
  public:
+  // The host batch's metadata as it is (bounds = the batch's own values).
   DeviceCollection(const CollectionDesc<T>& host, T* device_blocks, CUstream_st* stream = nullptr)
+      : DeviceCollection(host, device_blocks,
+                         {host.lookup_stride, host.max_seq_length, host.max_cache_length}, stream) {
+  }
+
+  // With bounds for update(): throws InvalidArgument (naming the value and
+  // the limit) when a bound is below the host batch's value, when
+  // max_cache_length exceeds lookup_stride * block_tokens, or when
+  // max_seq_length exceeds max_cache_length.
+  DeviceCollection(const CollectionDesc<T>& host, T* device_blocks,
+                   const DeviceCollectionBounds& bounds, CUstream_st* stream = nullptr)
       : desc_(host) {
-    kvcache::detail::validate_collection_desc(
-        host.blocks, host.cache_lengths, host.lookup_table, host.lookup_stride, host.batch_size,
-        host.max_seq_length, host.max_cache_length, host.num_layers, host.block_tokens,
-        host.n_kv_heads, host.head_dim, host.num_blocks, host.layout);
+    validate(host);
     if (device_blocks == nullptr || !detail::is_device_pointer(device_blocks)) {
       throw InvalidArgument("DeviceCollection: device_blocks is not device memory");
     }
-    const std::span<const std::uint32_t> lengths(host.cache_lengths, host.batch_size);
-    const std::span<const std::uint32_t> lookup(host.lookup_table,
-                                                std::size_t{host.batch_size} * host.lookup_stride);
-    lengths_ = DeviceBuffer<std::uint32_t>::from_host(lengths, stream);
-    lookup_ = DeviceBuffer<std::uint32_t>::from_host(lookup, stream);
+    check_bound("lookup_stride", host.lookup_stride, bounds.lookup_stride);
+    check_bound("max_seq_length", host.max_seq_length, bounds.max_seq_length);
+    check_bound("max_cache_length", host.max_cache_length, bounds.max_cache_length);
+    if (std::uint64_t{bounds.max_cache_length} >
+        std::uint64_t{bounds.lookup_stride} * host.block_tokens) {
+      throw InvalidArgument(
+          "DeviceCollectionBounds: max_cache_length " + std::to_string(bounds.max_cache_length) +
+          " exceeds lookup_stride x block_tokens = " +
+          std::to_string(std::uint64_t{bounds.lookup_stride} * host.block_tokens));
+    }
+    if (bounds.max_seq_length > bounds.max_cache_length) {
+      throw InvalidArgument("DeviceCollectionBounds: max_seq_length " +
+                            std::to_string(bounds.max_seq_length) + " exceeds max_cache_length " +
+                            std::to_string(bounds.max_cache_length));
+    }
+    desc_.lookup_stride = bounds.lookup_stride;
+    desc_.max_seq_length = bounds.max_seq_length;
+    desc_.max_cache_length = bounds.max_cache_length;
+    lengths_ = DeviceBuffer<std::uint32_t>(host.batch_size);
+    lookup_ = DeviceBuffer<std::uint32_t>(std::size_t{host.batch_size} * bounds.lookup_stride);
+    upload(host, stream);
     desc_.blocks = device_blocks;
     desc_.cache_lengths = lengths_.data();
     desc_.lookup_table = lookup_.data();
+  }
+
+  // Uploads another step's host metadata into the same device buffers (see
+  // CUDA graphs above): its page table repacked into this collection's
+  // lookup_stride, the entries past its own stride set to the sentinel
+  // (num_blocks). The host desc is validated as in the constructor and must
+  // match this collection's pool (num_blocks, num_layers, block_tokens,
+  // n_kv_heads, head_dim, layout) and batch_size exactly, and fit its
+  // bounds (lookup_stride, max_seq_length, max_cache_length): otherwise
+  // InvalidArgument naming the value and the limit, and nothing is changed.
+  // The descriptors keep the bounds, not the host's values.
+  void update(const CollectionDesc<T>& host, CUstream_st* stream = nullptr) {
+    validate(host);
+    check_same("num_blocks", host.num_blocks, desc_.num_blocks);
+    check_same("num_layers", host.num_layers, desc_.num_layers);
+    check_same("block_tokens", host.block_tokens, desc_.block_tokens);
+    check_same("n_kv_heads", host.n_kv_heads, desc_.n_kv_heads);
+    check_same("head_dim", host.head_dim, desc_.head_dim);
+    check_same("layout", static_cast<std::uint32_t>(host.layout),
+               static_cast<std::uint32_t>(desc_.layout));
+    check_same("batch_size", host.batch_size, desc_.batch_size);
+    check_bound("lookup_stride", host.lookup_stride, desc_.lookup_stride);
+    check_bound("max_seq_length", host.max_seq_length, desc_.max_seq_length);
+    check_bound("max_cache_length", host.max_cache_length, desc_.max_cache_length);
+    upload(host, stream);
   }
 
   // The device view of one layer's K (key) or V (value). Throws
@@ -81,9 +160,43 @@ class DeviceCollection {
     return layer_cache_desc(desc_, layer, kv);
   }
 
+  static void validate(const CollectionDesc<T>& h) {
+    kvcache::detail::validate_collection_desc(h.blocks, h.cache_lengths, h.lookup_table,
+                                              h.lookup_stride, h.batch_size, h.max_seq_length,
+                                              h.max_cache_length, h.num_layers, h.block_tokens,
+                                              h.n_kv_heads, h.head_dim, h.num_blocks, h.layout);
+  }
+  static void check_bound(const char* what, std::uint32_t value, std::uint32_t bound) {
+    if (value > bound) {
+      throw InvalidArgument(std::string("DeviceCollection: the host batch's ") + what + " " +
+                            std::to_string(value) + " exceeds the collection's bound " +
+                            std::to_string(bound));
+    }
+  }
+  static void check_same(const char* what, std::uint32_t value, std::uint32_t want) {
+    if (value != want) {
+      throw InvalidArgument(std::string("DeviceCollection::update: the host batch's ") + what +
+                            " " + std::to_string(value) + " differs from the collection's " +
+                            std::to_string(want));
+    }
+  }
+  // The host's lengths, and its page table repacked into desc_.lookup_stride
+  // (sentinel-padded), into the device buffers.
+  void upload(const CollectionDesc<T>& host, CUstream_st* stream) {
+    const std::size_t stride = desc_.lookup_stride;
+    staging_.assign(std::size_t{host.batch_size} * stride, host.num_blocks);
+    for (std::size_t b = 0; b < host.batch_size; ++b) {
+      const std::uint32_t* row = host.lookup_table + b * host.lookup_stride;
+      std::copy(row, row + host.lookup_stride, staging_.begin() + b * stride);
+    }
+    lengths_.upload(std::span<const std::uint32_t>(host.cache_lengths, host.batch_size), stream);
+    lookup_.upload(staging_, stream);
+  }
+
   CollectionDesc<T> desc_;
   DeviceBuffer<std::uint32_t> lengths_;
   DeviceBuffer<std::uint32_t> lookup_;
+  std::vector<std::uint32_t> staging_;  // upload()'s repacked page table
 };
 
 }  // namespace kvcache::cuda

@@ -33,6 +33,22 @@
 // null stream) and return; the results are ready once the stream is
 // synchronised. Launch failures throw DeviceError; faults inside a kernel
 // surface at the next synchronisation.
+// CUDA graphs: both functions may be captured on a stream
+// (cudaStreamBeginCapture) and the graph replayed. What they read on the
+// host at capture is fixed in the graph: the descriptors' pointers and shapes
+// (batch_size, lookup_stride, max_seq_length, max_cache_length: the launch
+// shape and the split plan come from them), the spans' pointers and sizes,
+// the options. What the kernels read on the device is read at each replay:
+// cache_lengths, lookup_table, row_offsets, q, k_new, v_new, the pool. So
+// between replays change contents only, within the captured shape:
+// DeviceCollection with DeviceCollectionBounds and update()
+// (kvcache/cuda/device_collection.h) does that for the cache metadata. With a
+// workspace, make one call of the captured shape before capturing, so that
+// its split scratch is allocated outside the capture, and keep it alive and
+// unused by other work while the graph may run; without one, a splitting
+// call's cudaMallocAsync / cudaFreeAsync become nodes of the graph. Tested
+// over decode steps with growing page tables (tests/cuda/graph_test.cpp);
+// measured: docs/CUDA.md.
 // Workspace: attention takes an optional AttentionWorkspace*
 // (kvcache/cuda/workspace.h; its header states the contract). With one, the
 // split-KV scratch, device limits and per-kernel occupancy are reused across
