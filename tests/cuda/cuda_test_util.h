@@ -23,6 +23,7 @@
 #include "kvcache/cuda/kernels.h"
 #include "kvcache/cuda/workspace.h"
 #include "kvcache/kernels/reference.h"
+#include "kvcache/params.h"
 
 namespace kvcache::cuda::test {
 
@@ -70,6 +71,17 @@ void push_history_back(OwnedCache<T>& h, std::uint32_t pages) {
   h.desc.lookup_table = h.lookup.data();
   h.desc.lookup_stride = stride;
   h.desc.max_cache_length += pages * h.desc.block_tokens;
+}
+
+// The paged bf16 manager shape of the manager-flow tests.
+inline KVCacheParams bf16_paged_params(std::uint32_t layers, std::uint32_t kv_heads,
+                                       std::uint32_t dim, std::uint32_t page) {
+  return {.dtype = DType::bf16,
+          .num_layers = layers,
+          .n_kv_heads = kv_heads,
+          .head_dim = dim,
+          .cache_strategy = CacheStrategy::paged,
+          .page_size = page};
 }
 
 template <CacheElement T>

@@ -36,20 +36,12 @@ void cuda_ok(cudaError_t e, const char* what) {
 }
 
 std::vector<float> random_floats(std::size_t n, std::mt19937& rng) {
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<float> x(n);
-  for (float& f : x) f = u(rng);
-  return x;
+  return kvcache::test::random_floats(n, -1.0f, 1.0f, rng);
 }
 
 class GraphFlow : public ::testing::Test {
  protected:
-  KVCacheParams params{.dtype = DType::bf16,
-                       .num_layers = kLayers,
-                       .n_kv_heads = kKvHeads,
-                       .head_dim = kDim,
-                       .cache_strategy = CacheStrategy::paged,
-                       .page_size = kPage};
+  KVCacheParams params = bf16_paged_params(kLayers, kKvHeads, kDim, kPage);
   PagedKVCacheManager manager{params, /*total_num_pages=*/160, /*max_batch_size=*/4,
                               /*max_seq_len=*/kMaxSeqLen};
   std::mt19937 rng{77};
