@@ -42,7 +42,7 @@ std::vector<float> random_floats(std::size_t n, std::mt19937& rng) {
 class GraphFlow : public ::testing::Test {
  protected:
   KVCacheParams params = bf16_paged_params(kLayers, kKvHeads, kDim, kPage);
-  PagedKVCacheManager manager{params, /*total_num_pages=*/160, /*max_batch_size=*/4,
+  PagedKVCacheManager manager{params, /*total_num_pages=*/160, /*max_batch_size=*/8,
                               /*max_seq_len=*/kMaxSeqLen};
   std::mt19937 rng{77};
   DeviceBuffer<BFloat16> pool;
@@ -58,8 +58,10 @@ class GraphFlow : public ::testing::Test {
   void prefill(const std::vector<SeqId>& seqs, const std::vector<std::uint32_t>& lengths) {
     KVCacheBatch batch = manager.fetch(seqs, lengths);
     auto host = batch.paged<BFloat16>();
-    pool = DeviceBuffer<BFloat16>(pool_elements(host.desc()));
-    pool.upload(std::span<const BFloat16>(host.blocks(), pool_elements(host.desc())));
+    if (pool.empty()) {  // once: a captured graph keeps the pool's address
+      pool = DeviceBuffer<BFloat16>(pool_elements(host.desc()));
+      pool.upload(std::span<const BFloat16>(host.blocks(), pool_elements(host.desc())));
+    }
     std::vector<std::uint32_t> rows(seqs.size() + 1, 0);
     std::partial_sum(lengths.begin(), lengths.end(), rows.begin() + 1);
     DeviceCollection<BFloat16> dev(host.desc(), pool.data());
@@ -78,29 +80,38 @@ class GraphFlow : public ::testing::Test {
     manager.step(seqs, lengths);
   }
 
-  void expect_pools_equal(const PagedKVCacheCollection<BFloat16>& host) {
+  // The pools byte for byte, except block `skip` (the padding block, which
+  // only the device writes; kNoPaddingBlock: none).
+  void expect_pools_equal(const PagedKVCacheCollection<BFloat16>& host,
+                          std::uint32_t skip = kNoPaddingBlock) {
     const std::vector<BFloat16> d = pool.to_host();
-    EXPECT_EQ(std::memcmp(d.data(), host.blocks(), d.size() * sizeof(BFloat16)), 0)
-        << "device pool differs from the manager's host pool";
+    const std::size_t block = d.size() / host.desc().num_blocks;
+    for (std::uint32_t b = 0; b < host.desc().num_blocks; ++b) {
+      if (b == skip) continue;
+      ASSERT_EQ(
+          std::memcmp(d.data() + b * block, host.blocks() + b * block, block * sizeof(BFloat16)), 0)
+          << "device pool differs from the manager's host pool in block " << b;
+    }
   }
 
-  // Decode steps (one token per sequence) captured at the first and replayed
-  // at every later one; `ws` may be nullptr.
-  void run_decode_steps(const std::vector<SeqId>& seqs, int steps, AttentionWorkspace* ws) {
-    const std::uint32_t batch = static_cast<std::uint32_t>(seqs.size());
-    const std::vector<std::uint32_t> ones(batch, 1);
-    std::vector<std::uint32_t> rows(batch + 1);
+  // Decode steps (one token per sequence), step s over schedule[s], captured
+  // at the first and replayed at every later one, on a collection of
+  // `entries` entries (more than a step's sequences: padded with
+  // padding_block); `ws` may be nullptr.
+  void run_decode_steps(const std::vector<std::vector<SeqId>>& schedule, std::uint32_t entries,
+                        std::uint32_t padding_block, AttentionWorkspace* ws) {
+    std::vector<std::uint32_t> rows(entries + 1);  // padded entries get a row each too
     std::iota(rows.begin(), rows.end(), 0u);
     const auto rows_d = DeviceBuffer<std::uint32_t>::from_host(rows);
     // The captured input and output buffers, one set per layer.
     std::vector<DeviceBuffer<float>> k_d, v_d, q_d, out_d;
     for (std::uint32_t layer = 0; layer < kLayers; ++layer) {
-      k_d.emplace_back(std::size_t{batch} * kKvHeads * kDim);
-      v_d.emplace_back(std::size_t{batch} * kKvHeads * kDim);
-      q_d.emplace_back(std::size_t{batch} * kNq * kDim);
-      out_d.emplace_back(std::size_t{batch} * kNq * kDim);
+      k_d.emplace_back(std::size_t{entries} * kKvHeads * kDim);
+      v_d.emplace_back(std::size_t{entries} * kKvHeads * kDim);
+      q_d.emplace_back(std::size_t{entries} * kNq * kDim);
+      out_d.emplace_back(std::size_t{entries} * kNq * kDim);
     }
-    const DeviceCollectionBounds bounds{kMaxSeqLen / kPage, 1, kMaxSeqLen};
+    const DeviceCollectionBounds bounds{kMaxSeqLen / kPage, 1, kMaxSeqLen, entries, padding_block};
     std::unique_ptr<DeviceCollection<BFloat16>> dev;
     cudaGraph_t graph = nullptr;
     cudaGraphExec_t exec = nullptr;
@@ -113,8 +124,11 @@ class GraphFlow : public ::testing::Test {
       }
     };
     std::uint32_t max_stride = 0, first_stride = 0;
-    for (int s = 0; s < steps; ++s) {
+    for (std::size_t s = 0; s < schedule.size(); ++s) {
       SCOPED_TRACE("decode step " + std::to_string(s));
+      const std::vector<SeqId>& seqs = schedule[s];
+      const std::uint32_t batch = static_cast<std::uint32_t>(seqs.size());
+      const std::vector<std::uint32_t> ones(batch, 1);
       KVCacheBatch kb = manager.fetch(seqs, ones);
       auto host = kb.paged<BFloat16>();
       if (s == 0) first_stride = host.desc().lookup_stride;
@@ -124,6 +138,7 @@ class GraphFlow : public ::testing::Test {
             std::make_unique<DeviceCollection<BFloat16>>(host.desc(), pool.data(), bounds, stream);
         ASSERT_EQ(dev->desc().lookup_stride, bounds.lookup_stride);
         ASSERT_EQ(dev->desc().max_cache_length, bounds.max_cache_length);
+        ASSERT_EQ(dev->desc().batch_size, entries);
       } else {
         dev->update(host.desc(), stream);
       }
@@ -148,30 +163,43 @@ class GraphFlow : public ::testing::Test {
         cuda_ok(cudaGraphLaunch(exec, stream), "GraphLaunch");
       }
       synchronize(stream);
+      // The references see the step's own entries: the first `batch` rows.
+      const std::span<const std::uint32_t> real_rows(rows.data(), batch + 1);
       for (std::uint32_t layer = 0; layer < kLayers; ++layer) {
         SCOPED_TRACE("layer " + std::to_string(layer));
         const auto k_host = host.get_key_cache(layer), v_host = host.get_value_cache(layer);
-        store_kv_reference(k_host, v_host, std::span<const float>(k[layer]),
-                           std::span<const float>(v[layer]), std::span<const std::uint32_t>(rows));
-        std::vector<float> ref(q[layer].size());
-        attention_reference(k_host, v_host, std::span<const float>(q[layer]), kNq,
-                            std::span<const std::uint32_t>(rows), std::span<float>(ref));
-        const std::vector<float> got = out_d[layer].to_host(stream);
-        expect_close(got, ref, kAbsTol, kRelTol, "graph replay against the reference");
-        // A direct call on the same data gives the same bits.
+        store_kv_reference(
+            k_host, v_host,
+            std::span<const float>(k[layer]).first(std::size_t{batch} * kKvHeads * kDim),
+            std::span<const float>(v[layer]).first(std::size_t{batch} * kKvHeads * kDim),
+            real_rows);
+        const std::size_t n_out = std::size_t{batch} * kNq * kDim;
+        std::vector<float> ref(n_out);
+        attention_reference(k_host, v_host, std::span<const float>(q[layer]).first(n_out), kNq,
+                            real_rows, std::span<float>(ref));
+        std::vector<float> got = out_d[layer].to_host(stream);
+        // A direct call on the same data gives the same bits (padded rows too).
         DeviceBuffer<float> direct(got.size());
         cuda::attention(dev->key(layer), dev->value(layer), q_d[layer].span(), kNq, rows_d.span(),
                         direct.span(), {}, stream, ws);
         const std::vector<float> d = direct.to_host(stream);
         EXPECT_EQ(std::memcmp(d.data(), got.data(), d.size() * sizeof(float)), 0)
             << "graph replay differs from a direct call";
+        got.resize(n_out);
+        expect_close(got, ref, kAbsTol, kRelTol, "graph replay against the reference");
       }
-      expect_pools_equal(host);
+      expect_pools_equal(host, padding_block);
       manager.step(seqs, ones);
     }
     EXPECT_GT(max_stride, first_stride) << "no step grew the page table: the repacking is untested";
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
+  }
+
+  // The same sequences every step, no padding.
+  void run_decode_steps(const std::vector<SeqId>& seqs, int steps, AttentionWorkspace* ws) {
+    run_decode_steps(std::vector<std::vector<SeqId>>(static_cast<std::size_t>(steps), seqs),
+                     static_cast<std::uint32_t>(seqs.size()), kNoPaddingBlock, ws);
   }
 };
 
@@ -190,6 +218,33 @@ TEST_F(GraphFlow, DecodeStepsReplayedWithoutWorkspace) {
   const std::vector<SeqId> seqs = manager.claim(3);
   prefill(seqs, {31, 607, 16});
   run_decode_steps(seqs, 5, nullptr);
+  manager.check_invariants();
+}
+
+// Continuous batching under one graph: captured for 4 entries while 3
+// sequences decode (the 4th entry padded), replayed while a 4th sequence
+// joins (no padding) and after one stops taking part (padded again). The
+// padding entry writes into a page of a sequence claimed for that.
+TEST_F(GraphFlow, PaddedBatchKeepsOneGraphAsTheBatchChanges) {
+  const std::vector<SeqId> s = manager.claim(4);
+  prefill(s, {47, 15, 527, 200});
+  const SeqId pad = manager.claim(1)[0];
+  const std::vector<SeqId> pad_seq{pad};
+  const std::vector<std::uint32_t> one{1};
+  std::uint32_t padding_block = 0;
+  {
+    KVCacheBatch kb = manager.fetch(pad_seq, one);
+    padding_block = kb.paged<BFloat16>().desc().lookup_table[0];
+    manager.step(pad_seq, one);
+  }
+  AttentionWorkspace ws;
+  run_decode_steps({{s[0], s[1], s[2]},
+                    {s[0], s[1], s[2]},
+                    {s[0], s[1], s[2], s[3]},
+                    {s[0], s[1], s[2], s[3]},
+                    {s[0], s[2], s[3]},
+                    {s[0], s[2], s[3]}},
+                   4, padding_block, &ws);
   manager.check_invariants();
 }
 
@@ -224,6 +279,17 @@ TEST_F(GraphFlow, UpdateAndBoundsErrorsChangeNothing) {
         DeviceCollection<BFloat16>(h, pool.data(), {8, 65, 64});
       },
       "max_seq_length 65 exceeds max_cache_length 64");
+
+  expect_throw(
+      [&] {
+        DeviceCollection<BFloat16>(h, pool.data(), {8, 1, 64, 3});
+      },
+      "batch_size 3 exceeds the host batch's 2 without a padding_block");
+  expect_throw(
+      [&] {
+        DeviceCollection<BFloat16>(h, pool.data(), {8, 1, 64, 3, h.num_blocks});
+      },
+      "padding_block " + std::to_string(h.num_blocks) + " is past the pool's");
 
   DeviceCollection<BFloat16> dev(h, pool.data(), {8, 1, 8 * kPage});
   auto metadata = [&] {

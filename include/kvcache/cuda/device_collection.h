@@ -31,9 +31,9 @@
 //   - every step, update(next_batch.desc()) repacks the step's page table
 //     into the bounded stride (sentinel-padded) and uploads it with the
 //     cache lengths into the same device buffers, then replay.
-// The batch size is fixed per collection (capture one graph per batch size;
-// padding a batch is the engine's choice). store_kv / attention's own rules
-// for graphs: kvcache/cuda/kernels.h.
+// The batch size is fixed per collection: capture one graph per batch size
+// and replay it for smaller batches with padding (DeviceCollectionBounds).
+// store_kv / attention's own rules for graphs: kvcache/cuda/kernels.h.
 //
 // Invariants: the host desc is validated on construction exactly as a host
 // collection validates it (lookup entries within num_blocks or the sentinel,
@@ -69,12 +69,24 @@ std::size_t pool_elements(const CollectionDesc<T>& d) {
   return std::size_t{d.num_blocks} * 2 * d.num_layers * d.block_tokens * d.n_kv_heads * d.head_dim;
 }
 
+inline constexpr std::uint32_t kNoPaddingBlock = UINT32_MAX;
+
 // The shape a DeviceCollection keeps across update(): its descriptors carry
 // these values, each at least the host batch's (see CUDA graphs above).
+// Padding (a graph captured for batch_size entries, replayed for fewer):
+// with a padding_block, a host batch may have fewer entries than the
+// collection; the entries past it get cache_length 0 and a page table of
+// padding_block then the sentinel. The caller gives them row_offsets of its
+// own (at most min(block_tokens, max_seq_length) new tokens each, e.g. 1 in
+// decode) and inputs of any finite value: their stores land in padding_block
+// (a block of the pool the caller owns and never reads, e.g. the page of a
+// sequence it claimed for that), their outputs are meaningless.
 struct DeviceCollectionBounds {
-  std::uint32_t lookup_stride = 0;     // page-table entries per batch entry
-  std::uint32_t max_seq_length = 0;    // new tokens of any entry in any step
-  std::uint32_t max_cache_length = 0;  // cache_length + new tokens, any entry, any step
+  std::uint32_t lookup_stride = 0;                // page-table entries per batch entry
+  std::uint32_t max_seq_length = 0;               // new tokens of any entry in any step
+  std::uint32_t max_cache_length = 0;             // cache_length + new tokens, any entry, any step
+  std::uint32_t batch_size = 0;                   // entries; 0: the host batch's
+  std::uint32_t padding_block = kNoPaddingBlock;  // < num_blocks to allow padding
 };
 
 template <CacheElement T>
@@ -88,8 +100,10 @@ class DeviceCollection {
 
   // With bounds for update(): throws InvalidArgument (naming the value and
   // the limit) when a bound is below the host batch's value, when
-  // max_cache_length exceeds lookup_stride * block_tokens, or when
-  // max_seq_length exceeds max_cache_length.
+  // max_cache_length exceeds lookup_stride * block_tokens, when
+  // max_seq_length exceeds max_cache_length, when padding_block is neither
+  // kNoPaddingBlock nor a block of the pool, or when batch_size exceeds the
+  // host batch's without a padding_block.
   DeviceCollection(const CollectionDesc<T>& host, T* device_blocks,
                    const DeviceCollectionBounds& bounds, CUstream_st* stream = nullptr)
       : desc_(host) {
@@ -112,11 +126,25 @@ class DeviceCollection {
                             std::to_string(bounds.max_seq_length) + " exceeds max_cache_length " +
                             std::to_string(bounds.max_cache_length));
     }
+    if (bounds.padding_block != kNoPaddingBlock && bounds.padding_block >= host.num_blocks) {
+      throw InvalidArgument("DeviceCollectionBounds: padding_block " +
+                            std::to_string(bounds.padding_block) + " is past the pool's " +
+                            std::to_string(host.num_blocks) + " blocks");
+    }
+    const std::uint32_t batch = bounds.batch_size != 0 ? bounds.batch_size : host.batch_size;
+    check_bound("batch_size", host.batch_size, batch);
+    if (batch > host.batch_size && bounds.padding_block == kNoPaddingBlock) {
+      throw InvalidArgument("DeviceCollectionBounds: batch_size " + std::to_string(batch) +
+                            " exceeds the host batch's " + std::to_string(host.batch_size) +
+                            " without a padding_block for the entries past it");
+    }
+    padding_block_ = bounds.padding_block;
+    desc_.batch_size = batch;
     desc_.lookup_stride = bounds.lookup_stride;
     desc_.max_seq_length = bounds.max_seq_length;
     desc_.max_cache_length = bounds.max_cache_length;
-    lengths_ = DeviceBuffer<std::uint32_t>(host.batch_size);
-    lookup_ = DeviceBuffer<std::uint32_t>(std::size_t{host.batch_size} * bounds.lookup_stride);
+    lengths_ = DeviceBuffer<std::uint32_t>(batch);
+    lookup_ = DeviceBuffer<std::uint32_t>(std::size_t{batch} * bounds.lookup_stride);
     upload(host, stream);
     desc_.blocks = device_blocks;
     desc_.cache_lengths = lengths_.data();
@@ -128,8 +156,9 @@ class DeviceCollection {
   // lookup_stride, the entries past its own stride set to the sentinel
   // (num_blocks). The host desc is validated as in the constructor and must
   // match this collection's pool (num_blocks, num_layers, block_tokens,
-  // n_kv_heads, head_dim, layout) and batch_size exactly, and fit its
-  // bounds (lookup_stride, max_seq_length, max_cache_length): otherwise
+  // n_kv_heads, head_dim, layout) and batch_size exactly (with a
+  // padding_block: at most batch_size, the rest padded), and fit its bounds
+  // (lookup_stride, max_seq_length, max_cache_length): otherwise
   // InvalidArgument naming the value and the limit, and nothing is changed.
   // The descriptors keep the bounds, not the host's values.
   void update(const CollectionDesc<T>& host, CUstream_st* stream = nullptr) {
@@ -141,7 +170,11 @@ class DeviceCollection {
     check_same("head_dim", host.head_dim, desc_.head_dim);
     check_same("layout", static_cast<std::uint32_t>(host.layout),
                static_cast<std::uint32_t>(desc_.layout));
-    check_same("batch_size", host.batch_size, desc_.batch_size);
+    if (padding_block_ == kNoPaddingBlock) {
+      check_same("batch_size", host.batch_size, desc_.batch_size);
+    } else {
+      check_bound("batch_size", host.batch_size, desc_.batch_size);
+    }
     check_bound("lookup_stride", host.lookup_stride, desc_.lookup_stride);
     check_bound("max_seq_length", host.max_seq_length, desc_.max_seq_length);
     check_bound("max_cache_length", host.max_cache_length, desc_.max_cache_length);
@@ -181,22 +214,29 @@ class DeviceCollection {
     }
   }
   // The host's lengths, and its page table repacked into desc_.lookup_stride
-  // (sentinel-padded), into the device buffers.
+  // (sentinel-padded), into the device buffers; entries past the host batch
+  // padded (cache_length 0, padding_block_ then the sentinel).
   void upload(const CollectionDesc<T>& host, CUstream_st* stream) {
     const std::size_t stride = desc_.lookup_stride;
-    staging_.assign(std::size_t{host.batch_size} * stride, host.num_blocks);
+    const std::uint32_t batch = desc_.batch_size;
+    staging_.assign(std::size_t{batch} * stride, host.num_blocks);
     for (std::size_t b = 0; b < host.batch_size; ++b) {
       const std::uint32_t* row = host.lookup_table + b * host.lookup_stride;
       std::copy(row, row + host.lookup_stride, staging_.begin() + b * stride);
     }
-    lengths_.upload(std::span<const std::uint32_t>(host.cache_lengths, host.batch_size), stream);
+    for (std::size_t b = host.batch_size; b < batch; ++b) staging_[b * stride] = padding_block_;
+    lengths_staging_.assign(batch, 0);
+    std::copy(host.cache_lengths, host.cache_lengths + host.batch_size, lengths_staging_.begin());
+    lengths_.upload(lengths_staging_, stream);
     lookup_.upload(staging_, stream);
   }
 
   CollectionDesc<T> desc_;
   DeviceBuffer<std::uint32_t> lengths_;
   DeviceBuffer<std::uint32_t> lookup_;
-  std::vector<std::uint32_t> staging_;  // upload()'s repacked page table
+  std::uint32_t padding_block_ = kNoPaddingBlock;
+  std::vector<std::uint32_t> staging_;          // upload()'s repacked page table
+  std::vector<std::uint32_t> lengths_staging_;  // upload()'s padded lengths
 };
 
 }  // namespace kvcache::cuda
