@@ -2,8 +2,8 @@
 # device_check.sh — run the packed CUDA tests and bench on a GPU machine.
 #
 # From the repository root, after tools/cuda/pack_for_device.sh filled
-# .devbin/. Writes $OUT/cuda_tests.log and $OUT/cuda_bench.json when OUT is
-# set. Exit status: the tests' (the bench runs either way). Expected time on
+# .devbin/. Writes $OUT/cuda_tests.log, $OUT/cuda_bench.json and
+# $OUT/cuda_host.txt when OUT is set. Exit status: the tests' (the bench runs either way). Expected time on
 # an H200: under 6 minutes even at the timeouts (tests 200 s, bench 120 s);
 # expected well under 2 minutes.
 set -uo pipefail
@@ -22,4 +22,8 @@ echo "== kvcache_cuda_tests exit status $tests_rc"
 echo "== kvcache_cuda_bench"
 timeout 120 .devbin/kvcache_cuda_bench --json "$out/cuda_bench.json" --repeats 15
 echo "== kvcache_cuda_bench exit status $?"
+
+echo "== kvcache_cuda_bench --host (per-call costs, CUDA graph replay)"
+timeout 60 .devbin/kvcache_cuda_bench --host | tee "$out/cuda_host.txt"
+echo "== kvcache_cuda_bench --host exit status ${PIPESTATUS[0]}"
 exit "$tests_rc"
