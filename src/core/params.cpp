@@ -87,9 +87,11 @@ std::string KVCacheParams::to_string() const {
   std::string s = std::string(dtype_name(dtype)) + " L" + std::to_string(num_layers) + " kv" +
                   std::to_string(n_kv_heads) + " d" + std::to_string(head_dim) + " " +
                   std::string(strategy_name(cache_strategy));
-  if (cache_strategy == CacheStrategy::paged) s += "/" + std::to_string(page_size);
+  // Appended piece by piece: "/" + std::to_string(...) trips GCC 12's
+  // -Wrestrict false positive inside std::string (GCC PR 105651).
+  if (cache_strategy == CacheStrategy::paged) s.append("/").append(std::to_string(page_size));
   if (enable_prefix_caching) s += " +prefix";
-  if (n_devices > 1) s += " x" + std::to_string(n_devices) + " devices";
+  if (n_devices > 1) s.append(" x").append(std::to_string(n_devices)).append(" devices");
   if (page_layout == PageLayout::hnd) s += " hnd";
   return s;
 }

@@ -108,8 +108,13 @@ TEST(Params, StrategyNamesAndEquality) {
   EXPECT_EQ(a, b);
   b.page_size = 32;
   EXPECT_FALSE(a == b);
-  EXPECT_FALSE(a.to_string().empty());
-  EXPECT_NE(a.to_string(), b.to_string());
+  EXPECT_EQ(a.to_string(), "bf16 L4 kv8 d64 paged/16 x2 devices");
+  EXPECT_EQ(b.to_string(), "bf16 L4 kv8 d64 paged/32 x2 devices");
+  b.enable_prefix_caching = true;
+  b.n_devices = 1;
+  EXPECT_EQ(b.to_string(), "bf16 L4 kv8 d64 paged/32 +prefix");
+  EXPECT_EQ(make_params(CacheStrategy::continuous, 2, 4, 32).to_string(),
+            "f32 L2 kv4 d32 continuous");
 }
 
 TEST(Params, PageLayouts) {
