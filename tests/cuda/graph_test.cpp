@@ -291,6 +291,17 @@ TEST_F(GraphFlow, UpdateAndBoundsErrorsChangeNothing) {
       },
       "padding_block " + std::to_string(h.num_blocks) + " is past the pool's");
 
+  CollectionDesc<BFloat16> empty = h;  // an empty host batch padded to 2 entries
+  empty.batch_size = 0;
+  empty.lookup_stride = 0;
+  empty.max_seq_length = 0;
+  empty.max_cache_length = 0;
+  expect_throw(
+      [&] {
+        DeviceCollection<BFloat16>(empty, pool.data(), {0, 0, 0, 2, 0});
+      },
+      "lookup_stride 0 for a batch of 2 entries");
+
   DeviceCollection<BFloat16> dev(h, pool.data(), {8, 1, 8 * kPage});
   auto metadata = [&] {
     std::vector<std::uint32_t> m(2 + 2 * 8);

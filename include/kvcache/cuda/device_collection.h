@@ -102,8 +102,9 @@ class DeviceCollection {
   // the limit) when a bound is below the host batch's value, when
   // max_cache_length exceeds lookup_stride * block_tokens, when
   // max_seq_length exceeds max_cache_length, when padding_block is neither
-  // kNoPaddingBlock nor a block of the pool, or when batch_size exceeds the
-  // host batch's without a padding_block.
+  // kNoPaddingBlock nor a block of the pool, when batch_size exceeds the
+  // host batch's without a padding_block, or when lookup_stride is 0 for a
+  // non-empty batch.
   DeviceCollection(const CollectionDesc<T>& host, T* device_blocks,
                    const DeviceCollectionBounds& bounds, CUstream_st* stream = nullptr)
       : desc_(host) {
@@ -133,6 +134,10 @@ class DeviceCollection {
     }
     const std::uint32_t batch = bounds.batch_size != 0 ? bounds.batch_size : host.batch_size;
     check_bound("batch_size", host.batch_size, batch);
+    if (batch > 0 && bounds.lookup_stride == 0) {
+      throw InvalidArgument("DeviceCollectionBounds: lookup_stride 0 for a batch of " +
+                            std::to_string(batch) + " entries (each needs at least 1)");
+    }
     if (batch > host.batch_size && bounds.padding_block == kNoPaddingBlock) {
       throw InvalidArgument("DeviceCollectionBounds: batch_size " + std::to_string(batch) +
                             " exceeds the host batch's " + std::to_string(host.batch_size) +
