@@ -15,7 +15,9 @@
 // misses in flight per core). P > 0 (with S = 1) prefetches (prefetcht1)
 // the K and V pages P positions ahead, one line per line read, spread over
 // the page as the attention kernel's pump does. AVX-512 only; skipped
-// elsewhere.
+// elsewhere. BM_PagedReadWithFmaAvx2<C, D> is the same ceiling for AVX2
+// processors (each 16-lane FMA counted as two 8-lane ones; D = prefetcht0
+// distance in lines).
 #include <benchmark/benchmark.h>
 #include <sys/mman.h>
 
@@ -116,6 +118,62 @@ __attribute__((target("avx512f,fma"))) float read_pages(const Pages& p, std::siz
 #endif
 
 #if defined(__x86_64__)
+// AVX2 form of read_pages for processors without AVX-512 (session 28, Zen 3):
+// C counts 16-lane FMAs per 128 bytes as above (each is two 8-lane FMAs
+// here), 12 FMA accumulators (four FMAs of latency 4 issue two a cycle, so 8 are
+// the least that keeps both units busy), and with D > 0 a prefetcht0 D lines
+// ahead in the page order, one per line read, as the kernel's AVX2 decode
+// loops prefetch into L1 (session 26).
+__attribute__((target("avx2,fma"))) float sum_lanes_avx2(const __m256* a, int n) {
+  __m256 s = a[0];
+  for (int i = 1; i < n; ++i) s = _mm256_add_ps(s, a[i]);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, s);
+  return std::accumulate(lanes, lanes + 8, 0.0f);
+}
+
+template <int C, int D, bool kBf16 = false>
+__attribute__((target("avx2,fma"))) float read_pages_avx2(const Pages& p, std::size_t first,
+                                                          std::size_t count) {
+  constexpr int kAcc = 12;
+  __m256 a[kAcc + 1];
+  for (auto& x : a) x = _mm256_setzero_ps();
+  const __m256 m = _mm256_set1_ps(0.999f);
+  const __m256 hi_mask = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(0xFFFF0000u)));
+  constexpr std::size_t kLine = 64;
+  static_assert(D * kLine < kPageBytes, "prefetch at most one page ahead");
+  for (std::size_t i = 0; i < count; ++i) {
+    const std::size_t page = p.order[first + i];
+    const char* k = p.k + page * kPageBytes;
+    const char* v = p.v + page * kPageBytes;
+    const std::size_t ahead = i + 1 < count ? p.order[first + i + 1] : page;
+    const char* k_next = p.k + ahead * kPageBytes;
+    const char* v_next = p.v + ahead * kPageBytes;
+    for (std::size_t o = 0; o < kPageBytes; o += kLine) {
+      if constexpr (D > 0) {
+        const std::size_t f = o + D * kLine;
+        _mm_prefetch((f < kPageBytes ? k + f : k_next + (f - kPageBytes)), _MM_HINT_T0);
+        _mm_prefetch((f < kPageBytes ? v + f : v_next + (f - kPageBytes)), _MM_HINT_T0);
+      }
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        __m256 x = _mm256_loadu_ps(reinterpret_cast<const float*>(k + o + 32 * h));
+        __m256 y = _mm256_loadu_ps(reinterpret_cast<const float*>(v + o + 32 * h));
+        if constexpr (kBf16) {  // K even elements, V odd ones: one conversion each
+          x = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(x), 16));
+          y = _mm256_and_ps(y, hi_mask);
+        }
+        a[kAcc] = _mm256_add_ps(a[kAcc], _mm256_add_ps(x, y));
+#pragma GCC unroll 32
+        for (int c = 0; c < C; ++c) a[c % kAcc] = _mm256_fmadd_ps(c & 1 ? x : y, m, a[c % kAcc]);
+      }
+    }
+  }
+  return sum_lanes_avx2(a, kAcc + 1);
+}
+#endif
+
+#if defined(__x86_64__)
 // The decode kernel's access order, modelled (session 5): tiles of 32 tokens
 // (two 32 KiB pages of 16 tokens x 8 heads x 256 bytes, K and V), 2 FMAs per
 // 64-byte line, the rows of the tile two ahead prefetched (prefetcht1) as
@@ -204,10 +262,11 @@ __attribute__((target("avx512f,fma"))) float read_tiles(const Pages& p, std::siz
 // Runs read(pages, first, count) on state.range(0) threads, each over its
 // share of the shuffled page order; bytes = the whole K and V buffers.
 template <class Read>
-void ReadOnThreads(benchmark::State& state, const Read& read) {
+void ReadOnThreads(benchmark::State& state, const Read& read, bool avx2 = false) {
 #if defined(__x86_64__)
-  if (!__builtin_cpu_supports("avx512f")) {
-    state.SkipWithError("needs AVX-512");
+  if (avx2 ? !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+           : !__builtin_cpu_supports("avx512f")) {
+    state.SkipWithError(avx2 ? "needs AVX2 and FMA" : "needs AVX-512");
     return;
   }
   static const Pages pages;
@@ -282,6 +341,48 @@ BENCHMARK_TEMPLATE(BM_PagedReadWithFma, 32, 4)
     ->Arg(2)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
+// AVX2 (session 28): no arithmetic, MHA's (4), GQA 4's (16); each without a
+// software prefetch and with one 32 lines ahead.
+template <int C, int D, bool kBf16 = false>
+void BM_PagedReadWithFmaAvx2(benchmark::State& state) {
+#if defined(__x86_64__)
+  ReadOnThreads(state, read_pages_avx2<C, D, kBf16>, /*avx2=*/true);
+#else
+  state.SkipWithError("x86-64 only");
+#endif
+}
+BENCHMARK_TEMPLATE(BM_PagedReadWithFmaAvx2, 0, 0)
+    ->Arg(1)
+    ->Arg(2)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_PagedReadWithFmaAvx2, 4, 0)
+    ->Arg(1)
+    ->Arg(2)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_PagedReadWithFmaAvx2, 4, 32)
+    ->Arg(1)
+    ->Arg(2)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_PagedReadWithFmaAvx2, 16, 0)
+    ->Arg(1)
+    ->Arg(2)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_PagedReadWithFmaAvx2, 16, 32)
+    ->Arg(1)
+    ->Arg(2)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+// The same with a bf16 widening (shift or mask) of each vector loaded.
+BENCHMARK_TEMPLATE(BM_PagedReadWithFmaAvx2, 16, 32, true)
+    ->Arg(1)
+    ->Arg(2)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
 // Prefetching two pages ahead (session 4: what the kernel's pump models).
 BENCHMARK_TEMPLATE(BM_PagedReadWithFma, 0, 1, 2)
     ->Arg(1)
