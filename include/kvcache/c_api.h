@@ -1,0 +1,262 @@
+/* kvcache/c_api.h — the library's C interface.
+ *
+ * For callers that cannot use the C++ API: Rust (declare these functions in
+ * an `extern "C"` block or run bindgen on this header), Go (cgo), Zig, C.
+ * It is a thin layer over the C++ classes: the same lifecycle (claim ->
+ * fetch -> store_kv / attention -> step -> ... -> release), the same checks
+ * and the same guarantees. Plain C99; no C++ type crosses it.
+ *
+ * Errors. Every call that can fail returns a kvc_status and takes a
+ * `kvc_error* err` last (may be NULL). On failure it fills err->status and
+ * err->message (the C++ message: it names the bad value and the limit,
+ * e.g. "seq 7 is not claimed"; truncated to 255 bytes) and returns the same
+ * status; on success it sets err->status = KVC_OK and an empty message.
+ * A call that fails changes nothing (the C++ strong guarantee): no page
+ * leaked, no length changed, no other sequence's K/V touched. NULL handles
+ * and NULL arrays that must hold data are refused with
+ * KVC_INVALID_ARGUMENT naming the parameter. No call aborts or lets an
+ * exception cross into C.
+ *
+ * Ownership. kvc_manager_create / kvc_batch_create / kvc_thread_pool_create
+ * hand out handles the caller frees with the matching _destroy (NULL is a
+ * no-op). A batch points into its manager's memory: destroy batches before
+ * their manager, and do not use a batch's description after a later
+ * kvc_fetch into it or a kvc_step / kvc_release / kvc_truncate of its
+ * sequences.
+ *
+ * Array lengths. Where a call takes a pointer and a count, the pointer must
+ * hold that many elements. The kernels take arrays whose lengths follow from
+ * the batch: row_offsets holds batch_size + 1 entries, k_new / v_new
+ * row_offsets[batch_size] * n_kv_heads * head_dim floats, q / out
+ * row_offsets[batch_size] * n_q_heads * head_dim floats. The library checks
+ * every value it is given but cannot check a buffer's length.
+ *
+ * Thread-safety. Manager calls may run concurrently from any threads (one
+ * mutex per manager). A batch or a thread pool is used by one thread at a
+ * time.
+ *
+ * Memory layout of the cache (kvc_cache_desc.blocks), per block (a page, or
+ * a sequence's slot with the continuous strategy), elements of `dtype`:
+ *   [num_blocks][2 (K, V)][num_layers][block_tokens][n_kv_heads][head_dim]
+ * with KVC_LAYOUT_NHD, or [...][num_layers][n_kv_heads][block_tokens][head_dim]
+ * with KVC_LAYOUT_HND. Token t of batch entry b lives in block
+ * lookup_table[b * lookup_stride + t / block_tokens] at position
+ * t % block_tokens.
+ */
+#ifndef KVCACHE_C_API_H_
+#define KVCACHE_C_API_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- status -------------------------------------------------------------- */
+
+typedef enum kvc_status {
+  KVC_OK = 0,
+  KVC_INVALID_ARGUMENT = 1,  /* malformed or inconsistent input */
+  KVC_UNKNOWN_SEQUENCE = 2,  /* a sequence id that is not claimed */
+  KVC_OUT_OF_PAGES = 3,      /* the paged pool has too few free or evictable pages */
+  KVC_CAPACITY_EXCEEDED = 4, /* max_seq_len, max_batch_size or reserved room */
+  KVC_OUT_OF_MEMORY = 5,     /* host memory could not be obtained */
+  KVC_INTERNAL = 6           /* anything else; a bug: please report the message */
+} kvc_status;
+
+typedef struct kvc_error {
+  kvc_status status;
+  char message[256];
+} kvc_error;
+
+/* "ok", "invalid_argument", ...; "unknown" for values outside the enum. */
+const char* kvc_status_name(kvc_status status);
+
+/* ---- parameters ---------------------------------------------------------- */
+
+typedef enum kvc_dtype { KVC_DTYPE_F32 = 0, KVC_DTYPE_F16 = 1, KVC_DTYPE_BF16 = 2 } kvc_dtype;
+
+typedef enum kvc_strategy {
+  KVC_STRATEGY_CONTINUOUS = 0, /* one max_seq_len slot per sequence */
+  KVC_STRATEGY_PAGED = 1       /* a shared pool of fixed-size pages */
+} kvc_strategy;
+
+typedef enum kvc_page_layout { KVC_LAYOUT_NHD = 0, KVC_LAYOUT_HND = 1 } kvc_page_layout;
+
+/* kvcache::KVCacheParams (kvcache/params.h). Zero-initialise, then set the
+ * fields: every value is validated by kvc_manager_create. */
+typedef struct kvc_params {
+  kvc_dtype dtype;
+  uint32_t num_layers;
+  uint32_t n_kv_heads;
+  uint32_t head_dim;
+  kvc_strategy strategy;
+  uint32_t page_size;        /* tokens per page; paged only (> 0 there) */
+  int enable_prefix_caching; /* 0 or 1; paged only */
+  kvc_page_layout page_layout;
+} kvc_params;
+
+/* Bytes of K and V a manager of this shape allocates: num_blocks pages
+ * (paged; max_seq_len unused) or num_blocks slots of max_seq_len tokens
+ * (continuous). */
+kvc_status kvc_estimated_memory_size(const kvc_params* params, uint32_t num_blocks,
+                                     uint32_t max_seq_len, size_t* bytes, kvc_error* err);
+
+/* ---- manager --------------------------------------------------------------- */
+
+typedef struct kvc_manager kvc_manager;
+
+/* A manager of params->strategy. Paged: a pool of num_blocks pages;
+ * max_batch_size caps the claimed sequences, max_seq_len one sequence.
+ * Continuous: one slot of max_seq_len tokens per sequence, max_batch_size
+ * slots; num_blocks must be 0 or max_batch_size. */
+kvc_status kvc_manager_create(const kvc_params* params, uint32_t num_blocks,
+                              uint32_t max_batch_size, uint32_t max_seq_len, kvc_manager** out,
+                              kvc_error* err);
+void kvc_manager_destroy(kvc_manager* manager);
+
+/* n new sequences with cache length 0, their ids into seq_ids[0, n). */
+kvc_status kvc_claim(kvc_manager* manager, uint32_t n, uint64_t* seq_ids, kvc_error* err);
+
+typedef struct kvc_batch kvc_batch;
+
+/* Room for this step: cache_length + num_new_tokens[b] + num_steps - 1
+ * tokens for seq_ids[b], all or nothing; the batch is refilled (its buffers
+ * reused). New token i of entry b is written at cache_length + i. */
+kvc_status kvc_fetch(kvc_manager* manager, kvc_batch* batch, const uint64_t* seq_ids,
+                     const uint32_t* num_new_tokens, uint32_t n, uint32_t num_steps,
+                     kvc_error* err);
+
+/* cache_length += valid_lengths[b] for seq_ids[b]. token_ids: NULL, or the
+ * committed tokens' ids, sum(valid_lengths) of them in batch order (paged
+ * with prefix caching publishes the pages they fill). */
+kvc_status kvc_step(kvc_manager* manager, const uint64_t* seq_ids, const uint32_t* valid_lengths,
+                    uint32_t n, const uint32_t* token_ids, kvc_error* err);
+
+/* kvcache::ReuseHint: whether a later request will start with this
+ * sequence's tokens (only the paged `tiered` eviction policy acts on it). */
+typedef enum kvc_reuse_hint {
+  KVC_REUSE_UNKNOWN = 0,
+  KVC_REUSE_UNLIKELY = 1,
+  KVC_REUSE_LIKELY = 2
+} kvc_reuse_hint;
+
+/* Gives the sequence's memory back (paged with prefix caching: its
+ * published pages stay cached). A hint other than KVC_REUSE_UNKNOWN needs
+ * the paged strategy. */
+kvc_status kvc_release(kvc_manager* manager, uint64_t seq, kvc_reuse_hint hint, kvc_error* err);
+
+kvc_status kvc_cache_length(const kvc_manager* manager, uint64_t seq, uint32_t* length,
+                            kvc_error* err);
+
+/* Paged only. match_prefix: attaches to a freshly claimed sequence the
+ * cached pages of the longest cached prefix of full pages of tokens[0,
+ * n_tokens) under extra_key (0: none), leaving at least one token to
+ * compute; *reused = the tokens attached (also its new cache length).
+ * Needs enable_prefix_caching. fork: a child sharing every committed page
+ * (copy-on-write). truncate: rolls seq back to new_length tokens. */
+kvc_status kvc_match_prefix(kvc_manager* manager, uint64_t seq, const uint32_t* tokens,
+                            size_t n_tokens, uint64_t extra_key, uint32_t* reused, kvc_error* err);
+kvc_status kvc_fork(kvc_manager* manager, uint64_t seq, uint64_t* child, kvc_error* err);
+kvc_status kvc_truncate(kvc_manager* manager, uint64_t seq, uint32_t new_length, kvc_error* err);
+
+typedef struct kvc_manager_stats {
+  uint32_t total_blocks;     /* pages or slots */
+  uint32_t free_blocks;      /* on the free list */
+  uint32_t active_sequences; /* claimed and not released */
+  /* Paged prefix cache (zero otherwise): */
+  uint32_t pages_cached; /* ref count 0, evictable */
+  uint32_t pages_pinned;
+  uint64_t match_calls;
+  uint64_t prompt_tokens; /* sum of n_tokens passed to kvc_match_prefix */
+  uint64_t reused_tokens; /* sum of tokens it attached */
+  uint64_t pages_published;
+  uint64_t evictions;
+  uint64_t cow_copies;
+} kvc_manager_stats;
+
+kvc_status kvc_manager_stats_get(const kvc_manager* manager, kvc_manager_stats* out,
+                                 kvc_error* err);
+
+/* Audits the manager's bookkeeping (tests, debugging); KVC_INTERNAL with the
+ * first inconsistency found. */
+kvc_status kvc_check_invariants(const kvc_manager* manager, kvc_error* err);
+
+/* ---- batch ----------------------------------------------------------------- */
+
+kvc_status kvc_batch_create(kvc_batch** out, kvc_error* err);
+void kvc_batch_destroy(kvc_batch* batch);
+
+/* A fetched batch as plain data (FlashInfer's paged_kv_t, MAX's collection):
+ * everything a kernel of the caller's own needs. Pointers stay valid as the
+ * header comment says. */
+typedef struct kvc_cache_desc {
+  void* blocks;                  /* the whole block buffer (layout above) */
+  const uint32_t* cache_lengths; /* [batch_size] committed tokens */
+  const uint32_t* lookup_table;  /* [batch_size][lookup_stride] block ids;
+                                    unused entries hold num_blocks */
+  const uint64_t* seq_ids;       /* [batch_size] */
+  uint32_t lookup_stride;
+  uint32_t batch_size;
+  uint32_t max_seq_length;   /* most new tokens of an entry this step */
+  uint32_t max_cache_length; /* most committed tokens of an entry */
+  uint32_t num_layers;
+  uint32_t block_tokens; /* page_size, or max_seq_len (continuous) */
+  uint32_t n_kv_heads;
+  uint32_t head_dim;
+  uint32_t num_blocks;
+  kvc_dtype dtype;
+  kvc_strategy strategy;
+  kvc_page_layout layout;
+} kvc_cache_desc;
+
+/* KVC_INVALID_ARGUMENT for a batch never fetched into. */
+kvc_status kvc_batch_describe(const kvc_batch* batch, kvc_cache_desc* out, kvc_error* err);
+
+/* Multistep decoding (MAX increment_cache_lengths): advances every entry's
+ * cache length by the tokens it processed last step, given as that step's
+ * row offsets (batch_size + 1 of them), for a decode step of one token per
+ * entry. Touches no manager state. */
+kvc_status kvc_batch_increment_cache_lengths(kvc_batch* batch, const uint32_t* prev_row_offsets,
+                                             uint32_t n_offsets, kvc_error* err);
+
+/* ---- kernels (CPU) --------------------------------------------------------- */
+
+typedef struct kvc_thread_pool kvc_thread_pool;
+
+/* num_threads counts the calling thread (1: no workers; 0: one per core). */
+kvc_status kvc_thread_pool_create(uint32_t num_threads, kvc_thread_pool** out, kvc_error* err);
+void kvc_thread_pool_destroy(kvc_thread_pool* pool);
+
+typedef struct kvc_store_options {
+  int rope_k;          /* 1: rotate K by its position (RoPE, rotate-half) on the way in */
+  float rope_theta;    /* 0: 10000 */
+  uint32_t rotary_dim; /* 0: head_dim */
+} kvc_store_options;
+
+/* Writes the batch's new K and V rows of `layer` (fp32, [tokens][n_kv_heads]
+ * [head_dim], converted to the cache dtype) at positions cache_length + i.
+ * options and pool may be NULL. */
+kvc_status kvc_store_kv(const kvc_batch* batch, uint32_t layer, const float* k_new,
+                        const float* v_new, const uint32_t* row_offsets,
+                        const kvc_store_options* options, kvc_thread_pool* pool, kvc_error* err);
+
+typedef struct kvc_attention_options {
+  float scale; /* 0: 1 / sqrt(head_dim) */
+} kvc_attention_options;
+
+/* Causal attention of the batch's new tokens' queries (fp32, [tokens]
+ * [n_q_heads][head_dim]; n_q_heads a multiple of n_kv_heads: GQA) over
+ * `layer`'s cache (the committed tokens and this step's, stored first),
+ * into out (same shape). options and pool may be NULL. */
+kvc_status kvc_attention(const kvc_batch* batch, uint32_t layer, const float* q, uint32_t n_q_heads,
+                         const uint32_t* row_offsets, float* out,
+                         const kvc_attention_options* options, kvc_thread_pool* pool,
+                         kvc_error* err);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* KVCACHE_C_API_H_ */

@@ -1,0 +1,507 @@
+// The C interface (include/kvcache/c_api.h) over the C++ API: handles own
+// the C++ objects, every entry point runs inside `guarded`, which turns the
+// library's typed exceptions into a kvc_status and a message and lets no
+// exception cross into C.
+#include "kvcache/c_api.h"
+
+#include <algorithm>
+#include <cstring>
+#include <exception>
+#include <limits>
+#include <memory>
+#include <new>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kvcache/batch.h"
+#include "kvcache/continuous_manager.h"
+#include "kvcache/error.h"
+#include "kvcache/kernels/attention.h"
+#include "kvcache/paged_manager.h"
+#include "kvcache/params.h"
+#include "kvcache/thread_pool.h"
+
+struct kvc_manager {
+  std::unique_ptr<kvcache::KVCacheManager> impl;
+  kvcache::PagedKVCacheManager* paged = nullptr;  // impl, when the strategy is paged
+};
+
+struct kvc_batch {
+  kvcache::KVCacheBatch batch;
+  bool fetched = false;
+};
+
+struct kvc_thread_pool {
+  explicit kvc_thread_pool(std::size_t n) : pool(n) {}
+  kvcache::ThreadPool pool;
+};
+
+namespace {
+
+using kvcache::InvalidArgument;
+
+kvc_status report(kvc_error* err, kvc_status status, const char* message) {
+  if (err != nullptr) {
+    err->status = status;
+    const std::size_t n = std::min(std::strlen(message), sizeof(err->message) - 1);
+    std::memcpy(err->message, message, n);
+    err->message[n] = '\0';
+  }
+  return status;
+}
+
+// Runs fn; maps what it throws to a status (KVC_OK when nothing).
+template <class F>
+kvc_status guarded(kvc_error* err, F&& fn) noexcept {
+  try {
+    fn();
+    return report(err, KVC_OK, "");
+  } catch (const kvcache::UnknownSequence& e) {
+    return report(err, KVC_UNKNOWN_SEQUENCE, e.what());
+  } catch (const kvcache::OutOfPages& e) {
+    return report(err, KVC_OUT_OF_PAGES, e.what());
+  } catch (const kvcache::CapacityExceeded& e) {
+    return report(err, KVC_CAPACITY_EXCEEDED, e.what());
+  } catch (const kvcache::OutOfMemory& e) {
+    return report(err, KVC_OUT_OF_MEMORY, e.what());
+  } catch (const kvcache::InvalidArgument& e) {
+    return report(err, KVC_INVALID_ARGUMENT, e.what());
+  } catch (const std::bad_alloc&) {
+    return report(err, KVC_OUT_OF_MEMORY, "out of host memory");
+  } catch (const std::exception& e) {
+    return report(err, KVC_INTERNAL, e.what());
+  } catch (...) {
+    return report(err, KVC_INTERNAL, "unknown exception");
+  }
+}
+
+void require(const void* p, const char* name) {
+  if (p == nullptr) throw InvalidArgument(std::string(name) + " is NULL");
+}
+
+// An array of n elements: may be NULL only when n == 0.
+void require_array(const void* p, std::size_t n, const char* name) {
+  if (p == nullptr && n != 0) {
+    throw InvalidArgument(std::string(name) + " is NULL with " + std::to_string(n) + " elements");
+  }
+}
+
+kvcache::DType to_dtype(kvc_dtype d) {
+  switch (d) {
+    case KVC_DTYPE_F32:
+      return kvcache::DType::f32;
+    case KVC_DTYPE_F16:
+      return kvcache::DType::f16;
+    case KVC_DTYPE_BF16:
+      return kvcache::DType::bf16;
+  }
+  throw InvalidArgument("params->dtype value " + std::to_string(static_cast<int>(d)) +
+                        " is not KVC_DTYPE_F32, KVC_DTYPE_F16 or KVC_DTYPE_BF16");
+}
+
+kvc_dtype from_dtype(kvcache::DType d) {
+  switch (d) {
+    case kvcache::DType::f16:
+      return KVC_DTYPE_F16;
+    case kvcache::DType::bf16:
+      return KVC_DTYPE_BF16;
+    case kvcache::DType::f32:
+      break;
+  }
+  return KVC_DTYPE_F32;
+}
+
+kvcache::CacheStrategy to_strategy(kvc_strategy s) {
+  switch (s) {
+    case KVC_STRATEGY_CONTINUOUS:
+      return kvcache::CacheStrategy::continuous;
+    case KVC_STRATEGY_PAGED:
+      return kvcache::CacheStrategy::paged;
+  }
+  throw InvalidArgument("params->strategy value " + std::to_string(static_cast<int>(s)) +
+                        " is not KVC_STRATEGY_CONTINUOUS or KVC_STRATEGY_PAGED");
+}
+
+kvcache::PageLayout to_layout(kvc_page_layout l) {
+  switch (l) {
+    case KVC_LAYOUT_NHD:
+      return kvcache::PageLayout::nhd;
+    case KVC_LAYOUT_HND:
+      return kvcache::PageLayout::hnd;
+  }
+  throw InvalidArgument("params->page_layout value " + std::to_string(static_cast<int>(l)) +
+                        " is not KVC_LAYOUT_NHD or KVC_LAYOUT_HND");
+}
+
+kvcache::KVCacheParams to_params(const kvc_params* p) {
+  require(p, "params");
+  if (p->enable_prefix_caching != 0 && p->enable_prefix_caching != 1) {
+    throw InvalidArgument("params->enable_prefix_caching is " +
+                          std::to_string(p->enable_prefix_caching) + ", must be 0 or 1");
+  }
+  kvcache::KVCacheParams params;
+  params.dtype = to_dtype(p->dtype);
+  params.num_layers = p->num_layers;
+  params.n_kv_heads = p->n_kv_heads;
+  params.head_dim = p->head_dim;
+  params.cache_strategy = to_strategy(p->strategy);
+  params.page_size = p->page_size;
+  params.enable_prefix_caching = p->enable_prefix_caching == 1;
+  params.page_layout = to_layout(p->page_layout);
+  params.validate();
+  return params;
+}
+
+kvcache::KVCacheManager& manager_of(kvc_manager* m) {
+  require(m, "manager");
+  return *m->impl;
+}
+const kvcache::KVCacheManager& manager_of(const kvc_manager* m) {
+  require(m, "manager");
+  return *m->impl;
+}
+
+kvcache::PagedKVCacheManager& paged_of(kvc_manager* m, const char* what) {
+  require(m, "manager");
+  if (m->paged == nullptr) {
+    throw InvalidArgument(std::string(what) + " needs the paged strategy; this manager is " +
+                          "continuous");
+  }
+  return *m->paged;
+}
+
+const kvcache::KVCacheBatch& fetched(const kvc_batch* b) {
+  require(b, "batch");
+  if (!b->fetched) throw InvalidArgument("batch has not been fetched into (kvc_fetch)");
+  return b->batch;
+}
+
+// a * b * c elements, refusing products past size_t.
+std::size_t elements(std::size_t a, std::size_t b, std::size_t c, const char* name) {
+  constexpr std::size_t kMax = std::numeric_limits<std::size_t>::max();
+  if ((b != 0 && a > kMax / b) || (c != 0 && a * b > kMax / c)) {
+    throw InvalidArgument(std::string(name) + " would hold more than SIZE_MAX elements");
+  }
+  return a * b * c;
+}
+
+// fn(collection) with the batch's typed collection (dtype x strategy).
+template <class T, class F>
+void with_typed(const kvcache::KVCacheBatch& b, F& fn) {
+  if (b.strategy() == kvcache::CacheStrategy::paged) {
+    fn(b.paged<T>());
+  } else {
+    fn(b.continuous<T>());
+  }
+}
+template <class F>
+void with_collection(const kvcache::KVCacheBatch& b, F&& fn) {
+  switch (b.params().dtype) {
+    case kvcache::DType::f32:
+      return with_typed<float>(b, fn);
+    case kvcache::DType::f16:
+      return with_typed<kvcache::Half>(b, fn);
+    case kvcache::DType::bf16:
+      return with_typed<kvcache::BFloat16>(b, fn);
+  }
+}
+
+std::span<const std::uint32_t> checked_row_offsets(const kvcache::KVCacheBatch& b,
+                                                   const std::uint32_t* row_offsets) {
+  require(row_offsets, "row_offsets");
+  const std::span<const std::uint32_t> ro(row_offsets, std::size_t{b.batch_size()} + 1);
+  kvcache::detail::check_row_offsets(ro, b.batch_size());
+  return ro;
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* kvc_status_name(kvc_status status) {
+  switch (status) {
+    case KVC_OK:
+      return "ok";
+    case KVC_INVALID_ARGUMENT:
+      return "invalid_argument";
+    case KVC_UNKNOWN_SEQUENCE:
+      return "unknown_sequence";
+    case KVC_OUT_OF_PAGES:
+      return "out_of_pages";
+    case KVC_CAPACITY_EXCEEDED:
+      return "capacity_exceeded";
+    case KVC_OUT_OF_MEMORY:
+      return "out_of_memory";
+    case KVC_INTERNAL:
+      return "internal";
+  }
+  return "unknown";
+}
+
+kvc_status kvc_estimated_memory_size(const kvc_params* params, uint32_t num_blocks,
+                                     uint32_t max_seq_len, size_t* bytes, kvc_error* err) {
+  return guarded(err, [&] {
+    const kvcache::KVCacheParams p = to_params(params);
+    require(bytes, "bytes");
+    *bytes = p.cache_strategy == kvcache::CacheStrategy::paged
+                 ? kvcache::PagedKVCacheManager::estimated_memory_size(p, num_blocks)
+                 : kvcache::ContinuousBatchingKVCacheManager::estimated_memory_size(p, num_blocks,
+                                                                                    max_seq_len);
+  });
+}
+
+kvc_status kvc_manager_create(const kvc_params* params, uint32_t num_blocks,
+                              uint32_t max_batch_size, uint32_t max_seq_len, kvc_manager** out,
+                              kvc_error* err) {
+  return guarded(err, [&] {
+    require(out, "out");
+    const kvcache::KVCacheParams p = to_params(params);
+    auto m = std::make_unique<kvc_manager>();
+    if (p.cache_strategy == kvcache::CacheStrategy::paged) {
+      auto paged = std::make_unique<kvcache::PagedKVCacheManager>(p, num_blocks, max_batch_size,
+                                                                  max_seq_len);
+      m->paged = paged.get();
+      m->impl = std::move(paged);
+    } else {
+      if (num_blocks != 0 && num_blocks != max_batch_size) {
+        throw InvalidArgument("num_blocks is " + std::to_string(num_blocks) +
+                              "; a continuous manager has one slot per sequence, so it must be "
+                              "0 or max_batch_size (" +
+                              std::to_string(max_batch_size) + ")");
+      }
+      m->impl = std::make_unique<kvcache::ContinuousBatchingKVCacheManager>(p, max_batch_size,
+                                                                            max_seq_len);
+    }
+    *out = m.release();
+  });
+}
+
+void kvc_manager_destroy(kvc_manager* manager) { delete manager; }
+
+kvc_status kvc_claim(kvc_manager* manager, uint32_t n, uint64_t* seq_ids, kvc_error* err) {
+  return guarded(err, [&] {
+    kvcache::KVCacheManager& m = manager_of(manager);
+    require_array(seq_ids, n, "seq_ids");
+    const std::vector<kvcache::SeqId> ids = m.claim(n);
+    std::copy(ids.begin(), ids.end(), seq_ids);
+  });
+}
+
+kvc_status kvc_fetch(kvc_manager* manager, kvc_batch* batch, const uint64_t* seq_ids,
+                     const uint32_t* num_new_tokens, uint32_t n, uint32_t num_steps,
+                     kvc_error* err) {
+  return guarded(err, [&] {
+    kvcache::KVCacheManager& m = manager_of(manager);
+    require(batch, "batch");
+    require_array(seq_ids, n, "seq_ids");
+    require_array(num_new_tokens, n, "num_new_tokens");
+    m.fetch_into(batch->batch, std::span<const kvcache::SeqId>(seq_ids, n),
+                 std::span<const std::uint32_t>(num_new_tokens, n), num_steps);
+    batch->fetched = true;
+  });
+}
+
+kvc_status kvc_step(kvc_manager* manager, const uint64_t* seq_ids, const uint32_t* valid_lengths,
+                    uint32_t n, const uint32_t* token_ids, kvc_error* err) {
+  return guarded(err, [&] {
+    kvcache::KVCacheManager& m = manager_of(manager);
+    require_array(seq_ids, n, "seq_ids");
+    require_array(valid_lengths, n, "valid_lengths");
+    const std::span<const kvcache::SeqId> seqs(seq_ids, n);
+    const std::span<const std::uint32_t> valid(valid_lengths, n);
+    if (token_ids == nullptr) return m.step(seqs, valid);
+    kvcache::PagedKVCacheManager& paged = paged_of(manager, "step with token_ids");
+    std::size_t total = 0;
+    for (const std::uint32_t v : valid) total += v;
+    paged.step(seqs, valid, std::span<const std::uint32_t>(token_ids, total));
+  });
+}
+
+kvc_status kvc_release(kvc_manager* manager, uint64_t seq, kvc_reuse_hint hint, kvc_error* err) {
+  return guarded(err, [&] {
+    kvcache::KVCacheManager& m = manager_of(manager);
+    if (hint == KVC_REUSE_UNKNOWN) return m.release(seq);
+    if (hint != KVC_REUSE_UNLIKELY && hint != KVC_REUSE_LIKELY) {
+      throw InvalidArgument("hint value " + std::to_string(static_cast<int>(hint)) +
+                            " is not KVC_REUSE_UNKNOWN, KVC_REUSE_UNLIKELY or KVC_REUSE_LIKELY");
+    }
+    paged_of(manager, "a release hint")
+        .release(seq, hint == KVC_REUSE_LIKELY ? kvcache::ReuseHint::likely
+                                               : kvcache::ReuseHint::unlikely);
+  });
+}
+
+kvc_status kvc_cache_length(const kvc_manager* manager, uint64_t seq, uint32_t* length,
+                            kvc_error* err) {
+  return guarded(err, [&] {
+    const kvcache::KVCacheManager& m = manager_of(manager);
+    require(length, "length");
+    *length = m.cache_length(seq);
+  });
+}
+
+kvc_status kvc_match_prefix(kvc_manager* manager, uint64_t seq, const uint32_t* tokens,
+                            size_t n_tokens, uint64_t extra_key, uint32_t* reused, kvc_error* err) {
+  return guarded(err, [&] {
+    kvcache::PagedKVCacheManager& m = paged_of(manager, "match_prefix");
+    require_array(tokens, n_tokens, "tokens");
+    require(reused, "reused");
+    *reused = m.match_prefix(seq, std::span<const std::uint32_t>(tokens, n_tokens), extra_key);
+  });
+}
+
+kvc_status kvc_fork(kvc_manager* manager, uint64_t seq, uint64_t* child, kvc_error* err) {
+  return guarded(err, [&] {
+    kvcache::PagedKVCacheManager& m = paged_of(manager, "fork");
+    require(child, "child");
+    *child = m.fork(seq);
+  });
+}
+
+kvc_status kvc_truncate(kvc_manager* manager, uint64_t seq, uint32_t new_length, kvc_error* err) {
+  return guarded(err, [&] { paged_of(manager, "truncate").truncate(seq, new_length); });
+}
+
+kvc_status kvc_manager_stats_get(const kvc_manager* manager, kvc_manager_stats* out,
+                                 kvc_error* err) {
+  return guarded(err, [&] {
+    const kvcache::KVCacheManager& m = manager_of(manager);
+    require(out, "out");
+    kvc_manager_stats s{};
+    s.total_blocks = m.total_blocks();
+    s.free_blocks = m.free_blocks();
+    s.active_sequences = m.num_active_sequences();
+    if (manager->paged != nullptr) {
+      const kvcache::PrefixCacheMetrics x = manager->paged->metrics();
+      s.pages_cached = x.pages_cached;
+      s.pages_pinned = x.pages_pinned;
+      s.match_calls = x.match_calls;
+      s.prompt_tokens = x.prompt_tokens;
+      s.reused_tokens = x.reused_tokens;
+      s.pages_published = x.pages_published;
+      s.evictions = x.evictions;
+      s.cow_copies = x.cow_copies;
+    }
+    *out = s;
+  });
+}
+
+kvc_status kvc_check_invariants(const kvc_manager* manager, kvc_error* err) {
+  return guarded(err, [&] {
+    const kvcache::KVCacheManager& m = manager_of(manager);
+    try {
+      m.check_invariants();
+    } catch (const kvcache::Error& e) {
+      // An inconsistency is a bug whatever type reported it.
+      throw std::runtime_error(std::string("invariant broken: ") + e.what());
+    }
+  });
+}
+
+kvc_status kvc_batch_create(kvc_batch** out, kvc_error* err) {
+  return guarded(err, [&] {
+    require(out, "out");
+    *out = new kvc_batch();
+  });
+}
+
+void kvc_batch_destroy(kvc_batch* batch) { delete batch; }
+
+kvc_status kvc_batch_describe(const kvc_batch* batch, kvc_cache_desc* out, kvc_error* err) {
+  return guarded(err, [&] {
+    const kvcache::KVCacheBatch& b = fetched(batch);
+    require(out, "out");
+    kvc_cache_desc d{};
+    d.blocks = b.blocks();
+    d.cache_lengths = b.cache_lengths().data();
+    d.lookup_table = b.lookup_table().data();
+    d.seq_ids = b.seq_ids().data();
+    d.lookup_stride = b.lookup_stride();
+    d.batch_size = b.batch_size();
+    d.max_seq_length = b.max_seq_length();
+    d.max_cache_length = b.max_cache_length();
+    d.num_layers = b.params().num_layers;
+    d.block_tokens = b.block_tokens();
+    d.n_kv_heads = b.params().n_kv_heads_per_device();
+    d.head_dim = b.params().head_dim;
+    d.num_blocks = b.num_blocks();
+    d.dtype = from_dtype(b.params().dtype);
+    d.strategy = b.strategy() == kvcache::CacheStrategy::paged ? KVC_STRATEGY_PAGED
+                                                               : KVC_STRATEGY_CONTINUOUS;
+    d.layout = b.params().page_layout == kvcache::PageLayout::hnd ? KVC_LAYOUT_HND : KVC_LAYOUT_NHD;
+    *out = d;
+  });
+}
+
+kvc_status kvc_batch_increment_cache_lengths(kvc_batch* batch, const uint32_t* prev_row_offsets,
+                                             uint32_t n_offsets, kvc_error* err) {
+  return guarded(err, [&] {
+    fetched(batch);
+    require_array(prev_row_offsets, n_offsets, "prev_row_offsets");
+    batch->batch.increment_cache_lengths(
+        std::span<const std::uint32_t>(prev_row_offsets, n_offsets));
+  });
+}
+
+kvc_status kvc_thread_pool_create(uint32_t num_threads, kvc_thread_pool** out, kvc_error* err) {
+  return guarded(err, [&] {
+    require(out, "out");
+    *out = new kvc_thread_pool(num_threads);
+  });
+}
+
+void kvc_thread_pool_destroy(kvc_thread_pool* pool) { delete pool; }
+
+kvc_status kvc_store_kv(const kvc_batch* batch, uint32_t layer, const float* k_new,
+                        const float* v_new, const uint32_t* row_offsets,
+                        const kvc_store_options* options, kvc_thread_pool* pool, kvc_error* err) {
+  return guarded(err, [&] {
+    const kvcache::KVCacheBatch& b = fetched(batch);
+    const std::span<const std::uint32_t> ro = checked_row_offsets(b, row_offsets);
+    const std::size_t n =
+        elements(ro.back(), b.params().n_kv_heads_per_device(), b.params().head_dim, "k_new");
+    require_array(k_new, n, "k_new");
+    require_array(v_new, n, "v_new");
+    kvcache::StoreOptions o;
+    if (options != nullptr) {
+      if (options->rope_k != 0 && options->rope_k != 1) {
+        throw InvalidArgument("options->rope_k is " + std::to_string(options->rope_k) +
+                              ", must be 0 or 1");
+      }
+      o.rope_k.enabled = options->rope_k == 1;
+      if (options->rope_theta != 0.0f) o.rope_k.theta = options->rope_theta;
+      o.rope_k.rotary_dim = options->rotary_dim;
+    }
+    kvcache::ThreadPool* tp = pool != nullptr ? &pool->pool : nullptr;
+    with_collection(b, [&](const auto& collection) {
+      kvcache::store_kv(collection.get_key_cache(layer), collection.get_value_cache(layer),
+                        std::span<const float>(k_new, n), std::span<const float>(v_new, n), ro, o,
+                        tp);
+    });
+  });
+}
+
+kvc_status kvc_attention(const kvc_batch* batch, uint32_t layer, const float* q, uint32_t n_q_heads,
+                         const uint32_t* row_offsets, float* out,
+                         const kvc_attention_options* options, kvc_thread_pool* pool,
+                         kvc_error* err) {
+  return guarded(err, [&] {
+    const kvcache::KVCacheBatch& b = fetched(batch);
+    const std::span<const std::uint32_t> ro = checked_row_offsets(b, row_offsets);
+    const std::size_t n = elements(ro.back(), n_q_heads, b.params().head_dim, "q");
+    require_array(q, n, "q");
+    require_array(out, n, "out");
+    kvcache::AttentionOptions o;
+    if (options != nullptr) o.scale = options->scale;
+    kvcache::ThreadPool* tp = pool != nullptr ? &pool->pool : nullptr;
+    with_collection(b, [&](const auto& collection) {
+      kvcache::attention(collection.get_key_cache(layer), collection.get_value_cache(layer),
+                         std::span<const float>(q, n), n_q_heads, ro, std::span<float>(out, n), o,
+                         tp);
+    });
+  });
+}
+
+}  // extern "C"
