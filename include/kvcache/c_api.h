@@ -176,6 +176,8 @@ typedef struct kvc_manager_stats {
   uint64_t cow_copies;
 } kvc_manager_stats;
 
+/* The counts are read one after the other: under concurrent calls they need
+ * not describe a single instant. */
 kvc_status kvc_manager_stats_get(const kvc_manager* manager, kvc_manager_stats* out,
                                  kvc_error* err);
 
