@@ -71,7 +71,7 @@ typedef struct kvc_error {
 } kvc_error;
 
 /* "ok", "invalid_argument", ...; "unknown" for values outside the enum. */
-const char* kvc_status_name(kvc_status status);
+const char* kvc_status_name(int32_t status);
 
 /* ---- parameters ---------------------------------------------------------- */
 
@@ -85,16 +85,20 @@ typedef enum kvc_strategy {
 typedef enum kvc_page_layout { KVC_LAYOUT_NHD = 0, KVC_LAYOUT_HND = 1 } kvc_page_layout;
 
 /* kvcache::KVCacheParams (kvcache/params.h). Zero-initialise, then set the
- * fields: every value is validated by kvc_manager_create. */
+ * fields: every value is validated by kvc_manager_create. Enum-valued fields
+ * and parameters are fixed-width integers holding the enum's constants (a
+ * layout other languages can rely on; a value outside the enum is refused
+ * by name, where an enum-typed field would make it undefined behaviour in
+ * C++). */
 typedef struct kvc_params {
-  kvc_dtype dtype;
+  int32_t dtype; /* kvc_dtype */
   uint32_t num_layers;
   uint32_t n_kv_heads;
   uint32_t head_dim;
-  kvc_strategy strategy;
-  uint32_t page_size;        /* tokens per page; paged only (> 0 there) */
-  int enable_prefix_caching; /* 0 or 1; paged only */
-  kvc_page_layout page_layout;
+  int32_t strategy;              /* kvc_strategy */
+  uint32_t page_size;            /* tokens per page; paged only (> 0 there) */
+  int32_t enable_prefix_caching; /* 0 or 1; paged only */
+  int32_t page_layout;           /* kvc_page_layout */
 } kvc_params;
 
 /* Bytes of K and V a manager of this shape allocates: num_blocks pages
@@ -143,9 +147,9 @@ typedef enum kvc_reuse_hint {
 } kvc_reuse_hint;
 
 /* Gives the sequence's memory back (paged with prefix caching: its
- * published pages stay cached). A hint other than KVC_REUSE_UNKNOWN needs
- * the paged strategy. */
-kvc_status kvc_release(kvc_manager* manager, uint64_t seq, kvc_reuse_hint hint, kvc_error* err);
+ * published pages stay cached). hint: a kvc_reuse_hint; one other than
+ * KVC_REUSE_UNKNOWN needs the paged strategy. */
+kvc_status kvc_release(kvc_manager* manager, uint64_t seq, int32_t hint, kvc_error* err);
 
 kvc_status kvc_cache_length(const kvc_manager* manager, uint64_t seq, uint32_t* length,
                             kvc_error* err);
@@ -208,9 +212,9 @@ typedef struct kvc_cache_desc {
   uint32_t n_kv_heads;
   uint32_t head_dim;
   uint32_t num_blocks;
-  kvc_dtype dtype;
-  kvc_strategy strategy;
-  kvc_page_layout layout;
+  int32_t dtype;    /* kvc_dtype */
+  int32_t strategy; /* kvc_strategy */
+  int32_t layout;   /* kvc_page_layout */
 } kvc_cache_desc;
 
 /* KVC_INVALID_ARGUMENT for a batch never fetched into. */
@@ -232,7 +236,7 @@ kvc_status kvc_thread_pool_create(uint32_t num_threads, kvc_thread_pool** out, k
 void kvc_thread_pool_destroy(kvc_thread_pool* pool);
 
 typedef struct kvc_store_options {
-  int rope_k;          /* 1: rotate K by its position (RoPE, rotate-half) on the way in */
+  int32_t rope_k;      /* 1: rotate K by its position (RoPE, rotate-half) on the way in */
   float rope_theta;    /* 0: 10000 */
   uint32_t rotary_dim; /* 0: head_dim */
 } kvc_store_options;

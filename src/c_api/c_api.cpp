@@ -88,7 +88,7 @@ void require_array(const void* p, std::size_t n, const char* name) {
   }
 }
 
-kvcache::DType to_dtype(kvc_dtype d) {
+kvcache::DType to_dtype(std::int32_t d) {
   switch (d) {
     case KVC_DTYPE_F32:
       return kvcache::DType::f32;
@@ -97,11 +97,11 @@ kvcache::DType to_dtype(kvc_dtype d) {
     case KVC_DTYPE_BF16:
       return kvcache::DType::bf16;
   }
-  throw InvalidArgument("params->dtype value " + std::to_string(static_cast<int>(d)) +
+  throw InvalidArgument("params->dtype value " + std::to_string(d) +
                         " is not KVC_DTYPE_F32, KVC_DTYPE_F16 or KVC_DTYPE_BF16");
 }
 
-kvc_dtype from_dtype(kvcache::DType d) {
+std::int32_t from_dtype(kvcache::DType d) {
   switch (d) {
     case kvcache::DType::f16:
       return KVC_DTYPE_F16;
@@ -113,25 +113,25 @@ kvc_dtype from_dtype(kvcache::DType d) {
   return KVC_DTYPE_F32;
 }
 
-kvcache::CacheStrategy to_strategy(kvc_strategy s) {
+kvcache::CacheStrategy to_strategy(std::int32_t s) {
   switch (s) {
     case KVC_STRATEGY_CONTINUOUS:
       return kvcache::CacheStrategy::continuous;
     case KVC_STRATEGY_PAGED:
       return kvcache::CacheStrategy::paged;
   }
-  throw InvalidArgument("params->strategy value " + std::to_string(static_cast<int>(s)) +
+  throw InvalidArgument("params->strategy value " + std::to_string(s) +
                         " is not KVC_STRATEGY_CONTINUOUS or KVC_STRATEGY_PAGED");
 }
 
-kvcache::PageLayout to_layout(kvc_page_layout l) {
+kvcache::PageLayout to_layout(std::int32_t l) {
   switch (l) {
     case KVC_LAYOUT_NHD:
       return kvcache::PageLayout::nhd;
     case KVC_LAYOUT_HND:
       return kvcache::PageLayout::hnd;
   }
-  throw InvalidArgument("params->page_layout value " + std::to_string(static_cast<int>(l)) +
+  throw InvalidArgument("params->page_layout value " + std::to_string(l) +
                         " is not KVC_LAYOUT_NHD or KVC_LAYOUT_HND");
 }
 
@@ -220,7 +220,7 @@ std::span<const std::uint32_t> checked_row_offsets(const kvcache::KVCacheBatch& 
 
 extern "C" {
 
-const char* kvc_status_name(kvc_status status) {
+const char* kvc_status_name(int32_t status) {
   switch (status) {
     case KVC_OK:
       return "ok";
@@ -319,12 +319,12 @@ kvc_status kvc_step(kvc_manager* manager, const uint64_t* seq_ids, const uint32_
   });
 }
 
-kvc_status kvc_release(kvc_manager* manager, uint64_t seq, kvc_reuse_hint hint, kvc_error* err) {
+kvc_status kvc_release(kvc_manager* manager, uint64_t seq, int32_t hint, kvc_error* err) {
   return guarded(err, [&] {
     kvcache::KVCacheManager& m = manager_of(manager);
     if (hint == KVC_REUSE_UNKNOWN) return m.release(seq);
     if (hint != KVC_REUSE_UNLIKELY && hint != KVC_REUSE_LIKELY) {
-      throw InvalidArgument("hint value " + std::to_string(static_cast<int>(hint)) +
+      throw InvalidArgument("hint value " + std::to_string(hint) +
                             " is not KVC_REUSE_UNKNOWN, KVC_REUSE_UNLIKELY or KVC_REUSE_LIKELY");
     }
     paged_of(manager, "a release hint")
