@@ -17,8 +17,8 @@
  * KVC_INVALID_ARGUMENT naming the parameter. No call aborts or lets an
  * exception cross into C.
  *
- * Ownership. kvc_manager_create / kvc_batch_create / kvc_thread_pool_create
- * hand out handles the caller frees with the matching _destroy (NULL is a
+ * Ownership. kvc_manager_create (and _create_prefix) / kvc_batch_create /
+ * kvc_thread_pool_create hand out handles the caller frees with the matching _destroy (NULL is a
  * no-op). A batch points into its manager's memory: destroy batches before
  * their manager, and do not use a batch's description after a later
  * kvc_fetch into it or a kvc_step / kvc_release / kvc_truncate of its
@@ -164,6 +164,66 @@ kvc_status kvc_match_prefix(kvc_manager* manager, uint64_t seq, const uint32_t* 
                             size_t n_tokens, uint64_t extra_key, uint32_t* reused, kvc_error* err);
 kvc_status kvc_fork(kvc_manager* manager, uint64_t seq, uint64_t* child, kvc_error* err);
 kvc_status kvc_truncate(kvc_manager* manager, uint64_t seq, uint32_t new_length, kvc_error* err);
+
+/* ---- the paged prefix cache: policy, events, pinning ---------------------- */
+
+/* kvcache::EvictionPolicyKind (kvcache/prefix_cache.h). */
+typedef enum kvc_eviction_policy {
+  KVC_EVICT_LRU = 0,     /* least recently released first (vLLM) */
+  KVC_EVICT_S3FIFO = 1,  /* S3-FIFO: probation, main and ghost FIFOs */
+  KVC_EVICT_TIERED = 2,  /* pages used once before reused ones; acts on release hints */
+  KVC_EVICT_INTERVAL = 3 /* each content's own reuse interval */
+} kvc_eviction_policy;
+
+/* kvcache::PageEvent: a page entering (KVC_PAGE_STORED) or leaving
+ * (KVC_PAGE_REMOVED) the hash index, what KV-aware routers consume. tokens
+ * is valid during the callback only. */
+enum { KVC_PAGE_STORED = 0, KVC_PAGE_REMOVED = 1 };
+typedef struct kvc_page_event {
+  int32_t kind;
+  uint32_t page;
+  uint64_t hash;
+  uint64_t parent_hash; /* 0 for a sequence's first page */
+  uint64_t extra_key;
+  const uint32_t* tokens;
+  size_t n_tokens;
+} kvc_page_event;
+
+/* Called under the manager's lock for every page stored in or removed from
+ * the index: it must return quickly and must not call the manager. */
+typedef void (*kvc_page_event_fn)(const kvc_page_event* event, void* user_data);
+
+/* kvcache::PrefixCacheConfig. Start from kvc_prefix_config_default(). */
+typedef struct kvc_prefix_config {
+  int32_t policy;               /* kvc_eviction_policy */
+  double s3fifo_small_fraction; /* S3-FIFO probation share, in (0, 1) */
+  double ghost_factor;          /* ghost FIFO length in pool sizes, [0, 64] */
+  kvc_page_event_fn on_event;   /* NULL: no events */
+  void* user_data;              /* passed to on_event */
+} kvc_prefix_config;
+
+/* The C++ defaults: LRU, 0.1, 16, no events. */
+kvc_prefix_config kvc_prefix_config_default(void);
+
+/* kvc_manager_create for the paged strategy with prefix caching configured
+ * (params->strategy must be KVC_STRATEGY_PAGED and
+ * params->enable_prefix_caching 1). */
+kvc_status kvc_manager_create_prefix(const kvc_params* params, uint32_t num_pages,
+                                     uint32_t max_batch_size, uint32_t max_seq_len,
+                                     const kvc_prefix_config* config, kvc_manager** out,
+                                     kvc_error* err);
+
+/* Pins the cached full pages of this prefix with priority > 0 (evicted only
+ * when no unpinned page is evictable, lowest priority first); priority 0
+ * unpins. *covered = the tokens the pinned pages hold. */
+kvc_status kvc_pin_prefix(kvc_manager* manager, const uint32_t* tokens, size_t n_tokens,
+                          uint32_t priority, uint64_t extra_key, uint32_t* covered, kvc_error* err);
+
+/* Drops every cache entry (pages in use stay with their sequences). */
+kvc_status kvc_reset_prefix_cache(kvc_manager* manager, kvc_error* err);
+
+/* Zeroes the counters of kvc_manager_stats (the gauges stay). */
+kvc_status kvc_reset_metrics(kvc_manager* manager, kvc_error* err);
 
 typedef struct kvc_manager_stats {
   uint32_t total_blocks;     /* pages or slots */

@@ -21,6 +21,7 @@
 #include "kvcache/kernels/attention.h"
 #include "kvcache/paged_manager.h"
 #include "kvcache/params.h"
+#include "kvcache/prefix_cache.h"
 #include "kvcache/thread_pool.h"
 
 struct kvc_manager {
@@ -133,6 +134,22 @@ kvcache::PageLayout to_layout(std::int32_t l) {
   }
   throw InvalidArgument("params->page_layout value " + std::to_string(l) +
                         " is not KVC_LAYOUT_NHD or KVC_LAYOUT_HND");
+}
+
+kvcache::EvictionPolicyKind to_policy(std::int32_t policy) {
+  switch (policy) {
+    case KVC_EVICT_LRU:
+      return kvcache::EvictionPolicyKind::lru;
+    case KVC_EVICT_S3FIFO:
+      return kvcache::EvictionPolicyKind::s3fifo;
+    case KVC_EVICT_TIERED:
+      return kvcache::EvictionPolicyKind::tiered;
+    case KVC_EVICT_INTERVAL:
+      return kvcache::EvictionPolicyKind::interval;
+  }
+  throw InvalidArgument("config->policy value " + std::to_string(policy) +
+                        " is not KVC_EVICT_LRU, KVC_EVICT_S3FIFO, KVC_EVICT_TIERED or "
+                        "KVC_EVICT_INTERVAL");
 }
 
 kvcache::KVCacheParams to_params(const kvc_params* p) {
@@ -362,6 +379,72 @@ kvc_status kvc_fork(kvc_manager* manager, uint64_t seq, uint64_t* child, kvc_err
 
 kvc_status kvc_truncate(kvc_manager* manager, uint64_t seq, uint32_t new_length, kvc_error* err) {
   return guarded(err, [&] { paged_of(manager, "truncate").truncate(seq, new_length); });
+}
+
+kvc_prefix_config kvc_prefix_config_default(void) {
+  const kvcache::PrefixCacheConfig d;
+  kvc_prefix_config c{};
+  c.policy = KVC_EVICT_LRU;
+  c.s3fifo_small_fraction = d.s3fifo_small_fraction;
+  c.ghost_factor = d.ghost_factor;
+  return c;
+}
+
+kvc_status kvc_manager_create_prefix(const kvc_params* params, uint32_t num_pages,
+                                     uint32_t max_batch_size, uint32_t max_seq_len,
+                                     const kvc_prefix_config* config, kvc_manager** out,
+                                     kvc_error* err) {
+  return guarded(err, [&] {
+    require(out, "out");
+    require(config, "config");
+    const kvcache::KVCacheParams p = to_params(params);
+    if (!p.enable_prefix_caching) {
+      throw InvalidArgument(
+          "kvc_manager_create_prefix needs params->enable_prefix_caching 1 and the paged strategy");
+    }
+    kvcache::PrefixCacheConfig c;
+    c.policy = to_policy(config->policy);
+    c.s3fifo_small_fraction = config->s3fifo_small_fraction;
+    c.ghost_factor = config->ghost_factor;
+    if (config->on_event != nullptr) {
+      c.on_event = [fn = config->on_event, user = config->user_data](const kvcache::PageEvent& e) {
+        kvc_page_event ce{};
+        ce.kind = e.kind == kvcache::PageEvent::Kind::stored ? KVC_PAGE_STORED : KVC_PAGE_REMOVED;
+        ce.page = e.page;
+        ce.hash = e.hash;
+        ce.parent_hash = e.parent_hash;
+        ce.extra_key = e.extra_key;
+        ce.tokens = e.tokens.data();
+        ce.n_tokens = e.tokens.size();
+        fn(&ce, user);
+      };
+    }
+    auto m = std::make_unique<kvc_manager>();
+    auto paged = std::make_unique<kvcache::PagedKVCacheManager>(p, num_pages, max_batch_size,
+                                                                max_seq_len, std::move(c));
+    m->paged = paged.get();
+    m->impl = std::move(paged);
+    *out = m.release();
+  });
+}
+
+kvc_status kvc_pin_prefix(kvc_manager* manager, const uint32_t* tokens, size_t n_tokens,
+                          uint32_t priority, uint64_t extra_key, uint32_t* covered,
+                          kvc_error* err) {
+  return guarded(err, [&] {
+    kvcache::PagedKVCacheManager& m = paged_of(manager, "pin_prefix");
+    require_array(tokens, n_tokens, "tokens");
+    require(covered, "covered");
+    *covered = m.pin_prefix(std::span<const std::uint32_t>(tokens, n_tokens), priority, extra_key);
+  });
+}
+
+kvc_status kvc_reset_prefix_cache(kvc_manager* manager, kvc_error* err) {
+  return guarded(err, [&] { paged_of(manager, "reset_prefix_cache").reset_prefix_cache(); });
+}
+
+kvc_status kvc_reset_metrics(kvc_manager* manager, kvc_error* err) {
+  return guarded(err, [&] { paged_of(manager, "reset_metrics").reset_metrics(); });
 }
 
 kvc_status kvc_manager_stats_get(const kvc_manager* manager, kvc_manager_stats* out,

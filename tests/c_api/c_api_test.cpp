@@ -470,6 +470,14 @@ TEST(CApi, PagedOnlyCallsAreRefusedOnContinuous) {
                 KVC_INVALID_ARGUMENT, {"token_ids needs the paged strategy"});
   expect_status([&](kvc_error* e) { return kvc_release(hd.manager, s, KVC_REUSE_LIKELY, e); },
                 KVC_INVALID_ARGUMENT, {"hint needs the paged strategy"});
+  std::uint32_t covered = 0;
+  expect_status(
+      [&](kvc_error* e) { return kvc_pin_prefix(hd.manager, tokens, 3, 1, 0, &covered, e); },
+      KVC_INVALID_ARGUMENT, {"pin_prefix needs the paged strategy"});
+  expect_status([&](kvc_error* e) { return kvc_reset_prefix_cache(hd.manager, e); },
+                KVC_INVALID_ARGUMENT, {"reset_prefix_cache needs the paged strategy"});
+  expect_status([&](kvc_error* e) { return kvc_reset_metrics(hd.manager, e); },
+                KVC_INVALID_ARGUMENT, {"reset_metrics needs the paged strategy"});
   kvc_manager_stats st{};
   KVC_ASSERT_OK(kvc_manager_stats_get(hd.manager, &st, &kvc_err_));
   EXPECT_EQ(st.active_sequences, 1u);  // the refused release released nothing
@@ -571,6 +579,125 @@ TEST(CApi, PrefixCacheForkTruncateAndMultistep) {
       [&](kvc_error* e) { return kvc_batch_increment_cache_lengths(hd.batch, prev.data(), 3, e); },
       KVC_CAPACITY_EXCEEDED, {});
   KVC_ASSERT_OK(kvc_check_invariants(hd.manager, &kvc_err_));
+}
+
+// Events collected by the callback (through user_data).
+struct EventLog {
+  std::vector<kvc_page_event> events;
+  std::vector<std::vector<std::uint32_t>> tokens;
+};
+void log_event(const kvc_page_event* e, void* user) {
+  auto* log = static_cast<EventLog*>(user);
+  log->events.push_back(*e);
+  log->tokens.emplace_back(e->tokens, e->tokens + e->n_tokens);
+}
+
+// The prefix cache's configuration through C: a policy, the stored /
+// removed events with their hash chain and tokens, pinning, the resets.
+TEST(CApi, PrefixConfigEventsPinsAndResets) {
+  const kvc_prefix_config dflt = kvc_prefix_config_default();
+  const kvcache::PrefixCacheConfig cpp;
+  EXPECT_EQ(dflt.policy, KVC_EVICT_LRU);
+  EXPECT_EQ(dflt.s3fifo_small_fraction, cpp.s3fifo_small_fraction);
+  EXPECT_EQ(dflt.ghost_factor, cpp.ghost_factor);
+  EXPECT_EQ(dflt.on_event, nullptr);
+
+  Handles hd;
+  constexpr std::uint32_t kPage = 4;
+  const kvc_params p =
+      make_params(KVC_DTYPE_F32, KVC_STRATEGY_PAGED, KVC_LAYOUT_NHD, kPage, 1, 8, 1);
+  EventLog log;
+  kvc_prefix_config config = dflt;
+  config.policy = KVC_EVICT_TIERED;
+  config.on_event = log_event;
+  config.user_data = &log;
+  KVC_ASSERT_OK(kvc_manager_create_prefix(&p, 12, 2, 64, &config, &hd.manager, &kvc_err_));
+  KVC_ASSERT_OK(kvc_batch_create(&hd.batch, &kvc_err_));
+  std::vector<std::uint32_t> tokens(9);
+  std::iota(tokens.begin(), tokens.end(), 40u);
+  std::uint64_t a = 0;
+  KVC_ASSERT_OK(kvc_claim(hd.manager, 1, &a, &kvc_err_));
+  const std::uint32_t nine = 9;
+  KVC_ASSERT_OK(kvc_fetch(hd.manager, hd.batch, &a, &nine, 1, 1, &kvc_err_));
+  KVC_ASSERT_OK(kvc_step(hd.manager, &a, &nine, 1, tokens.data(), &kvc_err_));
+  ASSERT_EQ(log.events.size(), 2u);  // two full pages of 4
+  EXPECT_EQ(log.events[0].kind, KVC_PAGE_STORED);
+  EXPECT_EQ(log.events[0].parent_hash, 0u);
+  EXPECT_EQ(log.events[1].parent_hash, log.events[0].hash);
+  EXPECT_EQ(log.events[0].hash, kvcache::default_block_hash(0, std::span(tokens.data(), kPage), 0));
+  EXPECT_EQ(log.tokens[1], std::vector<std::uint32_t>(tokens.begin() + 4, tokens.begin() + 8));
+  KVC_ASSERT_OK(kvc_release(hd.manager, a, KVC_REUSE_UNLIKELY, &kvc_err_));
+
+  // Another request's one full page, cached but not pinned.
+  std::uint64_t c = 0;
+  KVC_ASSERT_OK(kvc_claim(hd.manager, 1, &c, &kvc_err_));
+  const std::uint32_t five = 5;
+  const std::vector<std::uint32_t> other = {7, 7, 7, 7, 7};
+  KVC_ASSERT_OK(kvc_fetch(hd.manager, hd.batch, &c, &five, 1, 1, &kvc_err_));
+  KVC_ASSERT_OK(kvc_step(hd.manager, &c, &five, 1, other.data(), &kvc_err_));
+  KVC_ASSERT_OK(kvc_release(hd.manager, c, KVC_REUSE_UNKNOWN, &kvc_err_));
+  ASSERT_EQ(log.events.size(), 3u);
+  const std::uint64_t other_hash = log.events[2].hash;
+
+  std::uint32_t covered = 0;
+  KVC_ASSERT_OK(
+      kvc_pin_prefix(hd.manager, tokens.data(), tokens.size(), 3, 0, &covered, &kvc_err_));
+  EXPECT_EQ(covered, 8u);
+  kvc_manager_stats s{};
+  KVC_ASSERT_OK(kvc_manager_stats_get(hd.manager, &s, &kvc_err_));
+  EXPECT_EQ(s.pages_pinned, 2u);
+  EXPECT_EQ(s.pages_cached, 3u);
+  EXPECT_EQ(s.pages_published, 3u);
+
+  // A request needing 10 of the 12 pages (9 free): one cached page must go,
+  // and it is the unpinned one.
+  std::uint64_t b = 0;
+  KVC_ASSERT_OK(kvc_claim(hd.manager, 1, &b, &kvc_err_));
+  const std::uint32_t forty = 40;
+  KVC_ASSERT_OK(kvc_fetch(hd.manager, hd.batch, &b, &forty, 1, 1, &kvc_err_));
+  ASSERT_EQ(log.events.size(), 4u);
+  EXPECT_EQ(log.events[3].kind, KVC_PAGE_REMOVED);
+  EXPECT_EQ(log.events[3].hash, other_hash);
+  KVC_ASSERT_OK(kvc_manager_stats_get(hd.manager, &s, &kvc_err_));
+  EXPECT_EQ(s.pages_pinned, 2u);
+  EXPECT_EQ(s.pages_cached, 2u);
+  EXPECT_EQ(s.evictions, 1u);
+  EXPECT_EQ(s.free_blocks, 0u);
+  KVC_ASSERT_OK(kvc_release(hd.manager, b, KVC_REUSE_UNKNOWN, &kvc_err_));
+
+  KVC_ASSERT_OK(kvc_reset_prefix_cache(hd.manager, &kvc_err_));
+  ASSERT_EQ(log.events.size(), 6u);
+  EXPECT_EQ(log.events[4].kind, KVC_PAGE_REMOVED);
+  EXPECT_EQ(log.events[5].kind, KVC_PAGE_REMOVED);
+  KVC_ASSERT_OK(kvc_manager_stats_get(hd.manager, &s, &kvc_err_));
+  EXPECT_EQ(s.pages_cached, 0u);
+  EXPECT_EQ(s.pages_pinned, 0u);
+  EXPECT_EQ(s.free_blocks, s.total_blocks);
+  KVC_ASSERT_OK(kvc_reset_metrics(hd.manager, &kvc_err_));
+  KVC_ASSERT_OK(kvc_manager_stats_get(hd.manager, &s, &kvc_err_));
+  EXPECT_EQ(s.pages_published, 0u);
+  KVC_ASSERT_OK(kvc_check_invariants(hd.manager, &kvc_err_));
+
+  // Errors.
+  kvc_manager* m = nullptr;
+  kvc_prefix_config bad = dflt;
+  bad.policy = 9;
+  expect_status([&](kvc_error* e) { return kvc_manager_create_prefix(&p, 12, 2, 64, &bad, &m, e); },
+                KVC_INVALID_ARGUMENT, {"config->policy value 9"});
+  bad = dflt;
+  bad.policy = KVC_EVICT_TIERED;  // LRU keeps no ghost, so it ignores the factor
+  bad.ghost_factor = 100;
+  expect_status([&](kvc_error* e) { return kvc_manager_create_prefix(&p, 12, 2, 64, &bad, &m, e); },
+                KVC_INVALID_ARGUMENT, {"ghost_factor"});
+  expect_status(
+      [&](kvc_error* e) { return kvc_manager_create_prefix(&p, 12, 2, 64, nullptr, &m, e); },
+      KVC_INVALID_ARGUMENT, {"config is NULL"});
+  const kvc_params off =
+      make_params(KVC_DTYPE_F32, KVC_STRATEGY_PAGED, KVC_LAYOUT_NHD, kPage, 1, 8);
+  expect_status(
+      [&](kvc_error* e) { return kvc_manager_create_prefix(&off, 12, 2, 64, &dflt, &m, e); },
+      KVC_INVALID_ARGUMENT, {"enable_prefix_caching"});
+  EXPECT_EQ(m, nullptr);
 }
 
 TEST(CApi, ThreadPoolGivesTheSameAttention) {
