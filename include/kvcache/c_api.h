@@ -308,8 +308,24 @@ kvc_status kvc_store_kv(const kvc_batch* batch, uint32_t layer, const float* k_n
                         const float* v_new, const uint32_t* row_offsets,
                         const kvc_store_options* options, kvc_thread_pool* pool, kvc_error* err);
 
+/* kvcache::AttentionPrecision (kvcache/kernels/reference.h): KVC_PRECISION_BF16
+ * rounds the scaled query and the probabilities to bf16 on a bf16 cache (as
+ * GPU kernels do; multiplied as bf16 pairs where the CPU has AVX512-BF16). */
+enum { KVC_PRECISION_FP32 = 0, KVC_PRECISION_BF16 = 1 };
+/* kvcache::AttentionPrefetch: the kernel's software prefetch (automatic: the
+ * one measured fastest on the running processor). */
+enum {
+  KVC_PREFETCH_AUTOMATIC = 0,
+  KVC_PREFETCH_NEXT_STEP_L1 = 1,
+  KVC_PREFETCH_NEXT_TILE_L2 = 2,
+  KVC_PREFETCH_NONE = 3
+};
+
+/* Zero-initialised: the defaults. */
 typedef struct kvc_attention_options {
-  float scale; /* 0: 1 / sqrt(head_dim) */
+  float scale;       /* 0: 1 / sqrt(head_dim) */
+  int32_t precision; /* KVC_PRECISION_* */
+  int32_t prefetch;  /* KVC_PREFETCH_* */
 } kvc_attention_options;
 
 /* Causal attention of the batch's new tokens' queries (fp32, [tokens]

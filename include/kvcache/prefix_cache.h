@@ -80,6 +80,8 @@ struct PageEvent {
   std::span<const std::uint32_t> tokens;  // the page's tokens; valid during the callback only
 };
 
+// Every value is checked by the manager's constructor (InvalidArgument naming
+// the field and its range), whichever policy is chosen.
 struct PrefixCacheConfig {
   EvictionPolicyKind policy = EvictionPolicyKind::lru;
   // S3-FIFO: share of the pool reserved for the probation queue (0, 1).

@@ -152,6 +152,34 @@ kvcache::EvictionPolicyKind to_policy(std::int32_t policy) {
                         "KVC_EVICT_INTERVAL");
 }
 
+kvcache::AttentionPrecision to_precision(std::int32_t p) {
+  switch (p) {
+    case KVC_PRECISION_FP32:
+      return kvcache::AttentionPrecision::fp32;
+    case KVC_PRECISION_BF16:
+      return kvcache::AttentionPrecision::bf16;
+    default:
+      throw InvalidArgument("options->precision value " + std::to_string(p) +
+                            " is not KVC_PRECISION_FP32 or KVC_PRECISION_BF16");
+  }
+}
+
+kvcache::AttentionPrefetch to_prefetch(std::int32_t p) {
+  switch (p) {
+    case KVC_PREFETCH_AUTOMATIC:
+      return kvcache::AttentionPrefetch::automatic;
+    case KVC_PREFETCH_NEXT_STEP_L1:
+      return kvcache::AttentionPrefetch::next_step_l1;
+    case KVC_PREFETCH_NEXT_TILE_L2:
+      return kvcache::AttentionPrefetch::next_tile_l2;
+    case KVC_PREFETCH_NONE:
+      return kvcache::AttentionPrefetch::none;
+    default:
+      throw InvalidArgument("options->prefetch value " + std::to_string(p) +
+                            " is not a KVC_PREFETCH_* constant (0-3)");
+  }
+}
+
 kvcache::KVCacheParams to_params(const kvc_params* p) {
   require(p, "params");
   if (p->enable_prefix_caching != 0 && p->enable_prefix_caching != 1) {
@@ -577,7 +605,11 @@ kvc_status kvc_attention(const kvc_batch* batch, uint32_t layer, const float* q,
     require_array(q, n, "q");
     require_array(out, n, "out");
     kvcache::AttentionOptions o;
-    if (options != nullptr) o.scale = options->scale;
+    if (options != nullptr) {
+      o.scale = options->scale;
+      o.precision = to_precision(options->precision);
+      o.prefetch = to_prefetch(options->prefetch);
+    }
     kvcache::ThreadPool* tp = pool != nullptr ? &pool->pool : nullptr;
     with_collection(b, [&](const auto& collection) {
       kvcache::attention(collection.get_key_cache(layer), collection.get_value_cache(layer),

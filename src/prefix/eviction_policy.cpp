@@ -361,16 +361,26 @@ class IntervalPolicy final : public EvictionPolicy {
 
 namespace {
 std::uint32_t ghost_length(const PrefixCacheConfig& config, std::uint32_t num_pages) {
+  return static_cast<std::uint32_t>(std::min<double>(config.ghost_factor * num_pages, 1u << 30));
+}
+
+// Every field is checked whichever policy reads it: a value out of range is
+// a mistake even where the chosen policy ignores it.
+void validate(const PrefixCacheConfig& config) {
   if (!(config.ghost_factor >= 0.0 && config.ghost_factor <= 64.0)) {
     throw InvalidArgument("ghost_factor " + std::to_string(config.ghost_factor) +
                           " must lie in [0, 64]");
   }
-  return static_cast<std::uint32_t>(std::min<double>(config.ghost_factor * num_pages, 1u << 30));
+  if (!(config.s3fifo_small_fraction > 0.0 && config.s3fifo_small_fraction < 1.0)) {
+    throw InvalidArgument("s3fifo_small_fraction " + std::to_string(config.s3fifo_small_fraction) +
+                          " must lie in (0, 1)");
+  }
 }
 }  // namespace
 
 std::unique_ptr<EvictionPolicy> make_policy(const PrefixCacheConfig& config,
                                             std::uint32_t num_pages) {
+  validate(config);
   switch (config.policy) {
     case EvictionPolicyKind::lru:
       return std::make_unique<LruPolicy>(num_pages);
@@ -379,10 +389,6 @@ std::unique_ptr<EvictionPolicy> make_policy(const PrefixCacheConfig& config,
     case EvictionPolicyKind::interval:
       return std::make_unique<IntervalPolicy>(num_pages, ghost_length(config, num_pages));
     case EvictionPolicyKind::s3fifo:
-      if (!(config.s3fifo_small_fraction > 0.0 && config.s3fifo_small_fraction < 1.0)) {
-        throw InvalidArgument("s3fifo_small_fraction " +
-                              std::to_string(config.s3fifo_small_fraction) + " must lie in (0, 1)");
-      }
       return std::make_unique<S3FifoPolicy>(num_pages, config.s3fifo_small_fraction,
                                             ghost_length(config, num_pages));
   }

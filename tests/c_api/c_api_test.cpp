@@ -685,8 +685,7 @@ TEST(CApi, PrefixConfigEventsPinsAndResets) {
   expect_status([&](kvc_error* e) { return kvc_manager_create_prefix(&p, 12, 2, 64, &bad, &m, e); },
                 KVC_INVALID_ARGUMENT, {"config->policy value 9"});
   bad = dflt;
-  bad.policy = KVC_EVICT_TIERED;  // LRU keeps no ghost, so it ignores the factor
-  bad.ghost_factor = 100;
+  bad.ghost_factor = 100;  // refused under LRU too, which keeps no ghost
   expect_status([&](kvc_error* e) { return kvc_manager_create_prefix(&p, 12, 2, 64, &bad, &m, e); },
                 KVC_INVALID_ARGUMENT, {"ghost_factor"});
   expect_status(
@@ -720,7 +719,7 @@ TEST(CApi, ThreadPoolGivesTheSameAttention) {
   KVC_ASSERT_OK(
       kvc_store_kv(hd.batch, 0, k.data(), v.data(), ro.data(), nullptr, hd.pool, &kvc_err_));
   std::vector<float> one(q.size()), two(q.size());
-  const kvc_attention_options opts{0.1f};
+  const kvc_attention_options opts{0.1f, KVC_PRECISION_FP32, KVC_PREFETCH_AUTOMATIC};
   KVC_ASSERT_OK(
       kvc_attention(hd.batch, 0, q.data(), kQ, ro.data(), one.data(), &opts, nullptr, &kvc_err_));
   KVC_ASSERT_OK(
@@ -738,6 +737,68 @@ TEST(CApi, ThreadPoolGivesTheSameAttention) {
 // Manager calls from several threads at once, each thread with its own batch
 // (the header's thread-safety contract): every thread's K/V reads back as
 // written, and the manager ends empty and consistent. In the TSan run.
+// The precision and prefetch options reach the kernel: every prefetch gives
+// the same values within the fp32 bound, bf16 precision differs from fp32 by
+// more than that but within its own bound (2^-8 of the largest |V| = 1 plus
+// fp32 rounding, tests/kernels/attention_test.cpp), and bad values are refused.
+TEST(CApi, AttentionPrecisionAndPrefetchOptions) {
+  Handles hd;
+  constexpr std::uint32_t kKv = 2, kQ = 8, kDim = 64;
+  const kvc_params p =
+      make_params(KVC_DTYPE_BF16, KVC_STRATEGY_PAGED, KVC_LAYOUT_NHD, 16, kKv, kDim);
+  KVC_ASSERT_OK(kvc_manager_create(&p, 32, 2, 512, &hd.manager, &kvc_err_));
+  KVC_ASSERT_OK(kvc_batch_create(&hd.batch, &kvc_err_));
+  std::uint64_t s = 0;
+  KVC_ASSERT_OK(kvc_claim(hd.manager, 1, &s, &kvc_err_));
+  const std::uint32_t n = 300;
+  KVC_ASSERT_OK(kvc_fetch(hd.manager, hd.batch, &s, &n, 1, 1, &kvc_err_));
+  std::mt19937_64 rng(11);
+  const std::vector<float> k = kvtest::random_vec(rng, n * kKv * kDim);
+  const std::vector<float> v = kvtest::random_vec(rng, n * kKv * kDim);
+  const std::vector<float> q = kvtest::random_vec(rng, n * kQ * kDim, 0.5f, 2.0f);
+  const U32 ro = {0, n};
+  KVC_ASSERT_OK(
+      kvc_store_kv(hd.batch, 0, k.data(), v.data(), ro.data(), nullptr, nullptr, &kvc_err_));
+  const auto run = [&](std::int32_t precision, std::int32_t prefetch) {
+    std::vector<float> out(q.size());
+    const kvc_attention_options o{0.0f, precision, prefetch};
+    kvc_error e{};
+    EXPECT_EQ(kvc_attention(hd.batch, 0, q.data(), kQ, ro.data(), out.data(), &o, nullptr, &e),
+              KVC_OK)
+        << e.message;
+    return out;
+  };
+  const std::vector<float> base = run(KVC_PRECISION_FP32, KVC_PREFETCH_AUTOMATIC);
+  for (std::int32_t prefetch = KVC_PREFETCH_NEXT_STEP_L1; prefetch <= KVC_PREFETCH_NONE;
+       ++prefetch) {
+    const std::vector<float> out = run(KVC_PRECISION_FP32, prefetch);
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      ASSERT_NEAR(out[i], base[i], 4e-6 + 4e-6 * std::fabs(base[i])) << "prefetch " << prefetch;
+    }
+  }
+  const std::vector<float> rounded = run(KVC_PRECISION_BF16, KVC_PREFETCH_AUTOMATIC);
+  float most = 0.0f;
+  for (std::size_t i = 0; i < rounded.size(); ++i) {
+    const float diff = std::fabs(rounded[i] - base[i]);
+    ASSERT_LE(diff, 1.0f / 256 + 1e-5f) << i;
+    most = std::max(most, diff);
+  }
+  EXPECT_GT(most, 1e-5f);  // the rounding is visible: the option reached the kernel
+  std::vector<float> out(q.size());
+  kvc_attention_options bad{0.0f, 2, KVC_PREFETCH_AUTOMATIC};
+  expect_status(
+      [&](kvc_error* e) {
+        return kvc_attention(hd.batch, 0, q.data(), kQ, ro.data(), out.data(), &bad, nullptr, e);
+      },
+      KVC_INVALID_ARGUMENT, {"options->precision value 2"});
+  bad = {0.0f, KVC_PRECISION_FP32, 4};
+  expect_status(
+      [&](kvc_error* e) {
+        return kvc_attention(hd.batch, 0, q.data(), kQ, ro.data(), out.data(), &bad, nullptr, e);
+      },
+      KVC_INVALID_ARGUMENT, {"options->prefetch value 4"});
+}
+
 TEST(CApiConcurrency, ThreadsShareOneManager) {
   Handles hd;
   constexpr std::uint32_t kDim = 16, kThreads = 4, kRounds = 150;

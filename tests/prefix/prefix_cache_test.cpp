@@ -2,10 +2,12 @@
 // pinning, fork / copy-on-write, truncate, metrics, events, strong guarantee.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <numeric>
 #include <string>
 
 #include "prefix/prefix_test_util.h"
+#include "test_util.h"
 
 namespace kvcache {
 namespace {
@@ -276,6 +278,34 @@ TEST(PrefixCache, EveryPolicyKeepsInvariantsUnderPressure) {
       EXPECT_GT(m.metrics().reused_tokens, 0u) << policy_name(kind);
     }
     EXPECT_GT(m.metrics().evictions, 0u) << policy_name(kind);
+  }
+}
+
+// A configuration value out of range is refused by the constructor with its
+// name and range, whichever policy is chosen (LRU reads neither field).
+TEST(PrefixCache, BadConfigIsRefusedForEveryPolicy) {
+  for (EvictionPolicyKind kind : {EvictionPolicyKind::lru, EvictionPolicyKind::s3fifo,
+                                  EvictionPolicyKind::tiered, EvictionPolicyKind::interval}) {
+    for (double ghost : {-1.0, 64.5, std::nan("")}) {
+      PrefixCacheConfig cfg;
+      cfg.policy = kind;
+      cfg.ghost_factor = ghost;
+      KV_EXPECT_THROW(PagedKVCacheManager(tiny_params(4), 10, 4, 64, cfg), InvalidArgument,
+                      "ghost_factor", "[0, 64]");
+    }
+    for (double small : {0.0, 1.0, std::nan("")}) {
+      PrefixCacheConfig cfg;
+      cfg.policy = kind;
+      cfg.s3fifo_small_fraction = small;
+      KV_EXPECT_THROW(PagedKVCacheManager(tiny_params(4), 10, 4, 64, cfg), InvalidArgument,
+                      "s3fifo_small_fraction", "(0, 1)");
+    }
+    PrefixCacheConfig edges;  // both ends of the ghost range are allowed
+    edges.policy = kind;
+    edges.ghost_factor = 0.0;
+    EXPECT_NO_THROW(PagedKVCacheManager(tiny_params(4), 10, 4, 64, edges));
+    edges.ghost_factor = 64.0;
+    EXPECT_NO_THROW(PagedKVCacheManager(tiny_params(4), 10, 4, 64, edges));
   }
 }
 
