@@ -89,95 +89,40 @@ void require_array(const void* p, std::size_t n, const char* name) {
   }
 }
 
-kvcache::DType to_dtype(std::int32_t d) {
-  switch (d) {
-    case KVC_DTYPE_F32:
-      return kvcache::DType::f32;
-    case KVC_DTYPE_F16:
-      return kvcache::DType::f16;
-    case KVC_DTYPE_BF16:
-      return kvcache::DType::bf16;
-  }
-  throw InvalidArgument("params->dtype value " + std::to_string(d) +
-                        " is not KVC_DTYPE_F32, KVC_DTYPE_F16 or KVC_DTYPE_BF16");
-}
+// The C constants are the C++ enumerators' values, in the same order (pinned
+// here), so a C value converts by a range check and a cast.
+static_assert(KVC_DTYPE_F32 == static_cast<int>(kvcache::DType::f32) &&
+              KVC_DTYPE_F16 == static_cast<int>(kvcache::DType::f16) &&
+              KVC_DTYPE_BF16 == static_cast<int>(kvcache::DType::bf16));
+static_assert(KVC_STRATEGY_CONTINUOUS == static_cast<int>(kvcache::CacheStrategy::continuous) &&
+              KVC_STRATEGY_PAGED == static_cast<int>(kvcache::CacheStrategy::paged));
+static_assert(KVC_LAYOUT_NHD == static_cast<int>(kvcache::PageLayout::nhd) &&
+              KVC_LAYOUT_HND == static_cast<int>(kvcache::PageLayout::hnd));
+static_assert(KVC_EVICT_LRU == static_cast<int>(kvcache::EvictionPolicyKind::lru) &&
+              KVC_EVICT_S3FIFO == static_cast<int>(kvcache::EvictionPolicyKind::s3fifo) &&
+              KVC_EVICT_TIERED == static_cast<int>(kvcache::EvictionPolicyKind::tiered) &&
+              KVC_EVICT_INTERVAL == static_cast<int>(kvcache::EvictionPolicyKind::interval));
+static_assert(KVC_REUSE_UNKNOWN == static_cast<int>(kvcache::ReuseHint::unknown) &&
+              KVC_REUSE_UNLIKELY == static_cast<int>(kvcache::ReuseHint::unlikely) &&
+              KVC_REUSE_LIKELY == static_cast<int>(kvcache::ReuseHint::likely));
+static_assert(KVC_PRECISION_FP32 == static_cast<int>(kvcache::AttentionPrecision::fp32) &&
+              KVC_PRECISION_BF16 == static_cast<int>(kvcache::AttentionPrecision::bf16));
+static_assert(KVC_PREFETCH_AUTOMATIC == static_cast<int>(kvcache::AttentionPrefetch::automatic) &&
+              KVC_PREFETCH_NEXT_STEP_L1 ==
+                  static_cast<int>(kvcache::AttentionPrefetch::next_step_l1) &&
+              KVC_PREFETCH_NEXT_TILE_L2 ==
+                  static_cast<int>(kvcache::AttentionPrefetch::next_tile_l2) &&
+              KVC_PREFETCH_NONE == static_cast<int>(kvcache::AttentionPrefetch::none));
 
-std::int32_t from_dtype(kvcache::DType d) {
-  switch (d) {
-    case kvcache::DType::f16:
-      return KVC_DTYPE_F16;
-    case kvcache::DType::bf16:
-      return KVC_DTYPE_BF16;
-    case kvcache::DType::f32:
-      break;
+// The C++ enumerator of C value v, one of the `count` constants named in
+// `allowed`; InvalidArgument naming the field and the value otherwise.
+template <class E>
+E from_c(std::int32_t v, std::int32_t count, const char* field, const char* allowed) {
+  if (v < 0 || v >= count) {
+    throw InvalidArgument(std::string(field) + " value " + std::to_string(v) + " is not " +
+                          allowed);
   }
-  return KVC_DTYPE_F32;
-}
-
-kvcache::CacheStrategy to_strategy(std::int32_t s) {
-  switch (s) {
-    case KVC_STRATEGY_CONTINUOUS:
-      return kvcache::CacheStrategy::continuous;
-    case KVC_STRATEGY_PAGED:
-      return kvcache::CacheStrategy::paged;
-  }
-  throw InvalidArgument("params->strategy value " + std::to_string(s) +
-                        " is not KVC_STRATEGY_CONTINUOUS or KVC_STRATEGY_PAGED");
-}
-
-kvcache::PageLayout to_layout(std::int32_t l) {
-  switch (l) {
-    case KVC_LAYOUT_NHD:
-      return kvcache::PageLayout::nhd;
-    case KVC_LAYOUT_HND:
-      return kvcache::PageLayout::hnd;
-  }
-  throw InvalidArgument("params->page_layout value " + std::to_string(l) +
-                        " is not KVC_LAYOUT_NHD or KVC_LAYOUT_HND");
-}
-
-kvcache::EvictionPolicyKind to_policy(std::int32_t policy) {
-  switch (policy) {
-    case KVC_EVICT_LRU:
-      return kvcache::EvictionPolicyKind::lru;
-    case KVC_EVICT_S3FIFO:
-      return kvcache::EvictionPolicyKind::s3fifo;
-    case KVC_EVICT_TIERED:
-      return kvcache::EvictionPolicyKind::tiered;
-    case KVC_EVICT_INTERVAL:
-      return kvcache::EvictionPolicyKind::interval;
-  }
-  throw InvalidArgument("config->policy value " + std::to_string(policy) +
-                        " is not KVC_EVICT_LRU, KVC_EVICT_S3FIFO, KVC_EVICT_TIERED or "
-                        "KVC_EVICT_INTERVAL");
-}
-
-kvcache::AttentionPrecision to_precision(std::int32_t p) {
-  switch (p) {
-    case KVC_PRECISION_FP32:
-      return kvcache::AttentionPrecision::fp32;
-    case KVC_PRECISION_BF16:
-      return kvcache::AttentionPrecision::bf16;
-    default:
-      throw InvalidArgument("options->precision value " + std::to_string(p) +
-                            " is not KVC_PRECISION_FP32 or KVC_PRECISION_BF16");
-  }
-}
-
-kvcache::AttentionPrefetch to_prefetch(std::int32_t p) {
-  switch (p) {
-    case KVC_PREFETCH_AUTOMATIC:
-      return kvcache::AttentionPrefetch::automatic;
-    case KVC_PREFETCH_NEXT_STEP_L1:
-      return kvcache::AttentionPrefetch::next_step_l1;
-    case KVC_PREFETCH_NEXT_TILE_L2:
-      return kvcache::AttentionPrefetch::next_tile_l2;
-    case KVC_PREFETCH_NONE:
-      return kvcache::AttentionPrefetch::none;
-    default:
-      throw InvalidArgument("options->prefetch value " + std::to_string(p) +
-                            " is not a KVC_PREFETCH_* constant (0-3)");
-  }
+  return static_cast<E>(v);
 }
 
 kvcache::KVCacheParams to_params(const kvc_params* p) {
@@ -187,16 +132,27 @@ kvcache::KVCacheParams to_params(const kvc_params* p) {
                           std::to_string(p->enable_prefix_caching) + ", must be 0 or 1");
   }
   kvcache::KVCacheParams params;
-  params.dtype = to_dtype(p->dtype);
+  params.dtype = from_c<kvcache::DType>(p->dtype, 3, "params->dtype",
+                                        "KVC_DTYPE_F32, KVC_DTYPE_F16 or KVC_DTYPE_BF16");
   params.num_layers = p->num_layers;
   params.n_kv_heads = p->n_kv_heads;
   params.head_dim = p->head_dim;
-  params.cache_strategy = to_strategy(p->strategy);
+  params.cache_strategy = from_c<kvcache::CacheStrategy>(
+      p->strategy, 2, "params->strategy", "KVC_STRATEGY_CONTINUOUS or KVC_STRATEGY_PAGED");
   params.page_size = p->page_size;
   params.enable_prefix_caching = p->enable_prefix_caching == 1;
-  params.page_layout = to_layout(p->page_layout);
+  params.page_layout = from_c<kvcache::PageLayout>(p->page_layout, 2, "params->page_layout",
+                                                   "KVC_LAYOUT_NHD or KVC_LAYOUT_HND");
   params.validate();
   return params;
+}
+
+// A handle owning a paged manager.
+kvc_manager* wrap(std::unique_ptr<kvcache::PagedKVCacheManager> paged) {
+  auto m = std::make_unique<kvc_manager>();
+  m->paged = paged.get();
+  m->impl = std::move(paged);
+  return m.release();
 }
 
 kvcache::KVCacheManager& manager_of(kvc_manager* m) {
@@ -303,22 +259,20 @@ kvc_status kvc_manager_create(const kvc_params* params, uint32_t num_blocks,
   return guarded(err, [&] {
     require(out, "out");
     const kvcache::KVCacheParams p = to_params(params);
-    auto m = std::make_unique<kvc_manager>();
     if (p.cache_strategy == kvcache::CacheStrategy::paged) {
-      auto paged = std::make_unique<kvcache::PagedKVCacheManager>(p, num_blocks, max_batch_size,
-                                                                  max_seq_len);
-      m->paged = paged.get();
-      m->impl = std::move(paged);
-    } else {
-      if (num_blocks != 0 && num_blocks != max_batch_size) {
-        throw InvalidArgument("num_blocks is " + std::to_string(num_blocks) +
-                              "; a continuous manager has one slot per sequence, so it must be "
-                              "0 or max_batch_size (" +
-                              std::to_string(max_batch_size) + ")");
-      }
-      m->impl = std::make_unique<kvcache::ContinuousBatchingKVCacheManager>(p, max_batch_size,
-                                                                            max_seq_len);
+      *out = wrap(std::make_unique<kvcache::PagedKVCacheManager>(p, num_blocks, max_batch_size,
+                                                                 max_seq_len));
+      return;
     }
+    if (num_blocks != 0 && num_blocks != max_batch_size) {
+      throw InvalidArgument("num_blocks is " + std::to_string(num_blocks) +
+                            "; a continuous manager has one slot per sequence, so it must be "
+                            "0 or max_batch_size (" +
+                            std::to_string(max_batch_size) + ")");
+    }
+    auto m = std::make_unique<kvc_manager>();
+    m->impl =
+        std::make_unique<kvcache::ContinuousBatchingKVCacheManager>(p, max_batch_size, max_seq_len);
     *out = m.release();
   });
 }
@@ -367,14 +321,10 @@ kvc_status kvc_step(kvc_manager* manager, const uint64_t* seq_ids, const uint32_
 kvc_status kvc_release(kvc_manager* manager, uint64_t seq, int32_t hint, kvc_error* err) {
   return guarded(err, [&] {
     kvcache::KVCacheManager& m = manager_of(manager);
-    if (hint == KVC_REUSE_UNKNOWN) return m.release(seq);
-    if (hint != KVC_REUSE_UNLIKELY && hint != KVC_REUSE_LIKELY) {
-      throw InvalidArgument("hint value " + std::to_string(hint) +
-                            " is not KVC_REUSE_UNKNOWN, KVC_REUSE_UNLIKELY or KVC_REUSE_LIKELY");
-    }
-    paged_of(manager, "a release hint")
-        .release(seq, hint == KVC_REUSE_LIKELY ? kvcache::ReuseHint::likely
-                                               : kvcache::ReuseHint::unlikely);
+    const auto h = from_c<kvcache::ReuseHint>(
+        hint, 3, "hint", "KVC_REUSE_UNKNOWN, KVC_REUSE_UNLIKELY or KVC_REUSE_LIKELY");
+    if (h == kvcache::ReuseHint::unknown) return m.release(seq);
+    paged_of(manager, "a release hint").release(seq, h);
   });
 }
 
@@ -431,7 +381,9 @@ kvc_status kvc_manager_create_prefix(const kvc_params* params, uint32_t num_page
           "kvc_manager_create_prefix needs params->enable_prefix_caching 1 and the paged strategy");
     }
     kvcache::PrefixCacheConfig c;
-    c.policy = to_policy(config->policy);
+    c.policy = from_c<kvcache::EvictionPolicyKind>(
+        config->policy, 4, "config->policy",
+        "KVC_EVICT_LRU, KVC_EVICT_S3FIFO, KVC_EVICT_TIERED or KVC_EVICT_INTERVAL");
     c.s3fifo_small_fraction = config->s3fifo_small_fraction;
     c.ghost_factor = config->ghost_factor;
     if (config->on_event != nullptr) {
@@ -447,12 +399,8 @@ kvc_status kvc_manager_create_prefix(const kvc_params* params, uint32_t num_page
         fn(&ce, user);
       };
     }
-    auto m = std::make_unique<kvc_manager>();
-    auto paged = std::make_unique<kvcache::PagedKVCacheManager>(p, num_pages, max_batch_size,
-                                                                max_seq_len, std::move(c));
-    m->paged = paged.get();
-    m->impl = std::move(paged);
-    *out = m.release();
+    *out = wrap(std::make_unique<kvcache::PagedKVCacheManager>(p, num_pages, max_batch_size,
+                                                               max_seq_len, std::move(c)));
   });
 }
 
@@ -538,7 +486,7 @@ kvc_status kvc_batch_describe(const kvc_batch* batch, kvc_cache_desc* out, kvc_e
     d.n_kv_heads = b.params().n_kv_heads_per_device();
     d.head_dim = b.params().head_dim;
     d.num_blocks = b.num_blocks();
-    d.dtype = from_dtype(b.params().dtype);
+    d.dtype = static_cast<std::int32_t>(b.params().dtype);
     d.strategy = b.strategy() == kvcache::CacheStrategy::paged ? KVC_STRATEGY_PAGED
                                                                : KVC_STRATEGY_CONTINUOUS;
     d.layout = b.params().page_layout == kvcache::PageLayout::hnd ? KVC_LAYOUT_HND : KVC_LAYOUT_NHD;
@@ -607,8 +555,10 @@ kvc_status kvc_attention(const kvc_batch* batch, uint32_t layer, const float* q,
     kvcache::AttentionOptions o;
     if (options != nullptr) {
       o.scale = options->scale;
-      o.precision = to_precision(options->precision);
-      o.prefetch = to_prefetch(options->prefetch);
+      o.precision = from_c<kvcache::AttentionPrecision>(options->precision, 2, "options->precision",
+                                                        "KVC_PRECISION_FP32 or KVC_PRECISION_BF16");
+      o.prefetch = from_c<kvcache::AttentionPrefetch>(options->prefetch, 4, "options->prefetch",
+                                                      "a KVC_PREFETCH_* constant (0-3)");
     }
     kvcache::ThreadPool* tp = pool != nullptr ? &pool->pool : nullptr;
     with_collection(b, [&](const auto& collection) {
