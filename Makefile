@@ -2,6 +2,7 @@
 #
 #   make deps     install missing Debian packages (apt-get; sudo when not root)
 #   make build    configure (Release, Ninja) and build into build/
+#   make install  build, then `cmake --install` into PREFIX (default /usr/local; docs/embedding.md)
 #   make demo     deps + build the command line + run `kvcache demo`
 #   make test     deps + build + ctest
 #   make asan / make tsan   test under AddressSanitizer / ThreadSanitizer (build-asan/, build-tsan/;
@@ -17,11 +18,11 @@ JOBS ?= 2
 CMAKE_FLAGS ?=
 
 DEB_PACKAGES := cmake ninja-build g++ pkg-config libgtest-dev libbenchmark-dev libhwy-dev \
-	libxxhash-dev libcli11-dev nlohmann-json3-dev librapidcheck-dev libomp-dev libopenblas-dev \
+	libxxhash-dev libcli11-dev nlohmann-json3-dev librapidcheck-dev libopenblas-dev \
 	python3-dev pybind11-dev python3-pybind11 python3-numpy python3-pytest clang libclang-rt-14-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps build demo test asan tsan fuzz cuda format clean
+.PHONY: all deps build install demo test asan tsan fuzz cuda format clean
 
 all: build
 
@@ -37,6 +38,10 @@ deps:
 build:
 	cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_FLAGS)
 	cmake --build $(BUILD_DIR) -j$(JOBS) $(if $(BUILD_TARGET),--target $(BUILD_TARGET))
+
+PREFIX ?= /usr/local
+install: build
+	cmake --install $(BUILD_DIR) --prefix $(PREFIX)
 
 # The demo needs the command line only (about 5.5 minutes on 2 cores from a
 # fresh clone, against 8-9 for every target); `make test` builds the rest.

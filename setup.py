@@ -45,6 +45,10 @@ class CMakeBuild(build_ext):
         build_dir = Path(self.build_temp).resolve() / "cmake"
         configure = ["cmake", "-S", str(ROOT), "-B", str(build_dir),
                      "-DCMAKE_BUILD_TYPE=Release", "-DKVCACHE_PYTHON=ON",
+                     # the module alone: no tests, tools, bench or engine to configure
+                     "-DKVCACHE_BUILD_TESTS=OFF", "-DKVCACHE_BUILD_TOOLS=OFF",
+                     "-DKVCACHE_BUILD_BENCH=OFF", "-DKVCACHE_BUILD_ENGINE=OFF",
+                     "-DKVCACHE_INSTALL=OFF",
                      f"-DPython3_EXECUTABLE={sys.executable}"]
         if shutil.which("ninja"):
             configure += ["-G", "Ninja"]

@@ -7,8 +7,9 @@ fn main() {
     println!("cargo:rerun-if-changed={dir}/libkvcache.a");
     println!("cargo:rustc-link-search=native={dir}");
     println!("cargo:rustc-link-lib=static=kvcache");
-    // Highway, xxHash, OpenMP and the C++ runtime: the library's own dependencies.
-    for lib in ["hwy", "xxhash", "gomp", "stdc++"] {
+    // Highway, xxHash and the C++ runtime: the library's own dependencies
+    // (what `pkg-config --libs kvcache` lists for an installed kvcache).
+    for lib in ["hwy", "xxhash", "stdc++"] {
         println!("cargo:rustc-link-lib={lib}");
     }
 }
