@@ -48,7 +48,7 @@ class CMakeBuild(build_ext):
                      # the module alone: no tests, tools, bench or engine to configure
                      "-DKVCACHE_BUILD_TESTS=OFF", "-DKVCACHE_BUILD_TOOLS=OFF",
                      "-DKVCACHE_BUILD_BENCH=OFF", "-DKVCACHE_BUILD_ENGINE=OFF",
-                     "-DKVCACHE_INSTALL=OFF",
+                     "-DKVCACHE_INSTALL=OFF", "-DKVCACHE_BUILD_C_SHARED=OFF",
                      f"-DPython3_EXECUTABLE={sys.executable}"]
         if shutil.which("ninja"):
             configure += ["-G", "Ninja"]

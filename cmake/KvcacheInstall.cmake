@@ -4,10 +4,11 @@
 #   include/kvcache/**                      the public headers (engine/ with the engine,
 #                                           cuda/ with the CUDA backend only)
 #   lib/libkvcache.a, lib/libkvcache_engine.a
+#   lib/libkvcache_c.so*                    the C interface alone, as a shared library
 #   lib/cmake/kvcache/                      the CMake package: find_package(kvcache CONFIG)
-#                                           gives kvcache::kvcache (and kvcache::engine,
-#                                           kvcache::cuda where they were built)
-#   lib/pkgconfig/kvcache.pc                for other build systems (cargo, meson, make)
+#                                           gives kvcache::kvcache (and kvcache::c,
+#                                           kvcache::engine, kvcache::cuda where built)
+#   lib/pkgconfig/kvcache.pc, kvcache-c.pc  for other build systems (cargo, meson, make)
 #   bin/kvcache                             the command line, where it was built
 # Both package files locate the prefix from their own path, so the installed
 # tree can be moved. docs/embedding.md shows each way in.
@@ -27,7 +28,7 @@ install(DIRECTORY "${PROJECT_SOURCE_DIR}/include/kvcache"
   FILES_MATCHING PATTERN "*.h" ${_kvcache_header_excludes})
 
 set(_kvcache_exported kvcache)
-foreach(_target kvcache_engine kvcache_cuda)
+foreach(_target kvcache_c kvcache_engine kvcache_cuda)
   if(TARGET ${_target})
     list(APPEND _kvcache_exported ${_target})
   endif()
@@ -37,11 +38,16 @@ if(TARGET kvcache_cuda)
 endif()
 install(TARGETS ${_kvcache_exported} EXPORT kvcacheTargets
   ARCHIVE DESTINATION "${CMAKE_INSTALL_LIBDIR}" COMPONENT devel
+  LIBRARY DESTINATION "${CMAKE_INSTALL_LIBDIR}" COMPONENT devel
   INCLUDES DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}")
 install(EXPORT kvcacheTargets NAMESPACE kvcache:: DESTINATION "${KVCACHE_CMAKE_DIR}"
   COMPONENT devel)
 
 # Included last in CMakeLists.txt, so every target that exists is defined.
+set(KVCACHE_PACKAGE_HAS_C OFF)
+if(TARGET kvcache_c)
+  set(KVCACHE_PACKAGE_HAS_C ON)
+endif()
 set(KVCACHE_PACKAGE_HAS_ENGINE OFF)
 set(KVCACHE_PACKAGE_HAS_CUDA OFF)
 if(TARGET kvcache_engine)
@@ -67,6 +73,11 @@ string(REGEX REPLACE "/$" "" KVCACHE_PC_TO_PREFIX "${KVCACHE_PC_TO_PREFIX}")
 configure_file("${PROJECT_SOURCE_DIR}/cmake/kvcache.pc.in" "${PROJECT_BINARY_DIR}/kvcache.pc" @ONLY)
 install(FILES "${PROJECT_BINARY_DIR}/kvcache.pc"
   DESTINATION "${CMAKE_INSTALL_LIBDIR}/pkgconfig" COMPONENT devel)
+if(TARGET kvcache_c)
+  configure_file("${PROJECT_SOURCE_DIR}/cmake/kvcache-c.pc.in" "${PROJECT_BINARY_DIR}/kvcache-c.pc" @ONLY)
+  install(FILES "${PROJECT_BINARY_DIR}/kvcache-c.pc"
+    DESTINATION "${CMAKE_INSTALL_LIBDIR}/pkgconfig" COMPONENT devel)
+endif()
 
 if(TARGET kvcache_cli)
   install(TARGETS kvcache_cli RUNTIME DESTINATION "${CMAKE_INSTALL_BINDIR}" COMPONENT tools)
