@@ -28,6 +28,14 @@ namespace kvcache {
 
 using SeqId = std::uint64_t;
 
+// One copy-on-write copy a fetch made: block `dst` now holds what block `src`
+// held (every layer, K and V, on every device). See KVCacheBatch::block_copies.
+struct BlockCopy {
+  std::uint32_t src = 0;
+  std::uint32_t dst = 0;
+  friend bool operator==(const BlockCopy&, const BlockCopy&) = default;
+};
+
 class KVCacheBatch {
  public:
   KVCacheBatch() = default;
@@ -45,6 +53,15 @@ class KVCacheBatch {
   std::uint32_t max_seq_length() const { return max_seq_length_; }
   std::uint32_t max_cache_length() const { return max_cache_length_; }
   bool is_cache_empty() const { return is_cache_empty_; }
+  // The copy-on-write copies the fetch that filled this batch made in the
+  // manager's blocks, in the order made (paged: the first write into a page
+  // shared after fork, or cut by truncate, goes to a private copy). Kernels on
+  // the manager's own blocks need do nothing. A pool kept elsewhere with the
+  // same block ids (a GPU pool: kvcache/cuda/device_collection.h) must make
+  // the same copies, in order, before this step writes into it
+  // (kvcache::cuda::copy_blocks); vLLM calls this list blocks_to_copy. Empty
+  // for continuous batches and for fetches that shared nothing.
+  std::span<const BlockCopy> block_copies() const { return block_copies_; }
 
   const KVCacheParams& params() const { return params_; }
   CacheStrategy strategy() const { return params_.cache_strategy; }
@@ -102,7 +119,8 @@ class KVCacheBatch {
   void recompute_maxima(std::span<const std::uint32_t> new_tokens);
   // Grows capacity so a fill of this size allocates nothing (strong guarantee
   // for fetch_into: if this throws, contents are unchanged).
-  void reserve(std::size_t batch, std::size_t lookup_entries, std::size_t devices);
+  void reserve(std::size_t batch, std::size_t lookup_entries, std::size_t devices,
+               std::size_t block_copies = 0);
 
   KVCacheParams params_{};
   std::vector<SeqId> seq_ids_;
@@ -116,6 +134,7 @@ class KVCacheBatch {
   std::uint32_t num_blocks_ = 0;
   std::uint32_t block_tokens_ = 0;
   std::vector<void*> device_blocks_;
+  std::vector<BlockCopy> block_copies_;
 };
 
 }  // namespace kvcache

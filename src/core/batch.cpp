@@ -21,19 +21,20 @@ void KVCacheBatch::check_view(DType want, CacheStrategy strategy, std::uint32_t 
                           std::string(dtype_name(params_.dtype)));
   }
   if (strategy != params_.cache_strategy) {
-    throw InvalidArgument("a " + std::string(strategy_name(strategy)) +
-                          " view was asked of a " +
+    throw InvalidArgument("a " + std::string(strategy_name(strategy)) + " view was asked of a " +
                           std::string(strategy_name(params_.cache_strategy)) + " cache");
   }
   (void)blocks(device);  // range check
 }
 
-void KVCacheBatch::reserve(std::size_t batch, std::size_t lookup_entries, std::size_t devices) {
+void KVCacheBatch::reserve(std::size_t batch, std::size_t lookup_entries, std::size_t devices,
+                           std::size_t block_copies) {
   seq_ids_.reserve(batch);
   cache_lengths_.reserve(batch);
   reserved_lengths_.reserve(batch);
   lookup_table_.reserve(lookup_entries);
   device_blocks_.reserve(devices);
+  block_copies_.reserve(block_copies);
 }
 
 void KVCacheBatch::recompute_maxima(std::span<const std::uint32_t> new_tokens) {
@@ -66,12 +67,12 @@ void KVCacheBatch::increment_cache_lengths(std::span<const std::uint32_t> prev_r
   }
   for (std::size_t b = 0; b < n; ++b) {
     const std::uint64_t next = std::uint64_t{cache_lengths_[b]} +
-                               (prev_row_offsets[b + 1] - prev_row_offsets[b]) + 1;  // + decode token
+                               (prev_row_offsets[b + 1] - prev_row_offsets[b]) +
+                               1;  // + decode token
     if (next > reserved_lengths_[b]) {
       throw CapacityExceeded("seq " + std::to_string(seq_ids_[b]) + " would reach " +
                              std::to_string(next) + " tokens, but fetch reserved room for " +
-                             std::to_string(reserved_lengths_[b]) +
-                             " (raise num_steps in fetch)");
+                             std::to_string(reserved_lengths_[b]) + " (raise num_steps in fetch)");
     }
   }
   for (std::size_t b = 0; b < n; ++b) {

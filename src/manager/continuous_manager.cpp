@@ -111,6 +111,7 @@ void ContinuousBatchingKVCacheManager::fetch_into(KVCacheBatch& out, std::span<c
   next.block_tokens_ = impl_->max_seq_len;
   next.device_blocks_.clear();
   for (auto& arena : impl_->arenas) next.device_blocks_.push_back(arena.data());
+  next.block_copies_.clear();  // slots are never shared
   for (std::size_t b = 0; b < seqs.size(); ++b) {
     Impl::Sequence& s = impl_->seqs.find(seqs[b])->second;
     s.reserved = s.length + num_new_tokens[b] + (num_steps - 1);
@@ -195,23 +196,30 @@ void ContinuousBatchingKVCacheManager::check_invariants() const {
   const std::uint32_t n = impl_->max_batch_size;
   std::vector<std::uint32_t> owners(n, 0);
   for (const auto& [id, s] : impl_->seqs) {
-    if (s.slot >= n) throw Error(seq_name(id) + " holds slot " + std::to_string(s.slot) + " >= " + std::to_string(n));
+    if (s.slot >= n)
+      throw Error(seq_name(id) + " holds slot " + std::to_string(s.slot) +
+                  " >= " + std::to_string(n));
     ++owners[s.slot];
     if (s.length > s.reserved)
-      throw Error(seq_name(id) + " length " + std::to_string(s.length) + " exceeds reserved " + std::to_string(s.reserved));
+      throw Error(seq_name(id) + " length " + std::to_string(s.length) + " exceeds reserved " +
+                  std::to_string(s.reserved));
     if (s.length > impl_->max_seq_len)
       throw Error(seq_name(id) + " length " + std::to_string(s.length) + " exceeds max_seq_len");
     if (id >= impl_->next_id) throw Error(seq_name(id) + " is not below next id");
   }
   std::vector<std::uint32_t> on_free_list(n, 0);
   for (std::uint32_t slot : impl_->slots.free_list()) {
-    if (slot >= n || on_free_list[slot]++ != 0) throw Error("slot " + std::to_string(slot) + " is on the free list twice or out of range");
+    if (slot >= n || on_free_list[slot]++ != 0)
+      throw Error("slot " + std::to_string(slot) + " is on the free list twice or out of range");
   }
   for (std::uint32_t i = 0; i < n; ++i) {
     if (owners[i] != impl_->slots.ref_count(i))
-      throw Error("slot " + std::to_string(i) + " has ref count " + std::to_string(impl_->slots.ref_count(i)) + " but " + std::to_string(owners[i]) + " owners");
+      throw Error("slot " + std::to_string(i) + " has ref count " +
+                  std::to_string(impl_->slots.ref_count(i)) + " but " + std::to_string(owners[i]) +
+                  " owners");
     if ((owners[i] == 0) != (on_free_list[i] == 1))
-      throw Error("slot " + std::to_string(i) + " is " + (owners[i] ? "owned and free" : "neither owned nor free"));
+      throw Error("slot " + std::to_string(i) + " is " +
+                  (owners[i] ? "owned and free" : "neither owned nor free"));
   }
 }
 

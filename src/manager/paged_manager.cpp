@@ -338,7 +338,7 @@ void PagedKVCacheManager::fetch_into(KVCacheBatch& out, std::span<const SeqId> s
   }
   // Grow page-table capacity and the output buffers first: the only steps
   // that can throw (bad_alloc) happen before any state changes.
-  out.reserve(seqs.size(), seqs.size() * std::size_t{stride}, im.arenas.size());
+  out.reserve(seqs.size(), seqs.size() * std::size_t{stride}, im.arenas.size(), copies_needed);
   for (std::size_t b = 0; b < seqs.size(); ++b) {
     Impl::Sequence& s = im.seqs.find(seqs[b])->second;
     s.pages.reserve(pages_for(std::uint64_t{s.length} + num_new_tokens[b] + (num_steps - 1), ps));
@@ -350,6 +350,7 @@ void PagedKVCacheManager::fetch_into(KVCacheBatch& out, std::span<const SeqId> s
   next.lookup_table_.assign(seqs.size() * std::size_t{stride}, im.pool.num_blocks());
   next.device_blocks_.clear();
   for (auto& arena : im.arenas) next.device_blocks_.push_back(arena.data());
+  next.block_copies_.clear();
   // Commit.
   next.params_ = im.params;
   next.lookup_stride_ = stride;
@@ -365,6 +366,7 @@ void PagedKVCacheManager::fetch_into(KVCacheBatch& out, std::span<const SeqId> s
         if (im.pool.ref_count(page) > 1) {  // copy-on-write
           const std::uint32_t copy = im.take_page();
           im.copy_page(page, copy);
+          next.block_copies_.push_back({page, copy});
           im.pool.unref(page);  // still >= 1: another sequence holds it
           s.pages[j] = copy;
         } else if (im.caching && im.meta[page].published) {

@@ -6,6 +6,7 @@
 #include <numeric>
 #include <string>
 
+#include "kvcache/continuous_manager.h"
 #include "prefix/prefix_test_util.h"
 #include "test_util.h"
 
@@ -189,6 +190,89 @@ TEST(PrefixCache, ForkSharesPagesAndCopiesOnWrite) {
   m.release(parent);
   m.release(child);
   m.check_invariants();
+}
+
+// The page table of a live sequence, from the manager's snapshot.
+std::vector<std::uint32_t> pages_of(const PagedKVCacheManager& m, SeqId s) {
+  for (const SequenceSnapshot& q : m.snapshot().sequences)
+    if (q.id == s) return q.blocks;
+  return {};
+}
+
+TEST(PrefixCache, FetchReportsItsCopyOnWriteCopies) {
+  PagedKVCacheManager m(tiny_params(4), 16, 4, 64);
+  const std::vector<std::uint32_t> toks = iota_tokens(6, 1);  // one full page + 2 tokens
+  const SeqId parent = run_prompt(m, toks);
+  const SeqId child1 = m.fork(parent), child2 = m.fork(parent);
+  const std::uint32_t shared = pages_of(m, parent).at(1);  // the partial page, 3 holders
+
+  // parent and child1 both write into it: two copies, in batch order; the
+  // writer gets the copy, the page stays with child2.
+  const std::vector<SeqId> both = {parent, child1};
+  const std::vector<std::uint32_t> ones = {1, 1};
+  KVCacheBatch batch = m.fetch(both, ones);
+  ASSERT_EQ(batch.block_copies().size(), 2u);
+  const BlockCopy first = batch.block_copies()[0], second = batch.block_copies()[1];
+  EXPECT_EQ(first.src, shared);
+  EXPECT_EQ(second.src, shared);
+  EXPECT_EQ(batch.lookup_table()[1], first.dst);
+  EXPECT_EQ(batch.lookup_table()[batch.lookup_stride() + 1], second.dst);
+  EXPECT_NE(first.dst, second.dst);
+  EXPECT_EQ(pages_of(m, child2).at(1), shared);
+  EXPECT_EQ(m.metrics().cow_copies, 2u);
+  // The host copies were made: both hold the shared tokens' data.
+  EXPECT_TRUE(testing::kv_matches(batch, 0, toks));
+  EXPECT_TRUE(testing::kv_matches(batch, 1, toks));
+
+  // A failed fetch into the same batch leaves it, copies included, unchanged.
+  const std::uint32_t too_many = 58;  // 64 tokens: 16 pages, 12 free
+  EXPECT_THROW(m.fetch_into(batch, std::span(&child2, 1), std::span(&too_many, 1)), OutOfPages);
+  ASSERT_EQ(batch.block_copies().size(), 2u);
+  EXPECT_EQ(batch.block_copies()[0], first);
+
+  // child2 now holds the page alone: writing into it copies nothing, and the
+  // reused batch no longer lists the earlier copies.
+  const std::uint32_t one = 1;
+  m.fetch_into(batch, std::span(&child2, 1), std::span(&one, 1));
+  EXPECT_TRUE(batch.block_copies().empty());
+  EXPECT_EQ(batch.lookup_table()[1], shared);
+  EXPECT_EQ(m.metrics().cow_copies, 2u);
+  for (SeqId s : {parent, child1, child2}) m.release(s);
+  m.check_invariants();
+}
+
+TEST(PrefixCache, FetchReportsTheCopyOfAPageCutByTruncate) {
+  PagedKVCacheManager m(tiny_params(4), 16, 4, 64);
+  const std::vector<std::uint32_t> toks = iota_tokens(9, 1);
+  const SeqId a = run_prompt(m, toks);
+  std::uint32_t reused = 0;
+  const SeqId b = run_prompt(m, toks, &reused);  // shares a's two full pages
+  ASSERT_EQ(reused, 8u);
+  const std::uint32_t page0 = pages_of(m, a).at(0);
+  ASSERT_EQ(pages_of(m, b).at(0), page0);
+  m.truncate(b, 2);  // b keeps page 0, still shared with a, and will write into it
+  const std::uint32_t one = 1;
+  const KVCacheBatch batch = m.fetch(std::span(&b, 1), std::span(&one, 1));
+  ASSERT_EQ(batch.block_copies().size(), 1u);
+  EXPECT_EQ(batch.block_copies()[0].src, page0);
+  EXPECT_EQ(batch.block_copies()[0].dst, batch.lookup_table()[0]);
+  EXPECT_EQ(pages_of(m, a).at(0), page0);  // a keeps the original
+  m.release(a);
+  m.release(b);
+  m.check_invariants();
+}
+
+TEST(PrefixCache, FetchWithoutSharingReportsNoCopies) {
+  PagedKVCacheManager m(tiny_params(4), 16, 4, 64);
+  const SeqId s = m.claim(1)[0];
+  const std::uint32_t n = 7;
+  EXPECT_TRUE(m.fetch(std::span(&s, 1), std::span(&n, 1)).block_copies().empty());
+  KVCacheParams cp = tiny_params(4);
+  cp.cache_strategy = CacheStrategy::continuous;
+  cp.enable_prefix_caching = false;
+  ContinuousBatchingKVCacheManager c(cp, 2, 32);
+  const SeqId cs = c.claim(1)[0];
+  EXPECT_TRUE(c.fetch(std::span(&cs, 1), std::span(&n, 1)).block_copies().empty());
 }
 
 TEST(PrefixCache, TruncateUnpublishesTheCutPageAndRollsBack) {

@@ -2,8 +2,10 @@
 // truncate / release / pin / reset sequences against a reference model (the
 // committed tokens of every live sequence). After every operation the
 // manager's invariants hold, every live sequence's K/V is exactly the data
-// written for its tokens (so reused, forked and copied pages are right), and
-// a call that throws leaves snapshot() unchanged.
+// written for its tokens (so reused, forked and copied pages are right), in
+// the manager's pool and in a mirror pool that sees only the caller's writes
+// and the copies fetch reports (as a GPU pool does), and a call that throws
+// leaves snapshot() unchanged.
 #include <gtest/gtest.h>
 #include <rapidcheck.h>
 #include <rapidcheck/gtest.h>
@@ -19,7 +21,17 @@ using testing::tiny_params;
 
 struct Model {
   std::map<SeqId, std::vector<std::uint32_t>> tokens;  // committed tokens per live sequence
+  testing::MirrorPool mirror;                          // kept by block_copies + writes alone
 };
+
+// What a caller with its own pool does after a fetch: make the fetch's
+// copies, then write the new tokens into both pools.
+void write_both(Model& model, const KVCacheBatch& batch, std::span<const std::uint32_t> tokens,
+                std::uint32_t from, std::uint32_t to) {
+  model.mirror.apply(batch);
+  testing::write_kv(batch, 0, tokens, from, to);
+  testing::write_kv(batch, 0, tokens, from, to, model.mirror.blocks());
+}
 
 std::vector<std::uint32_t> gen_tokens(std::uint32_t n) {
   // Small alphabet and shared stems so prefixes repeat.
@@ -43,14 +55,16 @@ bool strong(PagedKVCacheManager& m, F&& op) {
   }
 }
 
-void check_all(PagedKVCacheManager& m, const Model& model) {
+void check_all(PagedKVCacheManager& m, Model& model) {
   m.check_invariants();
   for (const auto& [id, toks] : model.tokens) {
     RC_ASSERT(m.cache_length(id) == toks.size());
     const std::uint32_t zero = 0;
     // fetch(0) needs no pages, and the sequence writes nothing.
     const KVCacheBatch batch = m.fetch(std::span(&id, 1), std::span(&zero, 1));
+    RC_ASSERT(batch.block_copies().empty());
     RC_ASSERT(testing::kv_matches(batch, 0, toks));
+    RC_ASSERT(testing::kv_matches(batch, 0, toks, model.mirror.blocks()));
   }
 }
 
@@ -61,7 +75,7 @@ void add_tokens(PagedKVCacheManager& m, Model& model, SeqId id, std::uint32_t n)
   full.insert(full.end(), extra.begin() + from, extra.end());
   KVCacheBatch batch;
   if (!strong(m, [&] { batch = m.fetch(std::span(&id, 1), std::span(&n, 1)); })) return;
-  testing::write_kv(batch, 0, full, from, from + n);
+  write_both(model, batch, full, from, from + n);
   m.step(std::span(&id, 1), std::span(&n, 1), std::span(full).subspan(from));
   model.tokens[id] = std::move(full);
 }
@@ -76,8 +90,9 @@ RC_GTEST_PROP(PrefixCacheProperty, RandomOperationsKeepInvariantsAndData, ()) {
     };
   }
   const std::uint32_t ps = *rc::gen::element(1u, 2u, 4u);
-  PagedKVCacheManager m(tiny_params(ps), *rc::gen::inRange(4u, 24u), 6, 32, cfg);
-  Model model;
+  const std::uint32_t pages = *rc::gen::inRange(4u, 24u);
+  PagedKVCacheManager m(tiny_params(ps), pages, 6, 32, cfg);
+  Model model{.tokens = {}, .mirror = testing::MirrorPool(tiny_params(ps), pages)};
   const int num_ops = *rc::gen::inRange(1, 40);
   for (int op = 0; op < num_ops; ++op) {
     const int kind = *rc::gen::inRange(0, 8);
@@ -98,7 +113,7 @@ RC_GTEST_PROP(PrefixCacheProperty, RandomOperationsKeepInvariantsAndData, ()) {
       const std::uint32_t rest = static_cast<std::uint32_t>(prompt.size()) - reused;
       KVCacheBatch batch;
       if (strong(m, [&] { batch = m.fetch(std::span(ids), std::span(&rest, 1)); })) {
-        testing::write_kv(batch, 0, prompt, reused, static_cast<std::uint32_t>(prompt.size()));
+        write_both(model, batch, prompt, reused, static_cast<std::uint32_t>(prompt.size()));
         m.step(std::span(ids), std::span(&rest, 1), std::span(prompt).subspan(reused));
         model.tokens[ids[0]] = prompt;
       }

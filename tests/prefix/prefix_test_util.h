@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <numeric>
 #include <span>
@@ -39,8 +40,11 @@ inline float kv_value(std::uint64_t h, std::uint32_t kv, std::uint32_t layer, st
   return static_cast<float>(((h >> 7) ^ (kv * 7919u + layer * 104729u + d * 31u)) & 0xFFFFFu);
 }
 
+// The element in `blocks` (the manager's pool, or a MirrorPool's; null: the
+// manager's).
 inline float* element(const KVCacheBatch& batch, std::uint32_t b, std::uint32_t pos,
-                      std::uint32_t kv, std::uint32_t layer, std::uint32_t d) {
+                      std::uint32_t kv, std::uint32_t layer, std::uint32_t d,
+                      float* blocks = nullptr) {
   const KVCacheParams& p = batch.params();
   const std::uint32_t ps = p.page_size;
   const std::uint32_t page =
@@ -49,34 +53,59 @@ inline float* element(const KVCacheBatch& batch, std::uint32_t b, std::uint32_t 
       ((((std::size_t{page} * 2 + kv) * p.num_layers + layer) * ps + pos % ps) * p.n_kv_heads) *
           p.head_dim +
       d;
-  return static_cast<float*>(batch.blocks(0)) + off;
+  return (blocks ? blocks : static_cast<float*>(batch.blocks(0))) + off;
 }
 
+// A second pool with the manager's shape kept apart from it, as a GPU pool
+// is: it sees only what the caller writes and the copies each fetch reports
+// (KVCacheBatch::block_copies), applied in order.
+class MirrorPool {
+ public:
+  MirrorPool(const KVCacheParams& p, std::uint32_t num_pages)
+      : page_elems_(std::size_t{2} * p.num_layers * p.page_size * p.n_kv_heads * p.head_dim),
+        data_(page_elems_ * num_pages, -1.0f) {}
+  void apply(const KVCacheBatch& batch) {
+    for (const BlockCopy& c : batch.block_copies()) {
+      std::copy_n(data_.begin() + c.src * page_elems_, page_elems_,
+                  data_.begin() + c.dst * page_elems_);
+    }
+  }
+  float* blocks() { return data_.data(); }
+
+ private:
+  std::size_t page_elems_;
+  std::vector<float> data_;
+};
+
 // Writes positions [from, to) of entry b, given the sequence's full tokens.
+// With `blocks`, into that pool instead of the manager's.
 inline void write_kv(const KVCacheBatch& batch, std::uint32_t b,
-                     std::span<const std::uint32_t> tokens, std::uint32_t from, std::uint32_t to) {
+                     std::span<const std::uint32_t> tokens, std::uint32_t from, std::uint32_t to,
+                     float* blocks = nullptr) {
   const auto h = prefix_hashes(tokens);
   const KVCacheParams& p = batch.params();
   for (std::uint32_t pos = from; pos < to; ++pos)
     for (std::uint32_t kv = 0; kv < 2; ++kv)
       for (std::uint32_t l = 0; l < p.num_layers; ++l)
         for (std::uint32_t d = 0; d < p.head_dim; ++d)
-          *element(batch, b, pos, kv, l, d) = kv_value(h[pos], kv, l, d);
+          *element(batch, b, pos, kv, l, d, blocks) = kv_value(h[pos], kv, l, d);
 }
 
-// True iff positions [0, tokens.size()) of entry b hold the data written for tokens.
+// True iff positions [0, tokens.size()) of entry b hold the data written for
+// tokens (in `blocks` if given, else in the manager's pool).
 inline ::testing::AssertionResult kv_matches(const KVCacheBatch& batch, std::uint32_t b,
-                                             std::span<const std::uint32_t> tokens) {
+                                             std::span<const std::uint32_t> tokens,
+                                             float* blocks = nullptr) {
   const auto h = prefix_hashes(tokens);
   const KVCacheParams& p = batch.params();
   for (std::uint32_t pos = 0; pos < tokens.size(); ++pos)
     for (std::uint32_t kv = 0; kv < 2; ++kv)
       for (std::uint32_t l = 0; l < p.num_layers; ++l)
         for (std::uint32_t d = 0; d < p.head_dim; ++d)
-          if (*element(batch, b, pos, kv, l, d) != kv_value(h[pos], kv, l, d)) {
+          if (*element(batch, b, pos, kv, l, d, blocks) != kv_value(h[pos], kv, l, d)) {
             return ::testing::AssertionFailure()
                    << "position " << pos << (kv ? " V" : " K") << " layer " << l << " dim " << d
-                   << " holds " << *element(batch, b, pos, kv, l, d) << ", expected "
+                   << " holds " << *element(batch, b, pos, kv, l, d, blocks) << ", expected "
                    << kv_value(h[pos], kv, l, d);
           }
   return ::testing::AssertionSuccess();
