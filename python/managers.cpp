@@ -121,6 +121,17 @@ py::array lookup_table_view(const py::object& self) {
   return u32_view(self, b.lookup_table(), {b.batch_size(), b.lookup_stride()});
 }
 
+// [n, 2] (src, dst): the copy-on-write copies the fetch made.
+py::array block_copies_view(const py::object& self) {
+  const KVCacheBatch& b = self.cast<PyBatch&>().batch;
+  const std::span<const BlockCopy> c = b.block_copies();
+  static_assert(sizeof(BlockCopy) == 2 * sizeof(std::uint32_t));
+  return u32_view(self,
+                  std::span<const std::uint32_t>(reinterpret_cast<const std::uint32_t*>(c.data()),
+                                                 2 * c.size()),
+                  {static_cast<py::ssize_t>(c.size()), 2});
+}
+
 py::array is_cache_empty_view(const py::object& self) {
   PyBatch& batch = self.cast<PyBatch&>();
   return read_only(
@@ -149,6 +160,7 @@ void bind_inputs(py::module_& m) {
       .def_property_readonly("lookup_table", &lookup_table_view)
       .def_property_readonly("is_cache_empty", &is_cache_empty_view)
       .def_property_readonly("reserved_lengths", &reserved_lengths_view)
+      .def_property_readonly("block_copies", &block_copies_view)
       .def(
           "device", [](py::object self, std::uint32_t d) { return device_tuple(self, d); },
           py::arg("device"))

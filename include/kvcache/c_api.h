@@ -280,6 +280,24 @@ typedef struct kvc_cache_desc {
 /* KVC_INVALID_ARGUMENT for a batch never fetched into. */
 kvc_status kvc_batch_describe(const kvc_batch* batch, kvc_cache_desc* out, kvc_error* err);
 
+/* One copy-on-write copy the last kvc_fetch into a batch made in the
+ * manager's blocks: block dst now holds what block src held (every layer, K
+ * and V). */
+typedef struct kvc_block_copy {
+  uint32_t src;
+  uint32_t dst;
+} kvc_block_copy;
+
+/* The copies the last kvc_fetch into this batch made, in order (*copies may
+ * be NULL when *count is 0). Kernels on the manager's blocks need do
+ * nothing; a pool the caller keeps elsewhere with the same block ids (a GPU
+ * pool) must make the same copies, in order, before this step writes into
+ * it. A write into a page shared after kvc_fork, or cut by kvc_truncate,
+ * goes to a private copy. Valid as the batch description is.
+ * KVC_INVALID_ARGUMENT for a batch never fetched into. */
+kvc_status kvc_batch_block_copies(const kvc_batch* batch, const kvc_block_copy** copies,
+                                  uint32_t* count, kvc_error* err);
+
 /* Multistep decoding (MAX increment_cache_lengths): advances every entry's
  * cache length by the tokens it processed last step, given as that step's
  * row offsets (batch_size + 1 of them), for a decode step of one token per

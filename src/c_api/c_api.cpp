@@ -5,6 +5,7 @@
 #include "kvcache/c_api.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <exception>
 #include <limits>
@@ -13,6 +14,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kvcache/batch.h"
@@ -491,6 +493,24 @@ kvc_status kvc_batch_describe(const kvc_batch* batch, kvc_cache_desc* out, kvc_e
                                                                : KVC_STRATEGY_CONTINUOUS;
     d.layout = b.params().page_layout == kvcache::PageLayout::hnd ? KVC_LAYOUT_HND : KVC_LAYOUT_NHD;
     *out = d;
+  });
+}
+
+// The C struct reads the C++ one in place: the same two uint32_t fields.
+static_assert(sizeof(kvc_block_copy) == sizeof(kvcache::BlockCopy) &&
+              offsetof(kvc_block_copy, src) == offsetof(kvcache::BlockCopy, src) &&
+              offsetof(kvc_block_copy, dst) == offsetof(kvcache::BlockCopy, dst) &&
+              std::is_standard_layout_v<kvcache::BlockCopy>);
+
+kvc_status kvc_batch_block_copies(const kvc_batch* batch, const kvc_block_copy** copies,
+                                  uint32_t* count, kvc_error* err) {
+  return guarded(err, [&] {
+    const kvcache::KVCacheBatch& b = fetched(batch);
+    require(copies, "copies");
+    require(count, "count");
+    const std::span<const kvcache::BlockCopy> c = b.block_copies();
+    *copies = c.empty() ? nullptr : reinterpret_cast<const kvc_block_copy*>(c.data());
+    *count = static_cast<uint32_t>(c.size());
   });
 }
 

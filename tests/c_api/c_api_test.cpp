@@ -368,6 +368,11 @@ TEST(CApi, ErrorsNameTheValueAndChangeNothing) {
   kvc_cache_desc unused{};
   expect_status([&](kvc_error* e) { return kvc_batch_describe(fresh, &unused, e); },
                 KVC_INVALID_ARGUMENT, {"not been fetched"});
+  const kvc_block_copy* no_copies = nullptr;
+  std::uint32_t n_no_copies = 0;
+  expect_status(
+      [&](kvc_error* e) { return kvc_batch_block_copies(fresh, &no_copies, &n_no_copies, e); },
+      KVC_INVALID_ARGUMENT, {"not been fetched"});
   const U32 dro = {0, 1, 2};
   const std::vector<float> q(2 * 4 * 16, 0.5f);
   std::vector<float> out(q.size(), 7.0f);
@@ -564,10 +569,30 @@ TEST(CApi, PrefixCacheForkTruncateAndMultistep) {
   EXPECT_EQ(len, 10u);
   KVC_ASSERT_OK(kvc_check_invariants(hd.manager, &kvc_err_));
 
+  // No sharing written into yet: no copies.
+  const kvc_block_copy* copies = nullptr;
+  std::uint32_t n_copies = 99;
+  KVC_ASSERT_OK(kvc_batch_block_copies(hd.batch, &copies, &n_copies, &kvc_err_));
+  EXPECT_EQ(n_copies, 0u);
+  EXPECT_EQ(copies, nullptr);
+  KVC_ASSERT_OK(kvc_batch_describe(hd.batch, &d, &kvc_err_));
+  const std::uint32_t b_page0 = d.lookup_table[0];  // b's first page, shared with child
+
   // Multistep: room for 3 decode steps, the batch advanced between them.
+  // child's write at position 3 goes into the page it still shares with b:
+  // the fetch copies it and says so.
   const std::uint64_t both[2] = {b, child};
   const std::uint32_t ones[2] = {1, 1};
   KVC_ASSERT_OK(kvc_fetch(hd.manager, hd.batch, both, ones, 2, 3, &kvc_err_));
+  KVC_ASSERT_OK(kvc_batch_block_copies(hd.batch, &copies, &n_copies, &kvc_err_));
+  KVC_ASSERT_OK(kvc_batch_describe(hd.batch, &d, &kvc_err_));
+  ASSERT_EQ(n_copies, 1u);
+  EXPECT_EQ(copies[0].src, b_page0);
+  EXPECT_EQ(copies[0].dst, d.lookup_table[d.lookup_stride]);  // child's first page
+  EXPECT_EQ(d.lookup_table[0], b_page0);
+  expect_status(
+      [&](kvc_error* e) { return kvc_batch_block_copies(hd.batch, nullptr, &n_copies, e); },
+      KVC_INVALID_ARGUMENT, {"copies"});
   const U32 prev = {0, 1, 2};
   for (std::uint32_t step = 1; step < 3; ++step) {
     KVC_ASSERT_OK(kvc_batch_increment_cache_lengths(hd.batch, prev.data(), 3, &kvc_err_));

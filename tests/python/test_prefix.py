@@ -97,10 +97,13 @@ def test_fork_copy_on_write_keeps_parent_bytes():
     assert m.snapshot()["sequences"][1]["blocks"] == m.snapshot()["sequences"][0]["blocks"]
     parent_page = int(first.lookup_table[0, 2])
     before = first.blocks[parent_page].copy()
+    assert first.block_copies.shape == (0, 2)
     inputs = m.fetch([child], [1])  # first write into the shared partial page: copy
     child_page = int(inputs.lookup_table[0, 2])
     assert child_page != parent_page
     assert m.metrics().cow_copies == 1
+    assert inputs.block_copies.tolist() == [[parent_page, child_page]]
+    assert not inputs.block_copies.flags.writeable
     np.testing.assert_array_equal(inputs.blocks[child_page, :, :, :2], before[:, :, :2])
     k = rng.standard_normal((1, HEADS, DIM), dtype=np.float32)
     for layer in range(LAYERS):
