@@ -37,6 +37,7 @@ class ManagerFlow : public ::testing::Test {
   std::mt19937 rng{2024};
   DeviceBuffer<BFloat16> pool;
   AttentionWorkspace ws;
+  std::size_t copies_made = 0;
 
   // One step for `seqs` with `new_tokens` each, on both pools; commits it.
   void step(const std::vector<SeqId>& seqs, const std::vector<std::uint32_t>& new_tokens) {
@@ -51,6 +52,9 @@ class ManagerFlow : public ::testing::Test {
       upload_host_pool(host);  // both pools start from the same bytes
     }
     DeviceCollection<BFloat16> dev(host.desc(), pool.data());
+    // The fetch's copy-on-write copies, made in the device pool as on the host.
+    copy_blocks(host.desc(), pool.data(), batch.block_copies());
+    copies_made += batch.block_copies().size();
     const auto rows_d = DeviceBuffer<std::uint32_t>::from_host(rows);
     for (std::uint32_t layer = 0; layer < kLayers; ++layer) {
       SCOPED_TRACE("layer " + std::to_string(layer));
@@ -114,6 +118,49 @@ TEST_F(ManagerFlow, PrefillDecodeReleaseReuseSpeculative) {
   step({seqs[0], fresh, seqs[2]}, {3, 12, 3});  // speculative rows + a prefill
   step({seqs[0], fresh, seqs[2]}, {1, 1, 1});
   manager.check_invariants();
+}
+
+// Parallel sampling and rollback: forked sequences share their parent's pages
+// and every first write into a shared page is copied; the device pool follows
+// through copy_blocks alone, so both pools stay equal byte for byte and the
+// attention outputs agree with the host reference.
+TEST_F(ManagerFlow, ForkAndTruncateCopiesReachTheDevicePool) {
+  const SeqId parent = manager.claim(1)[0];
+  step({parent}, {21});  // 16 + 5: the second page is partial
+  const SeqId a = manager.fork(parent), b = manager.fork(parent);
+  step({parent, a, b}, {1, 1, 1});  // parent and a copy the partial page, b keeps it
+  EXPECT_EQ(copies_made, 2u);
+  step({parent, a, b}, {3, 1, 2});
+  manager.truncate(a, 10);  // a's first page: still shared with parent and b
+  step({a}, {2});           // copied before a writes at position 10
+  EXPECT_EQ(copies_made, 3u);
+  step({parent, a, b}, {1, 1, 1});
+  manager.check_invariants();
+}
+
+TEST_F(ManagerFlow, CopyBlocksRefusesBlocksOutsideThePool) {
+  const SeqId s = manager.claim(1)[0];
+  step({s}, {4});
+  const std::uint32_t n = 0;
+  const KVCacheBatch batch = manager.fetch(std::span(&s, 1), std::span(&n, 1));
+  const auto host = batch.paged<BFloat16>();
+  const std::vector<BlockCopy> bad = {{0, 1}, {2, 96}};
+  EXPECT_THROW(
+      {
+        try {
+          copy_blocks(host.desc(), pool.data(), bad);
+        } catch (const InvalidArgument& e) {
+          EXPECT_NE(std::string(e.what()).find("copies[1] names block 96, the pool has 96"),
+                    std::string::npos)
+              << e.what();
+          throw;
+        }
+      },
+      InvalidArgument);
+  expect_pools_equal(host);  // the valid first pair was not made either
+  std::vector<BFloat16> on_host(16);
+  EXPECT_THROW(copy_blocks(host.desc(), on_host.data(), std::span<const BlockCopy>(bad).first(1)),
+               InvalidArgument);
 }
 
 }  // namespace

@@ -14,7 +14,11 @@
 //      memory, computed exactly as the host collection computes its views
 //      (layer / K-V offset inside a block, block_stride = 2 * num_layers *
 //      block_tokens * n_kv_heads * head_dim).
-//   4. kvcache::cuda::store_kv / attention on those descriptors, then the
+//   4. If the fetch made copy-on-write copies (batch.block_copies(): a write
+//      into a page shared after fork, or cut by truncate), make them in the
+//      device pool too: copy_blocks(host.desc(), pool.data(),
+//      batch.block_copies(), stream) before this step's stores.
+//   5. kvcache::cuda::store_kv / attention on those descriptors, then the
 //      manager's step() as on the CPU path.
 // With n_devices > 1 (tensor parallel), make one DeviceCollection per device
 // from batch.paged<T>(device).desc() and that device's pool.
@@ -57,6 +61,7 @@
 #include <string>
 #include <vector>
 
+#include "kvcache/batch.h"
 #include "kvcache/collection.h"
 #include "kvcache/cuda/device_buffer.h"
 #include "kvcache/kv_cache.h"
@@ -67,6 +72,31 @@ namespace kvcache::cuda {
 template <CacheElement T>
 std::size_t pool_elements(const CollectionDesc<T>& d) {
   return std::size_t{d.num_blocks} * 2 * d.num_layers * d.block_tokens * d.n_kv_heads * d.head_dim;
+}
+
+namespace detail {
+// src/kernels/cuda/device.cu: validates, then one device-to-device copy per pair.
+void copy_blocks_cuda(void* device_pool, std::size_t block_bytes, std::uint32_t num_blocks,
+                      std::span<const BlockCopy> copies, CUstream_st* stream);
+}  // namespace detail
+
+// Makes a fetch's copy-on-write copies (KVCacheBatch::block_copies) in a
+// device pool of the host batch's shape: for each (src, dst) in order, block
+// dst of the pool becomes a copy of block src (all layers, K and V). Call it
+// after the fetch and before the step's store_kv; with n_devices > 1 call it
+// for every device's pool with that device's desc (the same copies apply).
+// Enqueues device-to-device copies on `stream` and returns (nothing is
+// synchronised); inside a graph capture they become copy nodes. Throws
+// InvalidArgument, with nothing enqueued, when copies is non-empty and
+// device_pool is not device memory, or a src / dst is not a block of the
+// pool (>= host.num_blocks); DeviceError when a copy cannot be enqueued.
+template <CacheElement T>
+void copy_blocks(const CollectionDesc<T>& host, T* device_pool, std::span<const BlockCopy> copies,
+                 CUstream_st* stream = nullptr) {
+  const std::size_t block_elements =
+      std::size_t{2} * host.num_layers * host.block_tokens * host.n_kv_heads * host.head_dim;
+  detail::copy_blocks_cuda(device_pool, block_elements * sizeof(T), host.num_blocks, copies,
+                           stream);
 }
 
 inline constexpr std::uint32_t kNoPaddingBlock = UINT32_MAX;

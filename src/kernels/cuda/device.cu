@@ -6,6 +6,7 @@
 #include "cuda_check.h"
 #include "kvcache/cuda/device.h"
 #include "kvcache/cuda/device_buffer.h"
+#include "kvcache/cuda/device_collection.h"
 
 namespace kvcache::cuda {
 
@@ -72,6 +73,31 @@ bool is_device_pointer(const void* p) {
     return false;
   }
   return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+}
+
+void copy_blocks_cuda(void* device_pool, std::size_t block_bytes, std::uint32_t num_blocks,
+                      std::span<const BlockCopy> copies, CUstream_st* stream) {
+  if (copies.empty()) return;
+  if (!is_device_pointer(device_pool)) {
+    throw InvalidArgument("copy_blocks: device_pool is not device memory");
+  }
+  for (std::size_t i = 0; i < copies.size(); ++i) {
+    for (const std::uint32_t block : {copies[i].src, copies[i].dst}) {
+      if (block >= num_blocks) {
+        throw InvalidArgument("copy_blocks: copies[" + std::to_string(i) + "] names block " +
+                              std::to_string(block) + ", the pool has " +
+                              std::to_string(num_blocks) + " blocks");
+      }
+    }
+  }
+  auto* base = static_cast<unsigned char*>(device_pool);
+  for (const BlockCopy& c : copies) {
+    if (c.src == c.dst) continue;
+    check_cuda(cudaMemcpyAsync(base + std::size_t{c.dst} * block_bytes,
+                               base + std::size_t{c.src} * block_bytes, block_bytes,
+                               cudaMemcpyDeviceToDevice, stream),
+               "cudaMemcpyAsync(copy_blocks)", block_bytes);
+  }
 }
 
 }  // namespace detail
