@@ -1,5 +1,6 @@
 #include "reliability/manager_ops.h"
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <stdexcept>
@@ -45,6 +46,11 @@ class Driver {
  public:
   explicit Driver(std::unique_ptr<KVCacheManager> m) : m_(std::move(m)) {
     if (m_->params().enable_prefix_caching) prefix_ = static_cast<PagedKVCacheManager*>(m_.get());
+    const KVCacheParams& p = m_->params();
+    const std::uint32_t block_tokens =
+        p.cache_strategy == CacheStrategy::paged ? p.page_size : m_->max_seq_len();
+    block_elements_ = std::size_t{2} * p.num_layers * block_tokens * p.n_kv_heads * p.head_dim;
+    mirror_.assign(block_elements_ * m_->total_blocks(), 0.0f);
   }
 
   void run(ByteReader& in) {
@@ -177,6 +183,11 @@ class Driver {
     }
     const std::uint32_t steps = multistep ? 1 + in.next() % 3 : 1;
     KVCacheBatch batch = m_->fetch(ids, news, steps);
+    // What a caller with its own pool (a GPU's) does after a fetch.
+    for (const BlockCopy& c : batch.block_copies()) {
+      std::copy_n(mirror_.begin() + c.src * block_elements_, block_elements_,
+                  mirror_.begin() + c.dst * block_elements_);
+    }
     // Passed validation: every id is known and distinct. Choose the tokens to write.
     std::vector<std::vector<std::uint32_t>> pending(ids.size());
     for (std::size_t b = 0; b < ids.size(); ++b) {
@@ -228,6 +239,8 @@ class Driver {
               const std::uint32_t pos = coll.cache_length(b) + i;
               *k.ptr(b, 0, pos, d) = pattern(tokens[b], pos, l, 0, d);
               *v.ptr(b, 0, pos, d) = pattern(tokens[b], pos, l, 1, d);
+              *mirrored(batch, k.ptr(b, 0, pos, d)) = *k.ptr(b, 0, pos, d);
+              *mirrored(batch, v.ptr(b, 0, pos, d)) = *v.ptr(b, 0, pos, d);
             }
       }
     };
@@ -256,6 +269,10 @@ class Driver {
                   *v.ptr(b, 0, pos, d) != pattern(model_.at(ids[b]).tokens, pos, l, 1, d))
                 fail("K/V of seq " + std::to_string(ids[b]) + " token " + std::to_string(pos) +
                      " was corrupted");
+              else if (*mirrored(batch, k.ptr(b, 0, pos, d)) != *k.ptr(b, 0, pos, d) ||
+                       *mirrored(batch, v.ptr(b, 0, pos, d)) != *v.ptr(b, 0, pos, d))
+                fail("the mirror pool (writes + block_copies) differs for seq " +
+                     std::to_string(ids[b]) + " token " + std::to_string(pos));
       }
     };
     if (batch.strategy() == CacheStrategy::paged)
@@ -264,8 +281,17 @@ class Driver {
       check(batch.continuous<float>());
   }
 
+  // The element of the mirror pool at the same offset as `p` in the manager's.
+  float* mirrored(const KVCacheBatch& batch, const float* p) {
+    return mirror_.data() + (p - static_cast<const float*>(batch.blocks()));
+  }
+
   std::unique_ptr<KVCacheManager> m_;
   PagedKVCacheManager* prefix_ = nullptr;  // set when prefix caching is on
+  // A second pool kept only by this driver's writes and the copies each fetch
+  // reports (KVCacheBatch::block_copies), as a GPU pool is.
+  std::size_t block_elements_ = 0;
+  std::vector<float> mirror_;
   std::map<SeqId, ModelSeq> model_;
   std::vector<SeqId> released_;
 };
