@@ -86,7 +86,9 @@ void copy_blocks_cuda(void* device_pool, std::size_t block_bytes, std::uint32_t 
 // after the fetch and before the step's store_kv; with n_devices > 1 call it
 // for every device's pool with that device's desc (the same copies apply).
 // Enqueues device-to-device copies on `stream` and returns (nothing is
-// synchronised); inside a graph capture they become copy nodes. Throws
+// synchronised). The list differs from fetch to fetch, so with CUDA graphs
+// call it on the stream before replaying the step's graph, not inside the
+// capture (a captured copy would be repeated by every replay). Throws
 // InvalidArgument, with nothing enqueued, when copies is non-empty and
 // device_pool is not device memory, or a src / dst is not a block of the
 // pool (>= host.num_blocks); DeviceError when a copy cannot be enqueued.
