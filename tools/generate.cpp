@@ -1,10 +1,14 @@
 // tools/generate.cpp — `kvcache generate`: one request through the engine.
 //
 //   kvcache generate --prompt-tokens 1,2,3 --max-new-tokens 8 [--temperature 0.8 --top-p 0.9]
-// prints the generated token ids, comma separated. Weights are seeded from a
-// preset, or loaded with --model DIR (config.json + model.safetensors).
+//                    [--samples 4]
+// prints the generated token ids, comma separated: one line per sample
+// (--samples n: the prompt computed once and forked, sample i seeded with
+// seed + i). Weights are seeded from a preset, or loaded with --model DIR
+// (config.json + model.safetensors).
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -28,6 +32,7 @@ struct GenerateOptions {
   float temperature = 0.0f, top_p = 1.0f;
   std::uint64_t seed = 1;
   std::uint32_t page_size = 16;
+  std::uint32_t samples = 1;
 };
 
 void run_generate(const GenerateOptions& o) {
@@ -36,23 +41,29 @@ void run_generate(const GenerateOptions& o) {
                                   : engine::load_model(o.model_dir);
   const std::uint32_t len = static_cast<std::uint32_t>(o.prompt.size()) + o.max_new_tokens;
   const std::uint32_t pages = (len + o.page_size - 1) / o.page_size;
-  PagedKVCacheManager manager(model.config().cache_params(CacheStrategy::paged, o.page_size), pages,
-                              1, pages * o.page_size);
+  // Room for every sample at once (fewer would be enough: they share the prompt).
+  PagedKVCacheManager manager(model.config().cache_params(CacheStrategy::paged, o.page_size),
+                              pages * o.samples, o.samples, pages * o.page_size);
   engine::SchedulerConfig config;
-  config.max_num_seqs = 1;
+  config.max_num_seqs = o.samples;
   engine::Scheduler scheduler(model, manager, config);
   engine::Request r;
   r.prompt = o.prompt;
   r.max_new_tokens = o.max_new_tokens;
   r.end_token = o.end_token;
   r.sampling = {.temperature = o.temperature, .top_p = o.top_p, .seed = o.seed};
+  r.n = o.samples;
   scheduler.add_request(std::move(r));
   scheduler.run_to_completion();
-  const auto out = scheduler.take_finished().at(0);
-  for (std::size_t i = 0; i < out.tokens.size(); ++i) {
-    std::cout << (i ? "," : "") << out.tokens[i];
+  auto outs = scheduler.take_finished();
+  std::sort(outs.begin(), outs.end(),
+            [](const auto& a, const auto& b) { return a.sample_index < b.sample_index; });
+  for (const engine::RequestOutput& out : outs) {
+    for (std::size_t i = 0; i < out.tokens.size(); ++i) {
+      std::cout << (i ? "," : "") << out.tokens[i];
+    }
+    std::cout << '\n';
   }
-  std::cout << '\n';
 }
 
 }  // namespace
@@ -71,6 +82,11 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--top-p", o.top_p)->capture_default_str();
   cmd->add_option("--seed", o.seed, "seed of the weights and of sampling")->capture_default_str();
   cmd->add_option("--page-size", o.page_size)->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--samples", o.samples,
+                  "independent samples of the prompt (parallel sampling: the prompt is "
+                  "computed once and forked; sample i uses seed + i)")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 64u));
   cmd->callback([] { run_generate(o); });
 }
 

@@ -4,6 +4,7 @@
 
 #include <type_traits>
 
+#include "kvcache/error.h"
 #include "kvcache/paged_manager.h"
 
 namespace kvcache::engine::prefix {
@@ -40,6 +41,13 @@ void release(KVCacheManager& m, SeqId seq, ReuseHint hint) {
   } else {
     m.release(seq);
   }
+}
+
+SeqId fork(KVCacheManager& m, SeqId seq) {
+  if (m.params().cache_strategy != CacheStrategy::paged) {
+    throw InvalidArgument("fork needs a paged manager");
+  }
+  return static_cast<PagedKVCacheManager&>(m).fork(seq);
 }
 
 void step(KVCacheManager& m, std::span<const SeqId> seqs, std::span<const std::uint32_t> valid,

@@ -1,8 +1,8 @@
 // src/engine/prefix_adapter.h — the scheduler's ONE door to prefix caching.
 //
 // Prefix caching lives in PagedKVCacheManager (match_prefix and the
-// token-aware step). These functions are everything the scheduler
-// needs from it: for a manager without prefix caching enabled, `available()`
+// token-aware step), and so does fork. These functions are everything the
+// scheduler needs from it: for a manager without prefix caching enabled, `available()`
 // is false, `match` returns 0 and `step` forwards to KVCacheManager::step.
 #pragma once
 
@@ -30,6 +30,10 @@ std::uint32_t cached_pages(const KVCacheManager& m);
 // Releases the sequence, passing `hint` to the prefix cache when available
 // (plain KVCacheManager::release otherwise).
 void release(KVCacheManager& m, SeqId seq, ReuseHint hint);
+
+// A new sequence sharing every page of `seq` (PagedKVCacheManager::fork).
+// Throws InvalidArgument for a continuous manager.
+SeqId fork(KVCacheManager& m, SeqId seq);
 
 // Commits a step; new_tokens holds the ids of every sequence's valid tokens,
 // concatenated in batch order (used to hash pages that became full).

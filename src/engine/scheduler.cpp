@@ -26,12 +26,13 @@ double steady_seconds() {
 
 struct Scheduler::Seq {
   Request req;
-  std::vector<TokenId> tokens;  // prompt + generated so far
-  std::uint32_t computed = 0;   // tokens in the cache (== manager cache_length)
-  std::uint32_t reserved = 0;   // room the last fetch guaranteed
-  std::uint32_t matched = 0;    // tokens the last admission took from the prefix cache
-  std::optional<SeqId> id;      // claimed manager sequence while running
-  std::uint64_t order = 0;      // arrival order: FCFS tie-break
+  std::vector<TokenId> tokens;   // prompt + generated so far
+  std::uint32_t computed = 0;    // tokens in the cache (== manager cache_length)
+  std::uint32_t reserved = 0;    // room the last fetch guaranteed
+  std::uint32_t matched = 0;     // tokens the last admission took from the prefix cache
+  std::optional<SeqId> id;       // claimed manager sequence while running
+  std::uint64_t order = 0;       // arrival order: FCFS tie-break
+  std::uint32_t forks_left = 0;  // samples still to fork at the first token (Request::n - 1)
   std::mt19937_64 rng;
   RequestOutput out;
   std::uint32_t remaining() const { return static_cast<std::uint32_t>(tokens.size()) - computed; }
@@ -88,6 +89,15 @@ double Scheduler::now() const { return config_.clock(); }
 void Scheduler::add_request(Request r) {
   if (r.prompt.empty()) throw InvalidArgument("request " + num(r.id) + ": empty prompt");
   if (r.max_new_tokens == 0) throw InvalidArgument("request " + num(r.id) + ": max_new_tokens 0");
+  if (r.n == 0 || r.n > config_.max_num_seqs) {
+    throw InvalidArgument("request " + num(r.id) + ": n " + num(r.n) +
+                          " samples must be in [1, max_num_seqs " + num(config_.max_num_seqs) +
+                          "]");
+  }
+  if (r.n > 1 && !paged_) {
+    throw InvalidArgument("request " + num(r.id) + ": n " + num(r.n) +
+                          " samples need a paged manager (they fork the prompt's pages)");
+  }
   r.sampling.validate();
   if (r.reuse_hint > ReuseHint::likely) {
     throw InvalidArgument("request " + num(r.id) + ": reuse_hint " +
@@ -115,6 +125,7 @@ void Scheduler::add_request(Request r) {
   auto s = std::make_unique<Seq>();
   s->tokens = r.prompt;
   s->order = next_order_++;
+  s->forks_left = r.n - 1;
   s->rng.seed(r.sampling.seed);
   s->out.id = r.id;
   s->out.prompt_tokens = static_cast<std::uint32_t>(r.prompt.size());
@@ -152,8 +163,16 @@ std::uint32_t Scheduler::pending_prompt_pages() const {
   return total;
 }
 
+std::uint32_t Scheduler::pending_forks() const {
+  std::uint32_t total = 0;
+  for (const auto& s : running_) total += s->forks_left;
+  return total;
+}
+
 bool Scheduler::try_admit(Seq& s, std::uint32_t budget) {
-  if (budget == 0 || running_.size() >= config_.max_num_seqs) return false;
+  // Room for the sequence, its samples to come and those of the running ones.
+  const std::uint64_t slots = running_.size() + std::uint64_t{pending_forks()} + 1 + s.forks_left;
+  if (budget == 0 || slots > config_.max_num_seqs) return false;
   if (!paged_) {
     if (manager_.free_blocks() == 0) return false;
     s.id = manager_.claim(1)[0];
@@ -168,7 +187,9 @@ bool Scheduler::try_admit(Seq& s, std::uint32_t budget) {
   s.reserved = matched;
   const std::uint32_t total = manager_.total_blocks();
   const auto keep = static_cast<std::uint32_t>(config_.watermark * total);
-  const std::uint64_t need = std::uint64_t{pages_needed(s)} + pending_prompt_pages() + keep;
+  // Each sample to fork writes its first token into a page of its own.
+  const std::uint64_t need =
+      std::uint64_t{pages_needed(s)} + s.forks_left + pending_prompt_pages() + keep;
   // Evictable cached pages are as good as free: fetch evicts them on demand.
   const std::uint64_t available =
       std::uint64_t{manager_.free_blocks()} + prefix::cached_pages(manager_);
@@ -240,6 +261,38 @@ bool Scheduler::fetch_with_preemption(std::vector<Planned>& plan, StepResult& re
     }
   }
   return false;
+}
+
+// Parallel sampling: the other n - 1 samples of the request share the
+// prompt's pages from here on, and each draws its first token from the same
+// logits with its own seed.
+void Scheduler::fork_samples(Seq& parent, std::span<const float> logits,
+                             std::vector<std::unique_ptr<Seq>>& out) {
+  for (std::uint32_t i = 1; i <= parent.forks_left; ++i) {
+    auto c = std::make_unique<Seq>();
+    c->req = parent.req;
+    c->tokens = parent.tokens;
+    c->computed = c->reserved = parent.computed;
+    c->order = parent.order;
+    c->rng.seed(parent.req.sampling.seed + i);
+    c->out.id = parent.out.id;
+    c->out.sample_index = i;
+    c->out.prompt_tokens = parent.out.prompt_tokens;
+    c->out.arrival_time = parent.out.arrival_time;
+    c->id = prefix::fork(manager_, *parent.id);
+    take_token(*c, logits, sample(logits, c->req.sampling, c->rng));
+    out.push_back(std::move(c));
+  }
+  parent.forks_left = 0;
+}
+
+void Scheduler::take_token(Seq& s, std::span<const float> logits, TokenId t) {
+  if (config_.record_logits) s.out.logits.emplace_back(logits.begin(), logits.end());
+  if (s.out.tokens.empty()) s.out.first_token_time = now();
+  s.out.tokens.push_back(t);
+  s.tokens.push_back(t);
+  ++stats_.generated_tokens;
+  if (s.req.end_token && t == *s.req.end_token) s.out.reason = FinishReason::end_token;
 }
 
 void Scheduler::finish(std::size_t index) {
@@ -331,20 +384,17 @@ StepResult Scheduler::step() {
   prefix::step(manager_, ids_, counts_, tokens_);
   const double ts = now();
   std::size_t row = 0;
+  std::vector<std::unique_ptr<Seq>> forked;
   for (const Planned& p : plan) {
     Seq& s = *p.seq;
     const bool sample_now = p.count == s.remaining();
     s.computed += p.count;
     if (!sample_now) continue;
     const std::span<const float> lg(logits_.data() + row++ * vocab, vocab);
-    const TokenId t = sample(lg, s.req.sampling, s.rng);
-    if (config_.record_logits) s.out.logits.emplace_back(lg.begin(), lg.end());
-    if (s.out.tokens.empty()) s.out.first_token_time = now();
-    s.out.tokens.push_back(t);
-    s.tokens.push_back(t);
-    ++stats_.generated_tokens;
-    if (s.req.end_token && t == *s.req.end_token) s.out.reason = FinishReason::end_token;
+    if (s.forks_left > 0) fork_samples(s, lg, forked);
+    take_token(s, lg, sample(lg, s.req.sampling, s.rng));
   }
+  for (auto& f : forked) running_.push_back(std::move(f));
   stats_.sampling_seconds += now() - ts;
   for (std::size_t i = running_.size(); i-- > 0;) {
     Seq& s = *running_[i];

@@ -257,6 +257,98 @@ TEST(Scheduler, SeededSamplingIsReproducibleAcrossCacheKinds) {
   EXPECT_EQ(outs[0].size(), 20u);
 }
 
+// Teacher-forced no-cache check of a sampled output: the logits recorded for
+// each token are the model's over prompt + the tokens before it.
+void expect_logits_match_reference(const std::vector<TokenId>& prompt, const RequestOutput& out) {
+  const Model& m = tiny_model();
+  const std::uint32_t vocab = m.config().vocab_size;
+  std::vector<TokenId> seq = prompt;
+  ASSERT_EQ(out.logits.size(), out.tokens.size());
+  for (std::size_t i = 0; i < out.tokens.size(); ++i) {
+    const std::vector<float> all = m.forward_no_cache(seq);
+    const std::span<const float> last(all.data() + (seq.size() - 1) * vocab, vocab);
+    ASSERT_LE(max_rel_diff(out.logits[i], last), 1e-4)
+        << "sample " << out.sample_index << " token " << i;
+    seq.push_back(out.tokens[i]);
+  }
+}
+
+// Parallel sampling: one request with n = 4 samples beside an ordinary one.
+// The prompt (13 tokens, pages of 4: its last page partial) is prefilled in
+// chunks, then forked; every sample's logits must be those of a no-cache
+// recompute of its own tokens, which fails if a sample read another's K/V
+// (the shared partial page must be copied before each write). With a pool
+// of 12 pages the samples do not fit together: some are preempted and
+// recomputed alone, with the same check.
+TEST(Scheduler, ParallelSamplesForkThePromptAndEachMatchesTheReference) {
+  std::mt19937 rng(21);
+  const std::vector<TokenId> prompt = random_prompt(rng, 13), other = random_prompt(rng, 6);
+  for (const std::uint32_t pages : {200u, 12u}) {
+    SCOPED_TRACE("pages " + std::to_string(pages));
+    auto m = make_manager("paged", 4, pages, 64);
+    SchedulerConfig sc{.max_num_tokens = 7, .max_num_seqs = 8, .watermark = 0};
+    sc.record_logits = true;
+    Scheduler s(tiny_model(), *m, sc);
+    Request r{.id = 3, .prompt = prompt, .max_new_tokens = 8};
+    r.sampling = {.temperature = 1.5f, .top_p = 0.95f, .seed = 42};
+    r.n = 4;
+    s.add_request(r);
+    s.add_request(Request{.id = 9, .prompt = other, .max_new_tokens = 5});
+    s.run_to_completion();
+    std::vector<RequestOutput> done = s.take_finished();
+    ASSERT_EQ(done.size(), 5u);
+    std::vector<std::vector<TokenId>> samples(4);
+    for (const RequestOutput& out : done) {
+      if (out.id == 9) {
+        EXPECT_EQ(out.sample_index, 0u);
+        test_ref::expect_matches_reference(other, out);
+        continue;
+      }
+      ASSERT_EQ(out.id, 3u);
+      ASSERT_LT(out.sample_index, 4u);
+      EXPECT_TRUE(samples[out.sample_index].empty()) << "sample " << out.sample_index << " twice";
+      EXPECT_EQ(out.tokens.size(), 8u);
+      EXPECT_EQ(out.prompt_tokens, 13u);
+      expect_logits_match_reference(prompt, out);
+      samples[out.sample_index] = out.tokens;
+    }
+    // Seeds 42 .. 45 at temperature 1.5: the samples went different ways.
+    EXPECT_TRUE(std::any_of(samples.begin() + 1, samples.end(),
+                            [&](const auto& x) { return x != samples[0]; }));
+    // The samples shared the prompt: the partial page was copied, not recomputed.
+    EXPECT_GE(static_cast<PagedKVCacheManager&>(*m).metrics().cow_copies, 1u);
+    if (pages == 12u) {
+      EXPECT_GT(s.stats().preemptions, 0u);
+    }
+    EXPECT_EQ(m->num_active_sequences(), 0u);
+    EXPECT_EQ(m->free_blocks(), m->total_blocks());
+    m->check_invariants();
+  }
+}
+
+TEST(Scheduler, ParallelSamplesAreValidated) {
+  auto paged = make_manager("paged", 4, 64, 64);
+  Scheduler s(tiny_model(), *paged, SchedulerConfig{.max_num_seqs = 4});
+  Request r{.id = 1, .prompt = {1, 2, 3}, .max_new_tokens = 2};
+  r.n = 0;
+  EXPECT_THROW(s.add_request(r), InvalidArgument);
+  r.n = 5;
+  try {
+    s.add_request(r);
+    ADD_FAILURE() << "n above max_num_seqs was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("n 5 samples must be in [1, max_num_seqs 4]"),
+              std::string::npos)
+        << e.what();
+  }
+  auto continuous = make_manager("continuous", 0, 4, 64);
+  Scheduler c(tiny_model(), *continuous, SchedulerConfig{.max_num_seqs = 4});
+  r.n = 2;
+  EXPECT_THROW(c.add_request(r), InvalidArgument);
+  EXPECT_FALSE(s.has_work());
+  EXPECT_FALSE(c.has_work());
+}
+
 TEST(Sampling, GreedyTopPAndValidation) {
   const std::vector<float> logits = {0.1f, 3.0f, 2.9f, -1.0f};
   std::mt19937_64 rng(1);

@@ -17,8 +17,9 @@
 //      requeued at the front of its priority class, to resume with prompt +
 //      generated tokens, through the prefix cache when enabled) until it fits;
 //   5. one model forward, one manager step, sampling for every sequence whose
-//      known tokens are now all in the cache; finished sequences (max tokens
-//      or end token) are released.
+//      known tokens are now all in the cache (a request with n > 1 samples
+//      forks its sequence here, at its first token: Request::n); finished
+//      sequences (max tokens or end token) are released.
 // The scheduler never leaves a sequence claimed after it finishes; when
 // `has_work()` is false every sequence it claimed has been released.
 //
@@ -32,6 +33,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "kvcache/batch.h"
@@ -56,13 +58,24 @@ struct Request {
   // (PagedKVCacheManager::release(seq, hint); the `tiered` policy acts on
   // it). A preempted request is always released `likely`: it comes back.
   ReuseHint reuse_hint = ReuseHint::unknown;
+  // Independent samples of this prompt (parallel sampling, n in vLLM /
+  // OpenAI). The prompt is computed once; when its first token is due, the
+  // sequence is forked n - 1 times (PagedKVCacheManager::fork: the prompt's
+  // pages are shared, and the first write into the shared partial page
+  // copies it), and every sample draws its first token from the same logits.
+  // Sample i draws with sampling.seed + i and finishes as its own
+  // RequestOutput (same id, sample_index i). n > 1 needs a paged manager.
+  // Admission waits until n sequence slots are free. A preempted sample is
+  // recomputed alone (prompt + its own tokens).
+  std::uint32_t n = 1;
 };
 
 enum class FinishReason : std::uint8_t { max_tokens, end_token };
 
 struct RequestOutput {
   std::uint64_t id = 0;
-  std::vector<TokenId> tokens;  // generated tokens
+  std::uint32_t sample_index = 0;  // which of the request's n samples (0 .. n - 1)
+  std::vector<TokenId> tokens;     // generated tokens
   FinishReason reason = FinishReason::max_tokens;
   std::uint32_t prompt_tokens = 0;
   double arrival_time = 0, first_token_time = 0, finish_time = 0;
@@ -118,7 +131,8 @@ class Scheduler {
   // Queues a request. Throws InvalidArgument (empty prompt, token outside the
   // vocabulary, max_new_tokens 0, bad sampling, a reuse_hint outside ReuseHint,
   // prompt + max_new_tokens past the manager's max_seq_len or the whole paged
-  // pool). Nothing queued on throw.
+  // pool, n of 0, above max_num_seqs, or above 1 on a continuous manager).
+  // Nothing queued on throw.
   void add_request(Request request);
 
   bool has_work() const { return !waiting_.empty() || !running_.empty(); }
@@ -142,6 +156,10 @@ class Scheduler {
   bool try_admit(Seq& s, std::uint32_t budget);
   std::uint32_t pages_needed(const Seq& s) const;
   std::uint32_t pending_prompt_pages() const;
+  std::uint32_t pending_forks() const;
+  void fork_samples(Seq& parent, std::span<const float> logits,
+                    std::vector<std::unique_ptr<Seq>>& out);
+  void take_token(Seq& s, std::span<const float> logits, TokenId t);
   void preempt(std::size_t running_index, bool admitted_this_step);
   std::size_t pick_victim() const;
   void requeue(std::unique_ptr<Seq> s);
