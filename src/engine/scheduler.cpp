@@ -94,10 +94,6 @@ void Scheduler::add_request(Request r) {
                           " samples must be in [1, max_num_seqs " + num(config_.max_num_seqs) +
                           "]");
   }
-  if (r.n > 1 && !paged_) {
-    throw InvalidArgument("request " + num(r.id) + ": n " + num(r.n) +
-                          " samples need a paged manager (they fork the prompt's pages)");
-  }
   r.sampling.validate();
   if (r.reuse_hint > ReuseHint::likely) {
     throw InvalidArgument("request " + num(r.id) + ": reuse_hint " +
@@ -122,16 +118,25 @@ void Scheduler::add_request(Request r) {
                           " + max_new_tokens " + num(r.max_new_tokens) + " = " + num(total) +
                           " tokens exceeds the cache limit of " + num(limit));
   }
-  auto s = std::make_unique<Seq>();
-  s->tokens = r.prompt;
-  s->order = next_order_++;
-  s->forks_left = r.n - 1;
-  s->rng.seed(r.sampling.seed);
-  s->out.id = r.id;
-  s->out.prompt_tokens = static_cast<std::uint32_t>(r.prompt.size());
-  s->out.arrival_time = r.arrival_time;
-  s->req = std::move(r);
-  requeue(std::move(s));
+  // Paged: one sequence, forked at its first token. Continuous slots cannot
+  // share: n sequences, each computing the prompt.
+  const std::uint32_t sequences = paged_ ? 1 : r.n;
+  std::vector<std::unique_ptr<Seq>> seqs;
+  for (std::uint32_t i = 0; i < sequences; ++i) {
+    auto s = std::make_unique<Seq>();
+    s->tokens = r.prompt;
+    s->order = next_order_;
+    s->forks_left = paged_ ? r.n - 1 : 0;
+    s->rng.seed(r.sampling.seed + i);
+    s->out.id = r.id;
+    s->out.sample_index = i;
+    s->out.prompt_tokens = static_cast<std::uint32_t>(r.prompt.size());
+    s->out.arrival_time = r.arrival_time;
+    s->req = r;
+    seqs.push_back(std::move(s));
+  }
+  ++next_order_;
+  for (auto& s : seqs) requeue(std::move(s));
 }
 
 // Keeps waiting_ sorted by (priority desc if enabled, arrival order asc), so a

@@ -64,9 +64,10 @@ struct Request {
   // pages are shared, and the first write into the shared partial page
   // copies it), and every sample draws its first token from the same logits.
   // Sample i draws with sampling.seed + i and finishes as its own
-  // RequestOutput (same id, sample_index i). n > 1 needs a paged manager.
-  // Admission waits until n sequence slots are free. A preempted sample is
-  // recomputed alone (prompt + its own tokens).
+  // RequestOutput (same id, sample_index i). Admission waits until n
+  // sequence slots are free. A preempted sample is recomputed alone (prompt +
+  // its own tokens). A continuous manager's slots cannot share: there the
+  // request becomes n sequences that each compute the prompt.
   std::uint32_t n = 1;
 };
 
@@ -131,7 +132,7 @@ class Scheduler {
   // Queues a request. Throws InvalidArgument (empty prompt, token outside the
   // vocabulary, max_new_tokens 0, bad sampling, a reuse_hint outside ReuseHint,
   // prompt + max_new_tokens past the manager's max_seq_len or the whole paged
-  // pool, n of 0, above max_num_seqs, or above 1 on a continuous manager).
+  // pool, n of 0 or above max_num_seqs).
   // Nothing queued on throw.
   void add_request(Request request);
 
