@@ -38,6 +38,7 @@ struct DemoOptions {
   std::uint32_t max_seq_len = 2048;
   std::uint32_t token_budget = 256;
   std::uint64_t seed = 1;
+  std::uint32_t samples = 1;
   std::string trace;
   double trace_scale = 1.0 / 16;
   bool json = false;
@@ -76,6 +77,8 @@ nlohmann::json to_json(const ServeReport& r) {
   j["pending"] = r.pending;
   if (!r.note.empty()) j["note"] = r.note;
   j["requests"] = r.requests;
+  j["samples"] = r.samples;
+  j["prefill_tokens"] = r.prefill_tokens;
   j["prompt_tokens"] = r.prompt_tokens;
   j["requested_output_tokens"] = r.requested_output_tokens;
   j["blocks"] = r.blocks;
@@ -126,6 +129,7 @@ void print_table(const std::vector<ServeReport>& reports, std::ostream& os) {
       [](const ServeReport& r) { return fixed(100.0 * r.kv_utilisation, 1) + " %"; });
   row("prefix hit rate",
       [](const ServeReport& r) { return fixed(100.0 * r.prefix_hit_rate, 1) + " %"; });
+  row("prompt tokens computed", [](const ServeReport& r) { return with_commas(r.prefill_tokens); });
   row("preemptions", [](const ServeReport& r) { return std::to_string(r.preemptions); });
   row("wall time", [](const ServeReport& r) { return fixed(r.elapsed_s, 1) + " s"; });
   t.print(os);
@@ -179,6 +183,7 @@ void run_demo(const DemoOptions& o) {
   so.page_size = o.page_size;
   so.max_seq_len = o.max_seq_len;
   so.max_num_tokens = o.token_budget;
+  so.samples = o.samples;
   if (narrate) {
     *narrate << "Model: '" << config.name << "' Llama-style, " << config.num_layers
              << " layers, hidden " << config.hidden_size << ", " << config.num_heads << "/"
@@ -186,7 +191,12 @@ void run_demo(const DemoOptions& o) {
              << " parameters (seeded weights)\n"
              << "KV budget: " << format_bytes(so.memory_bytes) << " for every configuration; "
              << "max_seq_len " << o.max_seq_len << ", page size " << o.page_size
-             << ", step token budget " << o.token_budget << "\n\n";
+             << ", step token budget " << o.token_budget;
+    if (o.samples > 1) {
+      *narrate << ", " << o.samples
+               << " samples per request (paged: the prompt forked; slots: computed per sample)";
+    }
+    *narrate << "\n\n";
   }
   std::vector<ServeReport> reports;
   for (ServeMode mode : {ServeMode::continuous, ServeMode::paged, ServeMode::paged_prefix}) {
@@ -240,6 +250,11 @@ void add_demo_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   cmd->add_option("--seed", o.seed, "seed of weights and workload")->capture_default_str();
+  cmd->add_option("--samples", o.samples,
+                  "independent samples per request (parallel sampling; paged configurations "
+                  "fork the prompt)")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 64u));
   cmd->add_option("--trace", o.trace, "Mooncake-format JSONL trace instead of the chat workload");
   cmd->add_option("--trace-scale", o.trace_scale, "multiply trace lengths by this")
       ->capture_default_str()

@@ -82,7 +82,7 @@ void summarise(const std::vector<RequestOutput>& done, double elapsed, ServeRepo
     }
   }
   r.elapsed_s = elapsed;
-  r.requests_per_s = elapsed > 0 ? double(done.size()) / elapsed : 0;
+  r.requests_per_s = elapsed > 0 ? double(r.requests) / elapsed : 0;  // not outputs (samples)
   r.output_tokens_per_s = elapsed > 0 ? double(r.generated_tokens) / elapsed : 0;
   double sum = 0;
   for (double t : ttft) sum += t;
@@ -111,9 +111,10 @@ ServeReport serve(const Model& model, const std::vector<WorkloadRequest>& worklo
   ServeReport r;
   r.config = std::string(serve_mode_name(o.mode));
   r.requests = static_cast<std::uint32_t>(workload.size());
+  r.samples = o.samples;
   for (const auto& w : workload) {
     r.prompt_tokens += w.prompt.size();
-    r.requested_output_tokens += w.output_tokens;
+    r.requested_output_tokens += std::uint64_t{w.output_tokens} * o.samples;
   }
   std::unique_ptr<KVCacheManager> manager = make_manager(model, o, r);
   if (o.mode == ServeMode::paged_prefix && !prefix::available(*manager)) {
@@ -140,11 +141,12 @@ ServeReport serve(const Model& model, const std::vector<WorkloadRequest>& worklo
         req.prompt = workload[next].prompt;
         req.max_new_tokens = workload[next].output_tokens;
         req.arrival_time = workload[next].arrival;
+        req.n = o.samples;
         scheduler.add_request(std::move(req));
       }
       scheduler.step();
       for (auto& f : scheduler.take_finished()) done.push_back(std::move(f));
-      if (o.progress) o.progress(done.size(), workload.size());
+      if (o.progress) o.progress(done.size(), workload.size() * o.samples);
     }
     const SchedulerStats& s = scheduler.stats();
     r.peak_running = s.peak_running;

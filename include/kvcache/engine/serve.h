@@ -34,7 +34,10 @@ struct ServeOptions {
   std::uint32_t max_num_tokens = 256;  // step token budget
   std::uint32_t max_num_seqs = 128;
   double watermark = 0.01;
-  // Called after every step with (finished requests, total requests).
+  // Samples per request (Request::n): paged configurations fork the prompt,
+  // continuous slots compute it once per sample.
+  std::uint32_t samples = 1;
+  // Called after every step with (finished outputs, total outputs: requests x samples).
   std::function<void(std::size_t, std::size_t)> progress;
 };
 
@@ -42,7 +45,7 @@ struct ServeReport {
   std::string config;
   bool pending = false;  // configuration not available in this build (prefix caching)
   std::string note;
-  std::uint32_t requests = 0;
+  std::uint32_t requests = 0, samples = 1;  // outputs = requests x samples
   std::uint64_t prompt_tokens = 0, requested_output_tokens = 0, generated_tokens = 0;
   std::uint32_t blocks = 0, block_tokens = 0;  // slots x max_seq_len, or pages x page_size
   std::size_t memory_bytes = 0;                // bytes the blocks occupy (<= budget)
