@@ -257,22 +257,6 @@ TEST(Scheduler, SeededSamplingIsReproducibleAcrossCacheKinds) {
   EXPECT_EQ(outs[0].size(), 20u);
 }
 
-// Teacher-forced no-cache check of a sampled output: the logits recorded for
-// each token are the model's over prompt + the tokens before it.
-void expect_logits_match_reference(const std::vector<TokenId>& prompt, const RequestOutput& out) {
-  const Model& m = tiny_model();
-  const std::uint32_t vocab = m.config().vocab_size;
-  std::vector<TokenId> seq = prompt;
-  ASSERT_EQ(out.logits.size(), out.tokens.size());
-  for (std::size_t i = 0; i < out.tokens.size(); ++i) {
-    const std::vector<float> all = m.forward_no_cache(seq);
-    const std::span<const float> last(all.data() + (seq.size() - 1) * vocab, vocab);
-    ASSERT_LE(max_rel_diff(out.logits[i], last), 1e-4)
-        << "sample " << out.sample_index << " token " << i;
-    seq.push_back(out.tokens[i]);
-  }
-}
-
 // Parallel sampling: one request with n = 4 samples beside an ordinary one.
 // The prompt (13 tokens, pages of 4: its last page partial) is prefilled in
 // chunks, then forked; every sample's logits must be those of a no-cache
@@ -310,7 +294,7 @@ TEST(Scheduler, ParallelSamplesForkThePromptAndEachMatchesTheReference) {
       EXPECT_TRUE(samples[out.sample_index].empty()) << "sample " << out.sample_index << " twice";
       EXPECT_EQ(out.tokens.size(), 8u);
       EXPECT_EQ(out.prompt_tokens, 13u);
-      expect_logits_match_reference(prompt, out);
+      test_ref::expect_logits_match_reference(prompt, out);
       samples[out.sample_index] = out.tokens;
     }
     // Seeds 42 .. 45 at temperature 1.5: the samples went different ways.
