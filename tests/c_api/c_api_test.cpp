@@ -759,9 +759,6 @@ TEST(CApi, ThreadPoolGivesTheSameAttention) {
   EXPECT_NE(dflt, one);
 }
 
-// Manager calls from several threads at once, each thread with its own batch
-// (the header's thread-safety contract): every thread's K/V reads back as
-// written, and the manager ends empty and consistent. In the TSan run.
 // The precision and prefetch options reach the kernel: every prefetch gives
 // the same values within the fp32 bound, bf16 precision differs from fp32 by
 // more than that but within its own bound (2^-8 of the largest |V| = 1 plus
@@ -824,6 +821,9 @@ TEST(CApi, AttentionPrecisionAndPrefetchOptions) {
       KVC_INVALID_ARGUMENT, {"options->prefetch value 4"});
 }
 
+// Manager calls from several threads at once, each thread with its own batch
+// (the header's thread-safety contract): every thread's K/V reads back as
+// written, and the manager ends empty and consistent. In the TSan run.
 TEST(CApiConcurrency, ThreadsShareOneManager) {
   Handles hd;
   constexpr std::uint32_t kDim = 16, kThreads = 4, kRounds = 150;
