@@ -708,7 +708,7 @@ void add_bench_command(CLI::App& app) {
   a->add_option("--resident", attn->resident, "dram (>= 1 GiB rotated) | cache")
       ->capture_default_str();
   a->add_option("--prefetch", attn->prefetch,
-                "Decode prefetch: auto | step-l1 | tile-l2 | none (AttentionPrefetch)")
+                "Decode prefetch: auto | step-l1 | tile-l1 | tile-l2 | none (AttentionPrefetch)")
       ->capture_default_str();
   a->add_option("--precision", attn->precision,
                 "What q and the probabilities meet K/V as: fp32 | bf16 (AttentionPrecision; "

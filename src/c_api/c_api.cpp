@@ -109,12 +109,12 @@ static_assert(KVC_REUSE_UNKNOWN == static_cast<int>(kvcache::ReuseHint::unknown)
               KVC_REUSE_LIKELY == static_cast<int>(kvcache::ReuseHint::likely));
 static_assert(KVC_PRECISION_FP32 == static_cast<int>(kvcache::AttentionPrecision::fp32) &&
               KVC_PRECISION_BF16 == static_cast<int>(kvcache::AttentionPrecision::bf16));
-static_assert(KVC_PREFETCH_AUTOMATIC == static_cast<int>(kvcache::AttentionPrefetch::automatic) &&
-              KVC_PREFETCH_NEXT_STEP_L1 ==
-                  static_cast<int>(kvcache::AttentionPrefetch::next_step_l1) &&
-              KVC_PREFETCH_NEXT_TILE_L2 ==
-                  static_cast<int>(kvcache::AttentionPrefetch::next_tile_l2) &&
-              KVC_PREFETCH_NONE == static_cast<int>(kvcache::AttentionPrefetch::none));
+static_assert(
+    KVC_PREFETCH_AUTOMATIC == static_cast<int>(kvcache::AttentionPrefetch::automatic) &&
+    KVC_PREFETCH_NEXT_STEP_L1 == static_cast<int>(kvcache::AttentionPrefetch::next_step_l1) &&
+    KVC_PREFETCH_NEXT_TILE_L2 == static_cast<int>(kvcache::AttentionPrefetch::next_tile_l2) &&
+    KVC_PREFETCH_NONE == static_cast<int>(kvcache::AttentionPrefetch::none) &&
+    KVC_PREFETCH_NEXT_TILE_L1 == static_cast<int>(kvcache::AttentionPrefetch::next_tile_l1));
 
 // The C++ enumerator of C value v, one of the `count` constants named in
 // `allowed`; InvalidArgument naming the field and the value otherwise.
@@ -577,8 +577,8 @@ kvc_status kvc_attention(const kvc_batch* batch, uint32_t layer, const float* q,
       o.scale = options->scale;
       o.precision = from_c<kvcache::AttentionPrecision>(options->precision, 2, "options->precision",
                                                         "KVC_PRECISION_FP32 or KVC_PRECISION_BF16");
-      o.prefetch = from_c<kvcache::AttentionPrefetch>(options->prefetch, 4, "options->prefetch",
-                                                      "a KVC_PREFETCH_* constant (0-3)");
+      o.prefetch = from_c<kvcache::AttentionPrefetch>(options->prefetch, 5, "options->prefetch",
+                                                      "a KVC_PREFETCH_* constant (0-4)");
     }
     kvcache::ThreadPool* tp = pool != nullptr ? &pool->pool : nullptr;
     with_collection(b, [&](const auto& collection) {

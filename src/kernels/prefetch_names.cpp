@@ -11,9 +11,10 @@ namespace kvcache {
 
 namespace {
 
-constexpr std::array<std::pair<AttentionPrefetch, std::string_view>, 4> kAttentionNames{{
+constexpr std::array<std::pair<AttentionPrefetch, std::string_view>, 5> kAttentionNames{{
     {AttentionPrefetch::automatic, "auto"},
     {AttentionPrefetch::next_step_l1, "step-l1"},
+    {AttentionPrefetch::next_tile_l1, "tile-l1"},
     {AttentionPrefetch::next_tile_l2, "tile-l2"},
     {AttentionPrefetch::none, "none"},
 }};

@@ -791,7 +791,7 @@ TEST(CApi, AttentionPrecisionAndPrefetchOptions) {
     return out;
   };
   const std::vector<float> base = run(KVC_PRECISION_FP32, KVC_PREFETCH_AUTOMATIC);
-  for (std::int32_t prefetch = KVC_PREFETCH_NEXT_STEP_L1; prefetch <= KVC_PREFETCH_NONE;
+  for (std::int32_t prefetch = KVC_PREFETCH_NEXT_STEP_L1; prefetch <= KVC_PREFETCH_NEXT_TILE_L1;
        ++prefetch) {
     const std::vector<float> out = run(KVC_PRECISION_FP32, prefetch);
     for (std::size_t i = 0; i < out.size(); ++i) {
@@ -813,12 +813,12 @@ TEST(CApi, AttentionPrecisionAndPrefetchOptions) {
         return kvc_attention(hd.batch, 0, q.data(), kQ, ro.data(), out.data(), &bad, nullptr, e);
       },
       KVC_INVALID_ARGUMENT, {"options->precision value 2"});
-  bad = {0.0f, KVC_PRECISION_FP32, 4};
+  bad = {0.0f, KVC_PRECISION_FP32, 5};
   expect_status(
       [&](kvc_error* e) {
         return kvc_attention(hd.batch, 0, q.data(), kQ, ro.data(), out.data(), &bad, nullptr, e);
       },
-      KVC_INVALID_ARGUMENT, {"options->prefetch value 4"});
+      KVC_INVALID_ARGUMENT, {"options->prefetch value 5", "(0-4)"});
 }
 
 // Manager calls from several threads at once, each thread with its own batch

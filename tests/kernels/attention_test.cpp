@@ -281,8 +281,9 @@ TEST(AttentionFast, Bf16PrecisionAgainstReference) {
     c.precision = AttentionPrecision::bf16;
     check_case<BFloat16>(c, rng);
   }
-  for (const AttentionPrefetch pf : {AttentionPrefetch::next_step_l1,
-                                     AttentionPrefetch::next_tile_l2, AttentionPrefetch::none}) {
+  for (const AttentionPrefetch pf :
+       {AttentionPrefetch::next_step_l1, AttentionPrefetch::next_tile_l1,
+        AttentionPrefetch::next_tile_l2, AttentionPrefetch::none}) {
     Case c{{{2000, 1}, {600, 1}}, true, 16, 2, 4, 128, 2};
     c.prefetch = pf;
     c.precision = AttentionPrecision::bf16;
@@ -426,10 +427,13 @@ TEST(AttentionFast, PrecisionOutsideTheEnumThrows) {
 
 // What `automatic` resolves to, per processor and page layout
 // (kvcache/kernels/reference.h): next_step_l1 off AMD and for NHD pages on
-// AMD processors without AVX-512, next_tile_l2 otherwise.
+// AMD processors without AVX-512, otherwise the pump: next_tile_l1 from
+// family 1Ah (Zen 5) on, next_tile_l2 before.
 TEST(AttentionFast, AutomaticPrefetchFollowsProcessorAndLayout) {
   const bool amd = kernels::running_on_amd();
   const bool avx512 = kernels::cpu_has_avx512();
+  const AttentionPrefetch pump = kernels::cpu_family() >= 0x1A ? AttentionPrefetch::next_tile_l1
+                                                               : AttentionPrefetch::next_tile_l2;
   const AttentionPrefetch nhd =
       resolve_attention_prefetch(AttentionPrefetch::automatic, PageLayout::nhd);
   const AttentionPrefetch hnd =
@@ -438,12 +442,12 @@ TEST(AttentionFast, AutomaticPrefetchFollowsProcessorAndLayout) {
     EXPECT_EQ(nhd, AttentionPrefetch::next_step_l1);
     EXPECT_EQ(hnd, AttentionPrefetch::next_step_l1);
   } else {
-    EXPECT_EQ(nhd, avx512 ? AttentionPrefetch::next_tile_l2 : AttentionPrefetch::next_step_l1);
-    EXPECT_EQ(hnd, AttentionPrefetch::next_tile_l2);
+    EXPECT_EQ(nhd, avx512 ? pump : AttentionPrefetch::next_step_l1);
+    EXPECT_EQ(hnd, pump);
   }
   // The layout's default is NHD.
   EXPECT_EQ(resolve_attention_prefetch(AttentionPrefetch::automatic), nhd);
-  EXPECT_THROW(resolve_attention_prefetch(static_cast<AttentionPrefetch>(9), PageLayout::hnd),
+  EXPECT_THROW(resolve_attention_prefetch(static_cast<AttentionPrefetch>(5), PageLayout::hnd),
                InvalidArgument);
 }
 
@@ -453,6 +457,7 @@ TEST(AttentionFast, AutomaticPrefetchFollowsProcessorAndLayout) {
 TEST(AttentionFast, EveryPrefetchStrategy) {
   std::mt19937 rng(808);
   for (const AttentionPrefetch pf : {AttentionPrefetch::automatic, AttentionPrefetch::next_step_l1,
+                                     AttentionPrefetch::next_tile_l1,
                                      AttentionPrefetch::next_tile_l2, AttentionPrefetch::none}) {
     SCOPED_TRACE("prefetch " + std::to_string(static_cast<int>(pf)));
     for (const PageLayout layout : {PageLayout::nhd, PageLayout::hnd}) {
@@ -482,7 +487,7 @@ TEST(AttentionFast, EveryPrefetchStrategy) {
   }
 }
 
-// With next_tile_l2 a runner claims its next item during its last tile and
+// With next_tile_l2 (or next_tile_l1) a runner claims its next item during its last tile and
 // the pump walks on into that item's first tile (ItemRunner::run). Many
 // decode items per thread, of other sequences and shorter than a tile or
 // just past one, with a prefill between them (the pump stops there), on
@@ -496,12 +501,15 @@ TEST(AttentionFast, PumpRunsOnAcrossItems) {
          4,
          64,
          2};
-  c.prefetch = AttentionPrefetch::next_tile_l2;
   for_dtypes([&](auto tag) {
     using T = decltype(tag);
-    for (const PageLayout layout : {PageLayout::nhd, PageLayout::hnd}) {
-      c.layout = layout;
-      check_case<T>(c, rng);
+    for (const AttentionPrefetch pf :
+         {AttentionPrefetch::next_tile_l2, AttentionPrefetch::next_tile_l1}) {
+      c.prefetch = pf;
+      for (const PageLayout layout : {PageLayout::nhd, PageLayout::hnd}) {
+        c.layout = layout;
+        check_case<T>(c, rng);
+      }
     }
   });
 }
@@ -548,8 +556,9 @@ TEST(AttentionFast, HndLayout) {
 // several tiles (48, 128), head dims with and without a padded chunk.
 TEST(AttentionFast, HndHeadMajorEveryPrefetch) {
   std::mt19937 rng(1618);
-  for (const AttentionPrefetch pf : {AttentionPrefetch::next_step_l1,
-                                     AttentionPrefetch::next_tile_l2, AttentionPrefetch::none}) {
+  for (const AttentionPrefetch pf :
+       {AttentionPrefetch::next_step_l1, AttentionPrefetch::next_tile_l1,
+        AttentionPrefetch::next_tile_l2, AttentionPrefetch::none}) {
     SCOPED_TRACE("prefetch " + std::to_string(static_cast<int>(pf)));
     for_dtypes([&](auto tag) {
       using T = decltype(tag);
@@ -720,6 +729,7 @@ TEST(AttentionFast, RisingScoresRaiseTheRunningMax) {
 // throw InvalidArgument naming the value and the accepted names.
 TEST(PrefetchNames, RoundTripAndRejectUnknown) {
   for (const AttentionPrefetch p : {AttentionPrefetch::automatic, AttentionPrefetch::next_step_l1,
+                                    AttentionPrefetch::next_tile_l1,
                                     AttentionPrefetch::next_tile_l2, AttentionPrefetch::none}) {
     EXPECT_EQ(parse_attention_prefetch(prefetch_name(p)), p);
   }
@@ -728,14 +738,16 @@ TEST(PrefetchNames, RoundTripAndRejectUnknown) {
     EXPECT_EQ(parse_store_prefetch(prefetch_name(p)), p);
   }
   EXPECT_EQ(prefetch_name(AttentionPrefetch::next_tile_l2), "tile-l2");
+  EXPECT_EQ(prefetch_name(AttentionPrefetch::next_tile_l1), "tile-l1");
   EXPECT_EQ(prefetch_name(StorePrefetch::next_row_l1), "row-l1");
   EXPECT_EQ(prefetch_name(static_cast<AttentionPrefetch>(9)), "?");
   try {
     parse_attention_prefetch("row-l1");
     ADD_FAILURE() << "a store prefetch name parsed as an attention one";
   } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("'row-l1' is not one of auto, step-l1, tile-l2, none"),
-              std::string::npos)
+    EXPECT_NE(
+        std::string(e.what()).find("'row-l1' is not one of auto, step-l1, tile-l1, tile-l2, none"),
+        std::string::npos)
         << e.what();
   }
   EXPECT_THROW(parse_store_prefetch("step-l1"), InvalidArgument);

@@ -264,7 +264,7 @@ def test_thread_pool_and_prefetch_keep_the_results(page_layout):
     q = rng.standard_normal((10, 8, 64)).astype(np.float32)  # GQA 4
     ref = attention_oracle(inputs, 0, q, offsets)
     for threads in (None, pool, kvcache.ThreadPool(1)):
-        for prefetch in ("auto", "step-l1", "tile-l2", "none"):
+        for prefetch in ("auto", "step-l1", "tile-l1", "tile-l2", "none"):
             out = kvcache.attention(inputs, 0, q, offsets, pool=threads, prefetch=prefetch)
             np.testing.assert_allclose(out, ref, rtol=1e-4, atol=2e-5)
 
@@ -305,7 +305,7 @@ def test_kernel_keyword_errors_name_the_value():
     rng = np.random.default_rng(8)
     k, v = random_rows(rng, total, N_KV, DIM), random_rows(rng, total, N_KV, DIM)
     before = inputs.blocks.copy()
-    with pytest.raises(kvcache.InvalidArgument, match="'l3'.*auto, step-l1, tile-l2, none"):
+    with pytest.raises(kvcache.InvalidArgument, match="'l3'.*auto, step-l1, tile-l1, tile-l2, none"):
         kvcache.attention(inputs, 0, q, offsets, prefetch="l3")
     with pytest.raises(kvcache.InvalidArgument, match="'step-l1'.*auto, row-l1, none"):
         kvcache.store_kv(inputs, 0, k, v, offsets, prefetch="step-l1")

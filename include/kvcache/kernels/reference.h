@@ -34,9 +34,10 @@ namespace kvcache {
 // reference kernel ignores it.
 //  automatic:    next_step_l1 on processors other than AMD's, and on AMD
 //                processors without AVX-512 (Zen 3 and older) for NHD pages;
-//                next_tile_l2 on other AMD processors and pages (what
+//                on other AMD processors and pages next_tile_l1 from Zen 5
+//                (CPUID family 1Ah) on and next_tile_l2 before it (what
 //                measured fastest on each; docs/PERFORMANCE.md, "Prefetch"
-//                and session 25). On AMD processors each worker first
+//                and sessions 20, 25 and 30). On AMD processors each worker first
 //                times loads of the first line of 16
 //                K/V rows spread over each decode item; items whose lines all
 //                answer from a cache run as `none` (from cache the pump is
@@ -48,13 +49,23 @@ namespace kvcache {
 //                Xeon when the kernel still walked a tile head by head; not
 //                re-measured there since the token-major order of session 5;
 //                best on a Zen 3 with NHD pages in session 25).
-//  next_tile_l2: whole rows (all heads) of the next tile into L2,
-//                in address order, issued as fast as the loops read the
-//                current tile (best on Zen 4 and Zen 5). Issued as
-//                prefetcht0, which measured faster than prefetcht1 on Zen 5
-//                (the lines reach L2; most leave L1 again before use).
+//  next_tile_l2: whole rows (all heads) of the next tile into L2
+//                (prefetcht1), in address order, issued as fast as the loops
+//                read the current tile (best on Zen 4: DRAM decode 1.3-1.7x
+//                of next_tile_l1 there, docs/PERFORMANCE.md session 30).
 //  none:         hardware prefetchers only.
-enum class AttentionPrefetch : std::uint8_t { automatic, next_step_l1, next_tile_l2, none };
+//  next_tile_l1: next_tile_l2's walk issued as prefetcht0 (into L1 and L2;
+//                most lines leave L1 again before use): best on Zen 5
+//                (1.02-1.10x of next_tile_l2 in DRAM, session 20), slow on
+//                Zen 4, where prefetcht0 barely gets ahead of memory.
+// (next_tile_l1 comes last so that the earlier values keep their numbers.)
+enum class AttentionPrefetch : std::uint8_t {
+  automatic,
+  next_step_l1,
+  next_tile_l2,
+  none,
+  next_tile_l1
+};
 
 // What the query and the softmax probabilities are rounded to before they
 // multiply the cache's K and V elements. Every sum is fp32 either way.

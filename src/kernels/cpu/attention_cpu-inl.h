@@ -957,8 +957,7 @@ class ItemRunner {
     // GQA 4 1.13-1.18x, GQA 8 1.15x, but MHA 0.95-0.97x; pumped from DRAM
     // they only made the wait longer (HND GQA 4 0.92-0.94x in the slow
     // memory state; docs/PERFORMANCE.md, session 21).
-    dot_ = dot_capable_ && m_per_head >= 2 &&
-           (c_.prefetch != AttentionPrefetch::next_tile_l2 || resident);
+    dot_ = dot_capable_ && m_per_head >= 2 && (!pump_chosen() || resident);
     s.ensure(total, dim);
     probs_ = s.probs.get();
     pairs_ = s.pairs.get();
@@ -971,7 +970,7 @@ class ItemRunner {
     // Row pointers (KV head 0) of the tiles in flight: [k % kRing] is tile k;
     // head h's row is the pointer + h * head_stride. One page-table walk per tile.
     TileRows ring[kRing];
-    const bool pumping = c_.prefetch == AttentionPrefetch::next_tile_l2 && !resident;
+    const bool pumping = pump_chosen() && !resident;
     const std::uint32_t ahead = pumping ? kPrefetchTilesAhead : 1;
     for (std::uint32_t k = 0; k <= ahead && k < tiles; ++k) fill_tile(it, k, ring[k]);
     const WorkItem* following = nullptr;  // the runner's next item, once claimed
@@ -1694,37 +1693,50 @@ class ItemRunner {
   // the slow memory state 0.97-1.01x (docs/PERFORMANCE.md, session 20).
   HWY_INLINE void pump_lines(std::uint32_t lines) const {
     if (pump_pairs_) {
-      pump_ranges<true>(lines);
+      if (pump_l1_) return pump_ranges<true, true>(lines);
+      pump_ranges<true, false>(lines);
     } else {
-      pump_ranges<false>(lines);
+      if (pump_l1_) return pump_ranges<false, true>(lines);
+      pump_ranges<false, false>(lines);
+    }
+  }
+
+  // One line of the pump: prefetcht0 (next_tile_l1) or prefetcht1 (next_tile_l2).
+  template <bool kL1>
+  static HWY_INLINE void pump_line(const char* p) {
+    if constexpr (kL1) {
+      prefetch_l1(p);
+    } else {
+      prefetch_l2(p);
     }
   }
 
   // kPair: each range is a K run with its V run beside it (range_.q).
-  // The lines are requested with prefetcht0 (prefetch_l1), though they are
-  // wanted a tile later: on Zen 5, in DRAM, 2 threads, slow memory state,
-  // against prefetcht1: MHA 1.02-1.10x, GQA 4 1.02-1.045x, batch 1 at 32k
-  // 1.055x; prefetchnta 0.99-1.07x, prefetcht2 0.91-1.02x. In the fast
-  // state it cost the compute-bound GQA 4 6 % until the range walk below
-  // was inlined (then 1.00x); with it, prefetcht1 read 0.91x for NHD MHA
-  // (docs/PERFORMANCE.md, session 20). The lines still land in L2; most
-  // have left L1 by the time the loops read them.
-  template <bool kPair>
+  // kL1: the lines are requested with prefetcht0 (next_tile_l1), though they
+  // are wanted a tile later: on Zen 5, in DRAM, 2 threads, slow memory
+  // state, against prefetcht1: MHA 1.02-1.10x, GQA 4 1.02-1.045x, batch 1
+  // at 32k 1.055x; prefetchnta 0.99-1.07x, prefetcht2 0.91-1.02x. In the
+  // fast state it cost the compute-bound GQA 4 6 % until the range walk
+  // below was inlined (then 1.00x); with it, prefetcht1 read 0.91x for NHD
+  // MHA (docs/PERFORMANCE.md, session 20). The lines still land in L2; most
+  // have left L1 by the time the loops read them. On Zen 4 prefetcht0 barely
+  // got ahead of memory and prefetcht1 read 1.3-1.7x of it (session 30).
+  template <bool kPair, bool kL1>
   HWY_INLINE void pump_ranges(std::uint32_t lines) const {
     while (range_.p != nullptr) {
       const std::size_t avail = static_cast<std::size_t>(range_.end - range_.p) / 64;
       if constexpr (kPair) {
         const std::size_t n = std::min<std::size_t>((std::size_t{lines} + 1) / 2, avail);
         for (std::size_t i = 0; i < n; ++i) {
-          prefetch_l1(range_.p + 64 * i);
-          prefetch_l1(range_.q + 64 * i);
+          pump_line<kL1>(range_.p + 64 * i);
+          pump_line<kL1>(range_.q + 64 * i);
         }
         range_.p += 64 * n;
         range_.q += 64 * n;
         lines = lines > 2 * n ? lines - static_cast<std::uint32_t>(2 * n) : 0;
       } else {
         const std::size_t n = std::min<std::size_t>(lines, avail);
-        for (std::size_t i = 0; i < n; ++i) prefetch_l1(range_.p + 64 * i);
+        for (std::size_t i = 0; i < n; ++i) pump_line<kL1>(range_.p + 64 * i);
         range_.p += 64 * n;
         lines -= static_cast<std::uint32_t>(n);
       }
@@ -1770,6 +1782,11 @@ class ItemRunner {
 
   // NHD: a token's heads are one contiguous run; HND: one run per head.
   bool heads_contiguous() const { return c_.head_stride == c_.dim; }
+  // Whether the call pumps the next tile (next_tile_l2 or next_tile_l1).
+  bool pump_chosen() const {
+    return c_.prefetch == AttentionPrefetch::next_tile_l2 ||
+           c_.prefetch == AttentionPrefetch::next_tile_l1;
+  }
   // Whether the tile loops go head by head rather than token-major: where a
   // head's rows are adjacent (HND), and on NHD pages from
   // kNhdHeadMajorVectors query vectors per head on, or when the probe found
@@ -1808,6 +1825,8 @@ class ItemRunner {
   bool maybe_resident_ = true;
   // Per item; read in the inlined loops and pump.
   bool head_major_ = false;
+  // The pump's lines go out as prefetcht0 (next_tile_l1), else prefetcht1.
+  const bool pump_l1_ = c_.prefetch == AttentionPrefetch::next_tile_l1;
   bool step_l1_ = false;     // AttentionPrefetch::next_step_l1 for this item
   bool pump_pairs_ = false;  // pump K and V lines of a row alternately
   // Rows of the next item's tile that the pump walks past an item's end

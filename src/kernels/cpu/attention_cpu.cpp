@@ -89,10 +89,10 @@ void check_shapes(const LayerCacheDesc<float>& k, const LayerCacheDesc<float>& v
 }  // namespace kernels
 
 AttentionPrefetch resolve_attention_prefetch(AttentionPrefetch requested, PageLayout layout) {
-  if (requested > AttentionPrefetch::none) {
+  if (requested > AttentionPrefetch::next_tile_l1) {
     throw InvalidArgument("AttentionOptions::prefetch value " +
                           std::to_string(static_cast<int>(requested)) +
-                          " is not automatic, next_step_l1, next_tile_l2 or none");
+                          " is not automatic, next_step_l1, next_tile_l2, none or next_tile_l1");
   }
   if (requested != AttentionPrefetch::automatic) return requested;
   if (!kernels::running_on_amd()) return AttentionPrefetch::next_step_l1;
@@ -102,7 +102,12 @@ AttentionPrefetch resolve_attention_prefetch(AttentionPrefetch requested, PageLa
   if (layout == PageLayout::nhd && !kernels::cpu_has_avx512()) {
     return AttentionPrefetch::next_step_l1;
   }
-  return AttentionPrefetch::next_tile_l2;
+  // The pump's instruction: prefetcht0 read 1.02-1.10x of prefetcht1 on a
+  // Zen 5 (docs/PERFORMANCE.md, session 20), but 0.58-0.77x on a Zen 4
+  // (session 30). Zen 3 (family 19h too, HND pages here) is taken to be
+  // like Zen 4; not measured.
+  return kernels::cpu_family() >= 0x1A ? AttentionPrefetch::next_tile_l1
+                                       : AttentionPrefetch::next_tile_l2;
 }
 
 namespace detail {

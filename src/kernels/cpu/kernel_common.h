@@ -169,6 +169,23 @@ inline bool running_on_amd() {
 #endif
 }
 
+// The processor's family as CPUID leaf 1 reports it (the base family plus,
+// for base family 0Fh, the extended family): on AMD 19h is Zen 3 and Zen 4,
+// 1Ah Zen 5. 0 where there is no CPUID.
+inline unsigned cpu_family() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  static const unsigned family = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (__get_cpuid(1, &a, &b, &c, &d) == 0) return 0u;
+    const unsigned base = (a >> 8) & 0xFu;
+    return base == 0xFu ? base + ((a >> 20) & 0xFFu) : base;
+  }();
+  return family;
+#else
+  return 0;
+#endif
+}
+
 // Whether the processor and the OS support AVX-512 F: on AMD it tells Zen 4
 // and later from Zen 3 and earlier for the automatic prefetch choice,
 // whatever instruction set select_isa() pins.
