@@ -63,10 +63,13 @@ inline constexpr std::size_t kStoreStreamingBytes = std::size_t{8} << 20;
 //   K row in a pass of its own, whose loads the hardware prefetchers alone
 //   leave waiting on DRAM (Zen 5 with a RopeTable, burst form: bf16 1.55x,
 //   f16 1.35x);
-// - next_row_l1 for bf16 and f16, none for f32 on AMD processors (Zen 3,
-//   running form, against none: bf16 1.13x, f16 1.10-1.26x, f32 0.94x; the
-//   burst form had cost f16 on Zen 4 / 5, 0.79x / 0.94x: the running form is
-//   not measured there);
+// - next_row_l1 for bf16 and f16, none for f32 on AMD processors without
+//   AVX-512 (Zen 3, running form, against none: bf16 1.13x, f16 1.10-1.26x,
+//   f32 0.94x);
+// - next_row_l1 on AMD processors with AVX-512 (Zen 4, running form, against
+//   none, 2 threads: bf16 1.29x, f16 1.15x, f32 1.15x, bf16 with RoPE 1.14x;
+//   the burst form had cost f16 on Zen 4 / 5, 0.79x / 0.94x; the running form
+//   is not measured on Zen 5);
 // - next_row_l1 elsewhere (a Sapphire Rapids Xeon, burst form: bf16 0.68 ->
 //   0.77 of memcpy).
 enum class StorePrefetch : std::uint8_t { automatic, next_row_l1, none };
