@@ -14,7 +14,10 @@
 // (ratios are medians of per-round ratios); prefill also reports GFLOP/s
 // against fp32 FMA peak. --strategy both builds a paged and a continuous
 // cache holding the same K/V values and times them in alternation
-// (paged_over_continuous).
+// (paged_over_continuous). --prefetch all times every AttentionPrefetch
+// strategy on the same cache in alternation, `auto` first, and names the
+// fastest (prefetch_sweep, best_prefetch): the measurement that picks what
+// `automatic` should resolve to on a processor nobody has measured yet.
 // store: times store_kv (optionally with fused RoPE, its cos/sin computed per
 // token or read from a RopeTable) against memcpy moving
 // the same number of bytes.
@@ -22,6 +25,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -295,17 +299,30 @@ double check_attention(const AttentionArgs& a, const KVCacheParams& p, bool deco
   return err;
 }
 
-// The cache(s) a bench attention run times: the one of --strategy, or with
+// A cache a bench attention run builds: the one of --strategy, or with
 // --strategy both a paged cache and a continuous one holding the same K/V
-// values, timed in alternation (the pairing the "paged within 5 % of
-// continuous" goal needs on a machine whose bandwidth drifts within seconds).
-struct Subject {
-  std::string strategy;
+// values.
+struct CacheUnderTest {
   KVCacheParams p;
   BenchCache c;
+};
+
+// What a run times: one (cache, options) pair, or several timed in
+// alternation: with --strategy both the two caches (the pairing the "paged
+// within 5 % of continuous" goal needs on a machine whose bandwidth drifts
+// within seconds), with --prefetch all every prefetch strategy on one cache.
+struct Subject {
+  std::string label;  // the strategy, or (--prefetch all) the prefetch's name
+  std::size_t cache = 0;
+  AttentionOptions options;
   double check_err = 0;
   std::vector<double> times;
 };
+
+// The strategies --prefetch all times, `automatic` first (the main figures).
+constexpr std::array kSweptPrefetches{AttentionPrefetch::automatic, AttentionPrefetch::next_step_l1,
+                                      AttentionPrefetch::next_tile_l1,
+                                      AttentionPrefetch::next_tile_l2, AttentionPrefetch::none};
 
 template <CacheElement T>
 nlohmann::json bench_attention(const AttentionArgs& a) {
@@ -313,6 +330,12 @@ nlohmann::json bench_attention(const AttentionArgs& a) {
     throw InvalidArgument("--strategy must be paged, continuous or both, got '" + a.strategy + "'");
   }
   const bool paired = a.strategy == "both";
+  const bool sweep = a.prefetch == "all";
+  if (paired && sweep) {
+    throw InvalidArgument(
+        "--prefetch all times one cache: it needs --strategy paged or "
+        "continuous, got both");
+  }
   std::vector<std::string> strategies =
       paired ? std::vector<std::string>{"paged", "continuous"} : std::vector{a.strategy};
   AttentionArgs first = a;
@@ -332,7 +355,8 @@ nlohmann::json bench_attention(const AttentionArgs& a) {
   if (a.context < 2) throw InvalidArgument("--context must be at least 2");
   const bool decode = a.mode == "decode";
   const bool huge = huge_on(a);
-  const AttentionPrefetch prefetch = parse_attention_prefetch(a.prefetch);
+  const AttentionPrefetch prefetch =
+      sweep ? AttentionPrefetch::automatic : parse_attention_prefetch(a.prefetch);
   const AttentionOptions options{.prefetch = prefetch,
                                  .precision = parse_attention_precision(a.precision)};
   ThreadPool pool(a.threads);
@@ -348,33 +372,47 @@ nlohmann::json bench_attention(const AttentionArgs& a) {
   const std::size_t set_bytes = std::size_t{a.batch} * a.context * p.bytes_per_token();
   const std::uint32_t sets =
       a.resident == "dram" ? static_cast<std::uint32_t>((kGiB + set_bytes - 1) / set_bytes) : 1;
+  std::vector<CacheUnderTest> caches;
   std::vector<Subject> subjects;
-  subjects.reserve(strategies.size());
+  caches.reserve(strategies.size());
   for (const std::string& strategy : strategies) {
     AttentionArgs sa = a;
     sa.strategy = strategy;
-    Subject& s = subjects.emplace_back();
-    s.strategy = strategy;
-    s.p = make_params(sa);
-    s.check_err = check_attention<T>(sa, s.p, decode, options, pool, rng);
-    s.c = make_cache(sa, s.p, sets, a.context, rng);
-    std::mt19937 values(4049);  // the same K/V values in every subject
-    fill<T>(s.c, s.p, decode ? a.context - 1 : 0, decode ? 1 : a.context, huge, pool, values);
+    CacheUnderTest& cut = caches.emplace_back();
+    cut.p = make_params(sa);
+    if (sweep) {
+      for (const AttentionPrefetch pf : kSweptPrefetches) {
+        AttentionOptions o = options;
+        o.prefetch = pf;
+        subjects.push_back({std::string(prefetch_name(pf)), 0, o});
+      }
+    } else {
+      subjects.push_back({strategy, caches.size() - 1, options});
+    }
+    cut.c = make_cache(sa, cut.p, sets, a.context, rng);
+    std::mt19937 values(4049);  // the same K/V values in every cache
+    fill<T>(cut.c, cut.p, decode ? a.context - 1 : 0, decode ? 1 : a.context, huge, pool, values);
+  }
+  for (Subject& s : subjects) {
+    AttentionArgs sa = a;
+    sa.strategy = strategies[s.cache];
+    s.check_err = check_attention<T>(sa, caches[s.cache].p, decode, s.options, pool, rng);
   }
   const std::uint32_t rows = decode ? a.batch : a.batch * a.context;
   const auto q = random_floats(std::size_t{rows} * a.q_heads * a.head_dim, rng);
   std::vector<float> out(q.size());
   const auto ro = offsets(a.batch, decode ? 1 : a.context);
   auto call_on = [&](Subject& s, std::size_t i) {
-    with_layer<T>(s.c.batches[i % sets], [&](const auto& k, const auto& v) {
+    with_layer<T>(caches[s.cache].c.batches[i % sets], [&](const auto& k, const auto& v) {
       attention(k, v, std::span(q), a.q_heads, std::span<const std::uint32_t>(ro), std::span(out),
-                options, &pool);
+                s.options, &pool);
     });
   };
+  const bool several = subjects.size() > 1;
   const std::size_t repeats =
       a.repeats != 0
           ? a.repeats
-          : (decode ? std::max<std::size_t>(paired ? 45 : 15, (paired ? 6 : 3) * sets) : 3);
+          : (decode ? std::max<std::size_t>(several ? 45 : 15, (several ? 6 : 3) * sets) : 3);
   // Kernel calls, a streaming read of a buffer as large as the working set
   // and (decode) the paged read of the same pages alternate in rounds, and
   // each ratio is the median of per-round ratios: on a shared machine the
@@ -382,11 +420,11 @@ nlohmann::json bench_attention(const AttentionArgs& a) {
   // measured minutes apart do not compare. Cache-resident runs give each of
   // the three an untimed pass first in every round, so that each is timed on
   // data the others have not just evicted (timed cold, a 16 MiB stream read
-  // ~65 GB/s on the Zen 5 VM against ~220 warm). Paired runs time both
-  // subjects in every round, in alternating order, with more, shorter rounds.
+  // ~65 GB/s on the Zen 5 VM against ~220 warm). Runs of several subjects
+  // time each in every round, in alternating order, with more, shorter rounds.
   const bool warm = a.resident == "cache";
   const std::size_t rounds =
-      std::min<std::size_t>(repeats, paired ? 3 * kBenchRounds : kBenchRounds);
+      std::min<std::size_t>(repeats, several ? 3 * kBenchRounds : kBenchRounds);
   const std::size_t per_round = (repeats + rounds - 1) / rounds;
   const std::size_t stream_bytes = set_bytes * sets;  // sets >= 1
   Buffer stream_buf(stream_bytes, huge);
@@ -394,7 +432,7 @@ nlohmann::json bench_attention(const AttentionArgs& a) {
   const std::vector<std::uint32_t> tokens(a.batch, a.context);
   Subject& main = subjects[0];
   auto read_pages = [&](std::size_t i) {
-    with_layer<T>(main.c.batches[i % sets], [&](const auto& k, const auto& v) {
+    with_layer<T>(caches[main.cache].c.batches[i % sets], [&](const auto& k, const auto& v) {
       sink += kernels::paged_read(detail::erase(k.desc()), detail::erase(v.desc()), sizeof(T),
                                   tokens, &pool);
     });
@@ -403,7 +441,9 @@ nlohmann::json bench_attention(const AttentionArgs& a) {
     time_calls(std::min<std::size_t>(sets, 50), [&](std::size_t i) { call_on(s, i); });
   }
   const double bytes = static_cast<double>(set_bytes);
-  std::vector<double> stream_rates, read_rates, stream_fractions, read_fractions, pair_ratios;
+  std::vector<double> stream_rates, read_rates, stream_fractions, read_fractions;
+  // [k]: subject k's rate over subject 0's, one per round (from round medians).
+  std::vector<std::vector<double>> over_first(subjects.size());
   for (std::size_t r = 0; r < rounds; ++r) {
     std::vector<double> round_median(subjects.size());
     for (std::size_t k = 0; k < subjects.size(); ++k) {
@@ -414,7 +454,8 @@ nlohmann::json bench_attention(const AttentionArgs& a) {
       s.times.insert(s.times.end(), t.begin(), t.end());
       round_median[which] = median(t);
     }
-    if (paired) pair_ratios.push_back(round_median[1] / round_median[0]);
+    for (std::size_t k = 1; k < subjects.size(); ++k)
+      over_first[k].push_back(round_median[0] / round_median[k]);
     const double kernel_rate = bytes / round_median[0] / 1e9;
     if (warm) sink += kernels::stream_read(stream_buf.p, stream_bytes, &pool);
     const double t0 = now_s();
@@ -448,6 +489,7 @@ nlohmann::json bench_attention(const AttentionArgs& a) {
       {"mode", a.mode},
       {"resident", a.resident},
       {"prefetch", std::string(prefetch_name(resolve_attention_prefetch(prefetch, p.page_layout)))},
+      {"prefetch_requested", a.prefetch},
       {"precision", a.precision},
       {"huge_pages", a.huge_pages},
       {"isa", active_isa()},
@@ -474,6 +516,8 @@ nlohmann::json bench_attention(const AttentionArgs& a) {
     // cache's rate over the continuous one's, the median of per-round ratios
     // (>= 0.95 is the goal of being within 5 %).
     const Subject& cont = subjects[1];
+    std::vector<double> pair_ratios;  // over_first[1] is continuous over paged
+    for (double r : over_first[1]) pair_ratios.push_back(1.0 / r);
     j["continuous_check_max_abs_err"] = cont.check_err;
     j["continuous_check_ok"] = cont.check_err < check_bound;
     j["continuous_median_s"] = median(cont.times);
@@ -481,6 +525,37 @@ nlohmann::json bench_attention(const AttentionArgs& a) {
     j["paged_over_continuous"] = median(pair_ratios);
     j["paged_over_continuous_min"] = *std::min_element(pair_ratios.begin(), pair_ratios.end());
     j["paged_over_continuous_max"] = *std::max_element(pair_ratios.begin(), pair_ratios.end());
+  }
+  if (sweep) {
+    // Every strategy on the same cache in the same rounds: its rate, and
+    // over_auto, the median of its per-round rate over `auto`'s (with the
+    // range). best_prefetch: the highest over_auto (`auto` itself counts 1).
+    nlohmann::json rows = nlohmann::json::array();
+    std::string best = subjects[0].label;
+    double best_ratio = 1.0;
+    for (std::size_t k = 0; k < subjects.size(); ++k) {
+      const Subject& s = subjects[k];
+      nlohmann::json row{{"prefetch", s.label},
+                         {"resolved", std::string(prefetch_name(resolve_attention_prefetch(
+                                          s.options.prefetch, p.page_layout)))},
+                         {"gbps", bytes / median(s.times) / 1e9},
+                         {"check_ok", s.check_err < check_bound}};
+      if (k > 0) {
+        const double r = median(over_first[k]);
+        row["over_auto"] = r;
+        row["over_auto_min"] = *std::min_element(over_first[k].begin(), over_first[k].end());
+        row["over_auto_max"] = *std::max_element(over_first[k].begin(), over_first[k].end());
+        if (r > best_ratio) {
+          best_ratio = r;
+          best = s.label;
+        }
+      }
+      rows.push_back(row);
+    }
+    j["prefetch_sweep"] = rows;
+    j["best_prefetch"] = best;
+    j["check_ok"] = std::all_of(subjects.begin(), subjects.end(),
+                                [&](const Subject& s) { return s.check_err < check_bound; });
   }
   if (decode) {
     // The same pages read without arithmetic, in page-table order: the
@@ -708,7 +783,8 @@ void add_bench_command(CLI::App& app) {
   a->add_option("--resident", attn->resident, "dram (>= 1 GiB rotated) | cache")
       ->capture_default_str();
   a->add_option("--prefetch", attn->prefetch,
-                "Decode prefetch: auto | step-l1 | tile-l1 | tile-l2 | none (AttentionPrefetch)")
+                "Decode prefetch: auto | step-l1 | tile-l1 | tile-l2 | none (AttentionPrefetch), "
+                "or all: each timed in alternation on one cache, the fastest named")
       ->capture_default_str();
   a->add_option("--precision", attn->precision,
                 "What q and the probabilities meet K/V as: fp32 | bf16 (AttentionPrecision; "
