@@ -51,7 +51,7 @@ namespace kvcache {
 //                best on a Zen 3 with NHD pages in session 25).
 //  next_tile_l2: whole rows (all heads) of the next tile into L2
 //                (prefetcht1), in address order, issued as fast as the loops
-//                read the current tile (best on Zen 4: DRAM decode 1.3-1.7x
+//                read the current tile (best on Zen 4: DRAM decode 1.3-2.0x
 //                of next_tile_l1 there, docs/PERFORMANCE.md session 30).
 //  none:         hardware prefetchers only.
 //  next_tile_l1: next_tile_l2's walk issued as prefetcht0 (into L1 and L2;

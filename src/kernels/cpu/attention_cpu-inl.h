@@ -1720,7 +1720,7 @@ class ItemRunner {
   // below was inlined (then 1.00x); with it, prefetcht1 read 0.91x for NHD
   // MHA (docs/PERFORMANCE.md, session 20). The lines still land in L2; most
   // have left L1 by the time the loops read them. On Zen 4 prefetcht0 barely
-  // got ahead of memory and prefetcht1 read 1.3-1.7x of it (session 30).
+  // got ahead of memory and prefetcht1 read 1.3-2.0x of it (session 30).
   template <bool kPair, bool kL1>
   HWY_INLINE void pump_ranges(std::uint32_t lines) const {
     while (range_.p != nullptr) {

@@ -103,7 +103,7 @@ AttentionPrefetch resolve_attention_prefetch(AttentionPrefetch requested, PageLa
     return AttentionPrefetch::next_step_l1;
   }
   // The pump's instruction: prefetcht0 read 1.02-1.10x of prefetcht1 on a
-  // Zen 5 (docs/PERFORMANCE.md, session 20), but 0.58-0.77x on a Zen 4
+  // Zen 5 (docs/PERFORMANCE.md, session 20), but 0.50-0.79x on a Zen 4
   // (session 30). Zen 3 (family 19h too, HND pages here) is taken to be
   // like Zen 4; not measured.
   return kernels::cpu_family() >= 0x1A ? AttentionPrefetch::next_tile_l1
