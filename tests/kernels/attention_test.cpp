@@ -451,6 +451,21 @@ TEST(AttentionFast, AutomaticPrefetchFollowsProcessorAndLayout) {
                InvalidArgument);
 }
 
+// cpu_family(), which picks the pump's instruction, agrees with the
+// compiler's own processor check where that check knows the family (AMD
+// 17h: Zen 1/2; 19h: Zen 3/4), and is a real x86-64 family everywhere.
+TEST(AttentionFast, CpuFamilyAgreesWithTheCompilersCheck) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  const unsigned family = kernels::cpu_family();
+  EXPECT_GE(family, 6u);  // Intel 6 and later, AMD 0Fh and later
+  if (__builtin_cpu_is("amdfam17h")) EXPECT_EQ(family, 0x17u);
+  if (__builtin_cpu_is("amdfam19h")) EXPECT_EQ(family, 0x19u);
+  if (kernels::running_on_amd()) EXPECT_GE(family, 0x0Fu);
+#else
+  GTEST_SKIP() << "CPUID families are x86-64's";
+#endif
+}
+
 // Every prefetch strategy computes the same attention (prefetches only move
 // data): long contexts so that tiles ahead exist, pages smaller than, equal
 // to and larger than the kernel's tile, split contexts on 2 threads.
