@@ -380,18 +380,18 @@ nlohmann::json bench_attention(const AttentionArgs& a) {
     sa.strategy = strategy;
     CacheUnderTest& cut = caches.emplace_back();
     cut.p = make_params(sa);
-    if (sweep) {
-      for (const AttentionPrefetch pf : kSweptPrefetches) {
-        AttentionOptions o = options;
-        o.prefetch = pf;
-        subjects.push_back({std::string(prefetch_name(pf)), 0, o});
-      }
-    } else {
-      subjects.push_back({strategy, caches.size() - 1, options});
-    }
     cut.c = make_cache(sa, cut.p, sets, a.context, rng);
     std::mt19937 values(4049);  // the same K/V values in every cache
     fill<T>(cut.c, cut.p, decode ? a.context - 1 : 0, decode ? 1 : a.context, huge, pool, values);
+  }
+  if (sweep) {  // every strategy on the one cache
+    for (const AttentionPrefetch pf : kSweptPrefetches) {
+      AttentionOptions o = options;
+      o.prefetch = pf;
+      subjects.push_back({std::string(prefetch_name(pf)), 0, o});
+    }
+  } else {  // one subject per cache
+    for (std::size_t k = 0; k < caches.size(); ++k) subjects.push_back({strategies[k], k, options});
   }
   for (Subject& s : subjects) {
     AttentionArgs sa = a;
