@@ -650,6 +650,26 @@ TEST(AttentionFast, LongSingleDecodeSplitsAcrossThreads) {
   check_case<Half>(c, rng);
 }
 
+// Batch 1 with a short context is split evenly over the threads (down to
+// 128-token pieces) rather than run as one item: split points inside pages,
+// pieces of unequal length, page sizes 1 / 16 / 128, both layouts.
+TEST(AttentionFast, ShortSingleDecodeSplitsEvenlyAcrossThreads) {
+  std::mt19937 rng(31);
+  for (const std::uint32_t ctx : {129u, 300u, 511u}) {
+    for (const std::uint32_t page : {1u, 16u, 128u}) {
+      for (const PageLayout layout : {PageLayout::nhd, PageLayout::hnd}) {
+        Case c{{{ctx, 1}}, true, page, 2, 4, 96, 2};
+        c.layout = layout;
+        check_case<BFloat16>(c, rng);
+        c.threads = 3;
+        check_case<float>(c, rng);
+      }
+    }
+  }
+  Case c{{{300, 1}, {0, 0}}, false, 16, 3, 1, 64, 2};  // continuous, an empty entry beside
+  check_case<Half>(c, rng);
+}
+
 TEST(AttentionFast, PrefillOnlyAndEmptyEntries) {
   std::mt19937 rng(5);
   Case c{{{0, 45}, {10, 0}, {0, 1}}, true, 16, 1, 4, 96, 2};

@@ -6,14 +6,39 @@ namespace kvcache::kernels {
 
 namespace {
 
+// Decode splits: about kItemsPerThread per thread, none under
+// kMinSplitTokens (each split costs a partial, a merge and a pipeline start).
 constexpr std::uint32_t kMinSplitTokens = 512;
 constexpr std::uint32_t kItemsPerThread = 8;
+// Where the decode entries would still be fewer items than threads (batch 1
+// with a short context), they are split evenly over the threads instead,
+// down to kMinFewSplitTokens: cache-resident, 2 threads, batch 1, bf16, 8 KV
+// heads, against one unsplit item (docs/PERFORMANCE.md, session 31).
+constexpr std::uint32_t kMinFewSplitTokens = 128;
 
-std::uint32_t split_tokens(std::uint64_t decode_tokens, std::size_t threads, std::uint32_t page) {
-  if (threads <= 1) return 0xffffffffu;
+std::uint64_t round_up(std::uint64_t n, std::uint64_t m) { return (n + m - 1) / m * m; }
+
+// Decode items `contexts` make when cut into chunks of `chunk` tokens.
+std::uint64_t decode_items(std::span<const std::uint32_t> contexts, std::uint64_t chunk) {
+  std::uint64_t items = 0;
+  for (const std::uint32_t ctx : contexts) items += (ctx + chunk - 1) / chunk;
+  return items;
+}
+
+// Tokens per decode split (0xffffffff: none) for entries of these contexts.
+std::uint32_t split_tokens(std::span<const std::uint32_t> contexts, std::size_t threads,
+                           std::uint32_t page) {
+  if (threads <= 1 || contexts.empty()) return 0xffffffffu;
+  std::uint64_t decode_tokens = 0;
+  for (const std::uint32_t ctx : contexts) decode_tokens += ctx;
   const std::uint64_t want = decode_tokens / (threads * kItemsPerThread);
   std::uint64_t chunk = std::max<std::uint64_t>(kMinSplitTokens, want);
-  if (page <= chunk) chunk = (chunk + page - 1) / page * page;  // page aligned
+  if (page <= chunk) chunk = round_up(chunk, page);  // page aligned
+  if (decode_items(contexts, chunk) < threads) {
+    const std::uint64_t even = (decode_tokens + threads - 1) / threads;
+    chunk = std::max<std::uint64_t>(kMinFewSplitTokens, even);
+    if (page <= chunk) chunk = round_up(chunk, page);
+  }
   return static_cast<std::uint32_t>(std::min<std::uint64_t>(chunk, 0xffffffffu));
 }
 
@@ -22,12 +47,12 @@ std::uint32_t split_tokens(std::uint64_t decode_tokens, std::size_t threads, std
 AttentionPlan make_attention_plan(const AttentionShape& s, const std::uint32_t* cache_lengths,
                                   std::span<const std::uint32_t> row_offsets, std::size_t threads) {
   AttentionPlan plan;
-  std::uint64_t decode_tokens = 0;
+  std::vector<std::uint32_t> contexts;  // of the decode entries
   for (std::uint32_t b = 0; b < s.batch; ++b) {
     const std::uint32_t n = row_offsets[b + 1] - row_offsets[b];
-    if (n > 0 && n <= kDecodeRows) decode_tokens += cache_lengths[b] + n;
+    if (n > 0 && n <= kDecodeRows) contexts.push_back(cache_lengths[b] + n);
   }
-  const std::uint32_t chunk = split_tokens(decode_tokens, threads, s.page);
+  const std::uint32_t chunk = split_tokens(contexts, threads, s.page);
   std::vector<WorkItem> direct;
   for (std::uint32_t b = 0; b < s.batch; ++b) {
     const std::uint32_t r0 = row_offsets[b];
