@@ -4,6 +4,7 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <chrono>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -73,6 +74,12 @@ BENCHMARK_TEMPLATE(BM_DecodeAttention, BFloat16)
     ->ArgsProduct({{8, 32}, {4096, 32768}, {1, 2}})
     ->UseRealTime();
 BENCHMARK_TEMPLATE(BM_DecodeAttention, Half)->Args({32, 32768, 2})->UseRealTime();
+// Batch 1 with a short context on 2 threads: split evenly over the threads
+// (session 31; against the 1-thread rows below).
+BENCHMARK_TEMPLATE(BM_DecodeAttention, BFloat16)
+    ->ArgsProduct({{8, 32}, {256, 512}, {2}})
+    ->UseRealTime();
+
 // GQA 4 and 8 decode, one thread (CPU time = kernel time): context 4096 reads
 // 16 MiB of bf16 K+V (beyond L2), context 512 reads 2 MiB (about L2-resident,
 // closer to the compute cost).
@@ -127,6 +134,56 @@ void BM_StoreKv(benchmark::State& state) {
 }
 BENCHMARK_TEMPLATE(BM_StoreKv, BFloat16)->ArgsProduct({{1024}, {0, 1, 2}});
 BENCHMARK_TEMPLATE(BM_StoreKv, Half)->Args({1024, 0});
+
+// Busy-waits `us` microseconds (the caller's other work between calls).
+void busy_wait_us(std::int64_t us) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(us);
+  while (std::chrono::steady_clock::now() < until) {
+  }
+}
+
+// A 2-thread parallel_for of two ~3 us indices after the caller was busy
+// elsewhere for range(0) us: past ~100 us the worker sleeps, and the call
+// costs what waking it costs the caller (timed: the call only).
+void BM_ParallelForAfterIdle(benchmark::State& state) {
+  ThreadPool pool(2);
+  std::vector<double> sums(2);
+  for (auto _ : state) {
+    busy_wait_us(state.range(0));
+    const auto t0 = std::chrono::steady_clock::now();
+    pool.parallel_for(2, [&](std::size_t i) {
+      double x = 1.0;
+      for (int k = 0; k < 2000; ++k) x = x * 1.0000001 + 1e-9;
+      sums[i] += x;
+    });
+    state.SetIterationTime(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  benchmark::DoNotOptimize(sums.data());
+}
+BENCHMARK(BM_ParallelForAfterIdle)->Arg(0)->Arg(200)->Arg(1000)->Arg(5000)->UseManualTime();
+
+// Batch-1 decode (bf16, 8 KV heads, range(0) query heads, context range(1))
+// on 2 threads after range(2) us of other work, as an engine calls attention
+// once per layer (timed: the call only).
+void BM_DecodeAttentionAfterIdle(benchmark::State& state) {
+  const auto q_heads = static_cast<std::uint32_t>(state.range(0));
+  const auto context = static_cast<std::uint32_t>(state.range(1));
+  Cache<BFloat16> c(1, context - 1, 1);
+  PagedKVCacheCollection<BFloat16> col(c.d);
+  std::vector<float> q(q_heads * kDim, 0.3f), out(q.size());
+  ThreadPool pool(2);
+  for (auto _ : state) {
+    busy_wait_us(state.range(2));
+    const auto t0 = std::chrono::steady_clock::now();
+    attention(col.get_key_cache(0), col.get_value_cache(0), std::span<const float>(q), q_heads,
+              std::span<const std::uint32_t>(c.ro), std::span(out), {}, &pool);
+    state.SetIterationTime(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    benchmark::DoNotOptimize(out.data());
+  }
+}
+BENCHMARK(BM_DecodeAttentionAfterIdle)->ArgsProduct({{32}, {512}, {0, 1000}})->UseManualTime();
 
 }  // namespace
 }  // namespace kvcache

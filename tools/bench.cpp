@@ -388,10 +388,11 @@ nlohmann::json bench_attention(const AttentionArgs& a) {
     for (const AttentionPrefetch pf : kSweptPrefetches) {
       AttentionOptions o = options;
       o.prefetch = pf;
-      subjects.push_back({std::string(prefetch_name(pf)), 0, o});
+      subjects.push_back({std::string(prefetch_name(pf)), 0, o, 0, {}});
     }
   } else {  // one subject per cache
-    for (std::size_t k = 0; k < caches.size(); ++k) subjects.push_back({strategies[k], k, options});
+    for (std::size_t k = 0; k < caches.size(); ++k)
+      subjects.push_back({strategies[k], k, options, 0, {}});
   }
   for (Subject& s : subjects) {
     AttentionArgs sa = a;

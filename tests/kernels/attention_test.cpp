@@ -458,9 +458,15 @@ TEST(AttentionFast, CpuFamilyAgreesWithTheCompilersCheck) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   const unsigned family = kernels::cpu_family();
   EXPECT_GE(family, 6u);  // Intel 6 and later, AMD 0Fh and later
-  if (__builtin_cpu_is("amdfam17h")) EXPECT_EQ(family, 0x17u);
-  if (__builtin_cpu_is("amdfam19h")) EXPECT_EQ(family, 0x19u);
-  if (kernels::running_on_amd()) EXPECT_GE(family, 0x0Fu);
+  if (__builtin_cpu_is("amdfam17h")) {
+    EXPECT_EQ(family, 0x17u);
+  }
+  if (__builtin_cpu_is("amdfam19h")) {
+    EXPECT_EQ(family, 0x19u);
+  }
+  if (kernels::running_on_amd()) {
+    EXPECT_GE(family, 0x0Fu);
+  }
 #else
   GTEST_SKIP() << "CPUID families are x86-64's";
 #endif
@@ -653,7 +659,7 @@ TEST(AttentionFast, LongSingleDecodeSplitsAcrossThreads) {
 // Batch 1 with a short context is split evenly over the threads (down to
 // 128-token pieces) rather than run as one item: split points inside pages,
 // pieces of unequal length, page sizes 1 / 16 / 128, both layouts.
-TEST(AttentionFast, ShortSingleDecodeSplitsEvenlyAcrossThreads) {
+TEST(AttentionFast, ShortSingleDecodeSplitsAcrossThreadsEvenly) {
   std::mt19937 rng(31);
   for (const std::uint32_t ctx : {129u, 300u, 511u}) {
     for (const std::uint32_t page : {1u, 16u, 128u}) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -47,6 +48,34 @@ TEST(ThreadPool, RethrowsTheFirstExceptionAfterAllFinish) {
   std::atomic<int> again{0};
   pool.parallel_for(10, [&](std::size_t) { again.fetch_add(1); });
   EXPECT_EQ(again.load(), 10);
+}
+
+// Calls after idle gaps long enough for the workers to fall asleep: the
+// caller may finish every index itself and return before a worker wakes, so
+// a late worker must neither run an index of a call that has returned nor
+// lose one. Each call's indices record which call ran them; a finished call's
+// flag must never be seen set by its own fn.
+TEST(ThreadPool, WorkersThatWakeLateNeverTouchAReturnedCall) {
+  for (const std::size_t threads : {2u, 3u}) {
+    ThreadPool pool(threads);
+    for (int call = 0; call < 120; ++call) {
+      const int gap_us = std::vector<int>{0, 20, 150, 1500}[call % 4];
+      const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(gap_us);
+      while (std::chrono::steady_clock::now() < until) {
+      }
+      const std::size_t n = 1 + static_cast<std::size_t>(call % 5);
+      std::vector<std::atomic<int>> hits(n);
+      std::atomic<bool> returned{false};
+      std::atomic<int> after_return{0};
+      pool.parallel_for(n, [&](std::size_t i) {
+        if (returned.load()) after_return.fetch_add(1);
+        hits[i].fetch_add(1);
+      });
+      returned.store(true);
+      for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << "call " << call;
+      ASSERT_EQ(after_return.load(), 0) << "call " << call;
+    }
+  }
 }
 
 TEST(ThreadPool, SizeLimits) {

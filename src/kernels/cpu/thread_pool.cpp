@@ -1,6 +1,13 @@
 // ThreadPool: workers created once, woken per parallel_for through a
 // generation counter (brief spin, then a condition variable), indices handed
 // out with an atomic counter so uneven items balance dynamically.
+//
+// The caller does not wait for workers to wake up: once it has run out of
+// indices it closes the call and waits only for the workers that had joined
+// it (entered before the close). A worker asleep on the condition variable
+// (after ~100 us idle) takes 20-90 us to wake on a 2-vCPU VM; the caller that
+// waited for it paid that on every call after an idle gap, even when it had
+// run every index itself (docs/PERFORMANCE.md, session 31).
 #include "kvcache/thread_pool.h"
 
 #include <algorithm>
@@ -73,8 +80,13 @@ struct ThreadPool::Impl {
       }
       seen = g;
       if (stop) return;
-      drain();
-      if (pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      // Join the call only while it is open: entering (seq_cst) before
+      // looking at open_call, against the caller's close before it reads
+      // `active`, means that either this worker sees the call closed or the
+      // caller sees it active and waits for it.
+      active.fetch_add(1, std::memory_order_seq_cst);
+      if (open_call.load(std::memory_order_seq_cst) == seen) drain();
+      if (active.fetch_sub(1, std::memory_order_acq_rel) == 1) {
         std::lock_guard lock(mu);
         done.notify_all();
       }
@@ -87,20 +99,23 @@ struct ThreadPool::Impl {
     count = n;
     error = nullptr;
     next.store(0, std::memory_order_relaxed);
-    pending.store(workers.size(), std::memory_order_relaxed);
+    const std::uint64_t call = generation.load(std::memory_order_relaxed) + 1;
+    open_call.store(call, std::memory_order_seq_cst);
     {
       std::lock_guard lock(mu);
-      generation.fetch_add(1, std::memory_order_release);
+      generation.store(call, std::memory_order_release);
     }
     wake.notify_all();
     drain();
-    for (int spin = 0; pending.load(std::memory_order_acquire) != 0 && spin < kSpinIterations;
+    // Every index is taken: close the call, then wait for the workers inside it.
+    open_call.store(0, std::memory_order_seq_cst);
+    for (int spin = 0; active.load(std::memory_order_seq_cst) != 0 && spin < kSpinIterations;
          ++spin) {
       cpu_relax();
     }
-    if (pending.load(std::memory_order_acquire) != 0) {
+    if (active.load(std::memory_order_seq_cst) != 0) {
       std::unique_lock lock(mu);
-      done.wait(lock, [&] { return pending.load(std::memory_order_acquire) == 0; });
+      done.wait(lock, [&] { return active.load(std::memory_order_acquire) == 0; });
     }
     job = nullptr;
     if (error) std::rethrow_exception(std::exchange(error, nullptr));
@@ -114,7 +129,10 @@ struct ThreadPool::Impl {
   std::condition_variable done;
   std::atomic<std::uint64_t> generation{0};
   std::atomic<std::size_t> next{0};
-  std::atomic<std::size_t> pending{0};
+  // The generation of the call workers may still join (0: none), and the
+  // workers inside a call.
+  std::atomic<std::uint64_t> open_call{0};
+  std::atomic<std::size_t> active{0};
   const std::function<void(std::size_t)>* job = nullptr;
   std::size_t count = 0;
   bool stop = false;
