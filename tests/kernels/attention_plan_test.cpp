@@ -56,11 +56,28 @@ TEST(AttentionPlan, ShortBatchOneIsSplitEvenlyOverTheThreads) {
   EXPECT_EQ(two.split_items, 2u);
   // Page aligned: 300 / 2 = 150 rounds up to 160 on 16-token pages.
   EXPECT_EQ(ranges_of(plan_for({300}, 16, 2), 0), (Ranges{{0, 160}, {160, 300}}));
-  // Never under 128 tokens: 200 tokens on 2 threads are 128 + 72, on 4 still 2 pieces.
-  EXPECT_EQ(ranges_of(plan_for({200}, 16, 2), 0), (Ranges{{0, 128}, {128, 200}}));
-  EXPECT_EQ(ranges_of(plan_for({200}, 16, 4), 0), (Ranges{{0, 128}, {128, 200}}));
+  // No more pieces than 128-token ones would make: 200 tokens are 2 pieces
+  // (112 + 88, even and page aligned) on 2 threads and still 2 on 4.
+  EXPECT_EQ(ranges_of(plan_for({200}, 16, 2), 0), (Ranges{{0, 112}, {112, 200}}));
+  EXPECT_EQ(ranges_of(plan_for({200}, 16, 4), 0), (Ranges{{0, 112}, {112, 200}}));
   // 16 threads, 4096 tokens: 16 pieces of 256 rather than 8 of 512.
   EXPECT_EQ(plan_for({4096}, 16, 16).items.size(), 16u);
+}
+
+TEST(AttentionPlan, SplitPiecesAreEvenAndSpreadOverTheThreads) {
+  // 600 tokens were 512 + 88 (one thread did nearly all of it): now 304 + 296.
+  EXPECT_EQ(ranges_of(plan_for({600}, 16, 2), 0), (Ranges{{0, 304}, {304, 600}}));
+  // 1100 tokens were 3 pieces of up to 512 (2 on one thread): now 4 of 288 or less.
+  EXPECT_EQ(ranges_of(plan_for({1100}, 16, 2), 0),
+            (Ranges{{0, 288}, {288, 576}, {576, 864}, {864, 1100}}));
+  // On 3 threads the 3 pieces are one per thread already: 368, 368, 364.
+  EXPECT_EQ(ranges_of(plan_for({1100}, 16, 3), 0), (Ranges{{0, 368}, {368, 736}, {736, 1100}}));
+  // Pieces larger than pages round to whole pages; smaller ones may not.
+  EXPECT_EQ(ranges_of(plan_for({600}, 128, 2), 0), (Ranges{{0, 384}, {384, 600}}));
+  // A batch keeps its per-entry pieces even too.
+  const AttentionPlan p = plan_for({600, 3000}, 16, 2);
+  EXPECT_EQ(ranges_of(p, 0), (Ranges{{0, 304}, {304, 600}}));
+  for (const auto& [t0, t1] : ranges_of(p, 1)) EXPECT_LE(t1 - t0, 512u);
 }
 
 TEST(AttentionPlan, ShortContextsStayWhole) {

@@ -42,6 +42,21 @@ std::uint32_t split_tokens(std::span<const std::uint32_t> contexts, std::size_t 
   return static_cast<std::uint32_t>(std::min<std::uint64_t>(chunk, 0xffffffffu));
 }
 
+// Tokens per piece of a decode entry of `ctx` tokens that `chunk` splits:
+// as many pieces as chunks (rounded up to a multiple of the threads where
+// that leaves pieces of kMinFewSplitTokens or more and the pieces are few),
+// of even length, page aligned. 512 + 88 tokens on 2 threads took as long as
+// 512 (docs/PERFORMANCE.md, session 31).
+std::uint64_t piece_tokens(std::uint32_t ctx, std::uint64_t chunk, std::size_t threads,
+                           std::uint32_t page) {
+  std::uint64_t pieces = (ctx + chunk - 1) / chunk;
+  const std::uint64_t spread = round_up(pieces, threads);
+  if (pieces < threads * kItemsPerThread && ctx / spread >= kMinFewSplitTokens) pieces = spread;
+  std::uint64_t len = (ctx + pieces - 1) / pieces;
+  if (page <= len) len = round_up(len, page);
+  return len;
+}
+
 }  // namespace
 
 AttentionPlan make_attention_plan(const AttentionShape& s, const std::uint32_t* cache_lengths,
@@ -68,10 +83,12 @@ AttentionPlan make_attention_plan(const AttentionShape& s, const std::uint32_t* 
       }
       const auto g = static_cast<std::uint32_t>(plan.groups.size());
       MergeGroup mg{static_cast<std::uint32_t>(plan.items.size()), 0};
-      for (std::uint32_t t = 0; t < ctx; t += chunk) {
-        const std::uint32_t t1 = std::min(ctx, t + chunk);
+      const std::uint64_t len = piece_tokens(ctx, chunk, threads, s.page);
+      for (std::uint32_t t = 0; t < ctx;) {
+        const auto t1 = static_cast<std::uint32_t>(std::min<std::uint64_t>(ctx, t + len));
         plan.items.push_back({b, r0, r0 + n, 0, s.n_kv, t, t1, g, std::uint64_t{t1 - t} * s.n_kv});
         ++mg.count;
+        t = t1;
       }
       plan.groups.push_back(mg);
       continue;
