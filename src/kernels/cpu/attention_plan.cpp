@@ -12,8 +12,10 @@ constexpr std::uint32_t kMinSplitTokens = 512;
 constexpr std::uint32_t kItemsPerThread = 8;
 // Where the decode entries would still be fewer items than threads (batch 1
 // with a short context), they are split evenly over the threads instead,
-// down to kMinFewSplitTokens: cache-resident, 2 threads, batch 1, bf16, 8 KV
-// heads, against one unsplit item (docs/PERFORMANCE.md, session 31).
+// into no more pieces than kMinFewSplitTokens-token ones would make (a
+// context of kMinFewSplitTokens or fewer stays whole): cache-resident, 2
+// threads, batch 1, bf16, 8 KV heads, ctx 512 1.8x of one unsplit item
+// (docs/PERFORMANCE.md, session 31).
 constexpr std::uint32_t kMinFewSplitTokens = 128;
 
 std::uint64_t round_up(std::uint64_t n, std::uint64_t m) { return (n + m - 1) / m * m; }
