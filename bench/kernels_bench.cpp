@@ -42,20 +42,29 @@ struct Cache {
   }
 };
 
-template <class T>
-void DecodeAttention(benchmark::State& state, const AttentionOptions& options) {
-  const auto q_heads = static_cast<std::uint32_t>(state.range(0));
-  const auto context = static_cast<std::uint32_t>(state.range(1));
-  const auto threads = static_cast<std::size_t>(state.range(2));
-  Cache<T> c(1, context - 1, 1);
-  PagedKVCacheCollection<T> col(c.d);
-  std::vector<float> q(q_heads * kDim, 0.3f), out(q.size());
-  ThreadPool pool(threads);
-  for (auto _ : state) {
+// One batch-1 decode call (8 KV heads, `q_heads` query heads, `context`
+// tokens, one new) over a self-owned cache with a shuffled page table.
+template <CacheElement T>
+struct BatchOneDecode {
+  Cache<T> c;
+  PagedKVCacheCollection<T> col;
+  std::vector<float> q, out;
+  BatchOneDecode(std::uint32_t q_heads, std::uint32_t context)
+      : c(1, context - 1, 1), col(c.d), q(q_heads * kDim, 0.3f), out(q.size()) {}
+  void run(const AttentionOptions& options, ThreadPool& pool) {
+    const auto q_heads = static_cast<std::uint32_t>(q.size() / kDim);
     attention(col.get_key_cache(0), col.get_value_cache(0), std::span<const float>(q), q_heads,
               std::span<const std::uint32_t>(c.ro), std::span(out), options, &pool);
     benchmark::DoNotOptimize(out.data());
   }
+};
+
+template <class T>
+void DecodeAttention(benchmark::State& state, const AttentionOptions& options) {
+  const auto context = static_cast<std::uint32_t>(state.range(1));
+  BatchOneDecode<T> d(static_cast<std::uint32_t>(state.range(0)), context);
+  ThreadPool pool(static_cast<std::size_t>(state.range(2)));
+  for (auto _ : state) d.run(options, pool);
   state.SetBytesProcessed(state.iterations() * std::int64_t{context} * kKv * kDim * 2 *
                           std::int64_t(sizeof(T)));
 }
@@ -167,20 +176,15 @@ BENCHMARK(BM_ParallelForAfterIdle)->Arg(0)->Arg(200)->Arg(1000)->Arg(5000)->UseM
 // on 2 threads after range(2) us of other work, as an engine calls attention
 // once per layer (timed: the call only).
 void BM_DecodeAttentionAfterIdle(benchmark::State& state) {
-  const auto q_heads = static_cast<std::uint32_t>(state.range(0));
-  const auto context = static_cast<std::uint32_t>(state.range(1));
-  Cache<BFloat16> c(1, context - 1, 1);
-  PagedKVCacheCollection<BFloat16> col(c.d);
-  std::vector<float> q(q_heads * kDim, 0.3f), out(q.size());
+  BatchOneDecode<BFloat16> d(static_cast<std::uint32_t>(state.range(0)),
+                             static_cast<std::uint32_t>(state.range(1)));
   ThreadPool pool(2);
   for (auto _ : state) {
     busy_wait_us(state.range(2));
     const auto t0 = std::chrono::steady_clock::now();
-    attention(col.get_key_cache(0), col.get_value_cache(0), std::span<const float>(q), q_heads,
-              std::span<const std::uint32_t>(c.ro), std::span(out), {}, &pool);
+    d.run({}, pool);
     state.SetIterationTime(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    benchmark::DoNotOptimize(out.data());
   }
 }
 BENCHMARK(BM_DecodeAttentionAfterIdle)->ArgsProduct({{32}, {512}, {0, 1000}})->UseManualTime();

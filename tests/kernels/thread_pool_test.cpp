@@ -53,8 +53,8 @@ TEST(ThreadPool, RethrowsTheFirstExceptionAfterAllFinish) {
 // Calls after idle gaps long enough for the workers to fall asleep: the
 // caller may finish every index itself and return before a worker wakes, so
 // a late worker must neither run an index of a call that has returned nor
-// lose one. Each call's indices record which call ran them; a finished call's
-// flag must never be seen set by its own fn.
+// lose one. Each index counts its runs (exactly one), and no fn may see its
+// call already returned.
 TEST(ThreadPool, WorkersThatWakeLateNeverTouchAReturnedCall) {
   for (const std::size_t threads : {2u, 3u}) {
     ThreadPool pool(threads);
