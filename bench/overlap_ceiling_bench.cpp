@@ -25,6 +25,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -78,10 +79,12 @@ __attribute__((target("avx512f"))) float sum_lanes(const __m512* a) {
   return std::accumulate(lanes, lanes + 16, 0.0f);
 }
 
-template <int C, int S, int P, int H = 1>
+// kSequential: the pages in address order instead of the shuffled one.
+template <int C, int S, int P, int H = 1, bool kSequential = false>
 __attribute__((target("avx512f,fma"))) float read_pages(const Pages& p, std::size_t first,
                                                         std::size_t count) {
   static_assert(P == 0 || S == 1, "prefetching is modelled for one stream");
+  const auto page_at = [&](std::size_t i) { return kSequential ? i : std::size_t{p.order[i]}; };
   __m512 a[8];
   for (auto& x : a) x = _mm512_setzero_ps();
   const __m512 m = _mm512_set1_ps(0.999f);
@@ -90,14 +93,14 @@ __attribute__((target("avx512f,fma"))) float read_pages(const Pages& p, std::siz
     const char* k[S];
     const char* v[S];
     for (int s = 0; s < S; ++s) {
-      const std::size_t page = p.order[first + i + s * per];
+      const std::size_t page = page_at(first + i + s * per);
       k[s] = p.k + page * kPageBytes;
       v[s] = p.v + page * kPageBytes;
     }
     const char* k_ahead = nullptr;
     const char* v_ahead = nullptr;
     if (P > 0 && i + P < per) {
-      const std::size_t page = p.order[first + i + P];
+      const std::size_t page = page_at(first + i + P);
       k_ahead = p.k + page * kPageBytes;
       v_ahead = p.v + page * kPageBytes;
     }
@@ -304,6 +307,68 @@ void BM_TileReadOrder(benchmark::State& state) {
   state.SkipWithError("x86-64 only");
 #endif
 }
+
+// The same pages read in shuffled and in address order in every iteration
+// (C FMAs per 128 bytes, prefetcht1 of every line P pages ahead), on
+// state.range(0) threads: `shuffled_over_sequential` is the mean of the
+// per-iteration ratios, so both orders meet the same memory state. On the
+// Zen 4 VM of session 32 the memory bandwidth left to the VM came and went
+// in windows of seconds (a stream of ~34 or of ~56 GB/s); shuffled 32 KiB
+// pages read at ~0.9 of address order in the first and ~0.72 in the
+// second, with or without arithmetic (docs/PERFORMANCE.md, session 32).
+// Timed: the shuffled read.
+template <int C, int P>
+void BM_ShuffledOverSequential(benchmark::State& state) {
+#if defined(__x86_64__)
+  if (!__builtin_cpu_supports("avx512f")) {
+    state.SkipWithError("needs AVX-512");
+    return;
+  }
+  static const Pages pages;
+  const auto threads = static_cast<std::size_t>(state.range(0));
+  const std::size_t share = pages.order.size() / threads;
+  std::vector<float> sink(threads);
+  const auto timed = [&](auto read) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::thread> pool;
+    for (std::size_t t = 1; t < threads; ++t)
+      pool.emplace_back([&, t] { sink[t] = read(pages, t * share, share); });
+    sink[0] = read(pages, 0, share);
+    for (auto& th : pool) th.join();
+    benchmark::DoNotOptimize(sink.data());
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  double ratios = 0.0, shuffled_s = 0.0, sequential_s = 0.0;
+  for (auto _ : state) {
+    const double sequential = timed(read_pages<C, 1, P, 1, true>);
+    const double shuffled = timed(read_pages<C, 1, P, 1, false>);
+    ratios += sequential / shuffled;
+    shuffled_s += shuffled;
+    sequential_s += sequential;
+    state.SetIterationTime(shuffled);
+  }
+  const double n = static_cast<double>(state.iterations());
+  const double gb = 2.0 * static_cast<double>(kBytes) / 1e9;
+  state.counters["shuffled_over_sequential"] = ratios / n;
+  state.counters["shuffled_gbps"] = gb * n / shuffled_s;
+  state.counters["sequential_gbps"] = gb * n / sequential_s;
+  state.SetBytesProcessed(state.iterations() * std::int64_t(2 * kBytes));
+#else
+  state.SkipWithError("x86-64 only");
+#endif
+}
+BENCHMARK_TEMPLATE(BM_ShuffledOverSequential, 0, 0)
+    ->Arg(2)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_ShuffledOverSequential, 4, 2)
+    ->Arg(2)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_ShuffledOverSequential, 16, 2)
+    ->Arg(2)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
 
 template <int C, int S, int P = 0, int H = 1>
 void BM_PagedReadWithFma(benchmark::State& state) {

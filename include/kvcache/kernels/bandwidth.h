@@ -29,8 +29,9 @@ float stream_read(const void* data, std::size_t bytes, ThreadPool* pool);
 // (InvalidArgument otherwise); as for attention, every row read must lie in
 // a page the entry holds. element_bytes is one cache element's size (2 or 4).
 // Its bandwidth is the ceiling that the page size and page order leave a
-// paged kernel (on Zen 4, shuffled 32 KiB pages read at ~0.65 of a
-// sequential stream).
+// paged kernel. On the Zen 4 VM, shuffled 32 KiB pages read at 0.84-0.88 of
+// a sequential stream while the VM gets ~34 GB/s, and at 0.56-0.73 in the
+// windows where it gets ~55 GB/s (docs/PERFORMANCE.md, session 32).
 float paged_read(const LayerCacheDesc<float>& k, const LayerCacheDesc<float>& v,
                  std::size_t element_bytes, std::span<const std::uint32_t> tokens,
                  ThreadPool* pool);
