@@ -270,6 +270,20 @@ __attribute__((target("avx512f,fma"))) float read_tiles(const Pages& p, std::siz
 }
 #endif
 
+// One read(pages, first, count) per thread, each over its share of the
+// pages (sink[t]: thread t's sum).
+template <class Read>
+void ReadPagesOnce(const Pages& pages, const Read& read, std::vector<float>& sink) {
+  const std::size_t threads = sink.size();
+  const std::size_t share = pages.order.size() / threads;
+  std::vector<std::thread> pool;
+  for (std::size_t t = 1; t < threads; ++t)
+    pool.emplace_back([&, t] { sink[t] = read(pages, t * share, share); });
+  sink[0] = read(pages, 0, share);
+  for (auto& th : pool) th.join();
+  benchmark::DoNotOptimize(sink.data());
+}
+
 // Runs read(pages, first, count) on state.range(0) threads, each over its
 // share of the shuffled page order; bytes = the whole K and V buffers.
 template <class Read>
@@ -281,17 +295,8 @@ void ReadOnThreads(benchmark::State& state, const Read& read, bool avx2 = false)
     return;
   }
   static const Pages pages;
-  const auto threads = static_cast<std::size_t>(state.range(0));
-  const std::size_t share = pages.order.size() / threads;
-  std::vector<float> sink(threads);
-  for (auto _ : state) {
-    std::vector<std::thread> pool;
-    for (std::size_t t = 1; t < threads; ++t)
-      pool.emplace_back([&, t] { sink[t] = read(pages, t * share, share); });
-    sink[0] = read(pages, 0, share);
-    for (auto& th : pool) th.join();
-    benchmark::DoNotOptimize(sink.data());
-  }
+  std::vector<float> sink(static_cast<std::size_t>(state.range(0)));
+  for (auto _ : state) ReadPagesOnce(pages, read, sink);
   state.SetBytesProcessed(state.iterations() * std::int64_t(2 * kBytes));
 #else
   (void)read;
@@ -325,17 +330,10 @@ void BM_ShuffledOverSequential(benchmark::State& state) {
     return;
   }
   static const Pages pages;
-  const auto threads = static_cast<std::size_t>(state.range(0));
-  const std::size_t share = pages.order.size() / threads;
-  std::vector<float> sink(threads);
+  std::vector<float> sink(static_cast<std::size_t>(state.range(0)));
   const auto timed = [&](auto read) {
     const auto t0 = std::chrono::steady_clock::now();
-    std::vector<std::thread> pool;
-    for (std::size_t t = 1; t < threads; ++t)
-      pool.emplace_back([&, t] { sink[t] = read(pages, t * share, share); });
-    sink[0] = read(pages, 0, share);
-    for (auto& th : pool) th.join();
-    benchmark::DoNotOptimize(sink.data());
+    ReadPagesOnce(pages, read, sink);
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
   double ratios = 0.0, shuffled_s = 0.0, sequential_s = 0.0;
