@@ -1360,8 +1360,11 @@ class ItemRunner {
             ++tn;
           }
         } else {  // past the last pair (u >= 1 here): repeat it, drop the score
-          kr[u] = kr[u - 1];
-          qp[u] = qp[u - 1];
+          // (u > 0 ? ... : 0) only tells GCC so: with kT == 1 it warned of
+          // kr[-1] in a branch that cannot run (-Warray-bounds).
+          const int prev = u > 0 ? u - 1 : 0;
+          kr[u] = kr[prev];
+          qp[u] = qp[prev];
           slot[u] = kSkip;
         }
       }
