@@ -284,16 +284,25 @@ void ReadPagesOnce(const Pages& pages, const Read& read, std::vector<float>& sin
   benchmark::DoNotOptimize(sink.data());
 }
 
+#if defined(__x86_64__)
+// Whether the processor runs the AVX-512 loops (avx2: the AVX2 + FMA ones);
+// if not, skips the benchmark with the reason.
+bool HasIsaOrSkip(benchmark::State& state, bool avx2) {
+  if (avx2 ? __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")
+           : __builtin_cpu_supports("avx512f")) {
+    return true;
+  }
+  state.SkipWithError(avx2 ? "needs AVX2 and FMA" : "needs AVX-512");
+  return false;
+}
+#endif
+
 // Runs read(pages, first, count) on state.range(0) threads, each over its
 // share of the shuffled page order; bytes = the whole K and V buffers.
 template <class Read>
 void ReadOnThreads(benchmark::State& state, const Read& read, bool avx2 = false) {
 #if defined(__x86_64__)
-  if (avx2 ? !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-           : !__builtin_cpu_supports("avx512f")) {
-    state.SkipWithError(avx2 ? "needs AVX2 and FMA" : "needs AVX-512");
-    return;
-  }
+  if (!HasIsaOrSkip(state, avx2)) return;
   static const Pages pages;
   std::vector<float> sink(static_cast<std::size_t>(state.range(0)));
   for (auto _ : state) ReadPagesOnce(pages, read, sink);
@@ -325,10 +334,7 @@ void BM_TileReadOrder(benchmark::State& state) {
 template <int C, int P>
 void BM_ShuffledOverSequential(benchmark::State& state) {
 #if defined(__x86_64__)
-  if (!__builtin_cpu_supports("avx512f")) {
-    state.SkipWithError("needs AVX-512");
-    return;
-  }
+  if (!HasIsaOrSkip(state, /*avx2=*/false)) return;
   static const Pages pages;
   std::vector<float> sink(static_cast<std::size_t>(state.range(0)));
   const auto timed = [&](auto read) {

@@ -1360,8 +1360,8 @@ class ItemRunner {
             ++tn;
           }
         } else {  // past the last pair (u >= 1 here): repeat it, drop the score
-          // (u > 0 ? ... : 0) only tells GCC so: with kT == 1 it warned of
-          // kr[-1] in a branch that cannot run (-Warray-bounds).
+          // The guard is for GCC's -Warray-bounds, which cannot see that
+          // u >= 1 here and warned of kr[-1] for kT == 1.
           const int prev = u > 0 ? u - 1 : 0;
           kr[u] = kr[prev];
           qp[u] = qp[prev];
