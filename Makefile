@@ -80,7 +80,7 @@ tsan: deps
 	  -R '$(TSAN_TESTS)'
 
 FUZZ_SECONDS ?= 60
-FUZZERS := manager parsers
+FUZZERS := manager parsers sizes
 fuzz: deps
 	CXX=clang++ $(MAKE) build BUILD_DIR=build-fuzz BUILD_TYPE=RelWithDebInfo \
 	  BUILD_TARGET="$(FUZZERS:%=%_fuzzer)" CMAKE_FLAGS="-DKVCACHE_SANITIZE=address -DKVCACHE_FUZZ=ON \

@@ -2,6 +2,7 @@
 //
 // Every sequence owns one slot of max_seq_len tokens:
 //   blocks[max_batch_size][2][num_layers][max_seq_len][n_kv_heads_per_device][head_dim]
+// (the interleaved arrangement; per_layer: [num_layers][2][blocks][...], params.h)
 // claim() takes free slots (CapacityExceeded when none), fetch() only checks
 // that cache_length + new + num_steps - 1 <= max_seq_len, release() frees the
 // slot. lookup_table[b] is the slot of batch entry b. Seq ids are never

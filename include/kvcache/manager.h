@@ -95,7 +95,8 @@ class KVCacheManager {
 
   // Shape of the blocks tensor for n blocks (per device), e.g. continuous
   // [n_sequences, 2, num_layers, max_seq_len, n_kv_heads_per_device, head_dim]
-  // (the last three as [heads, tokens, head_dim] with PageLayout::hnd).
+  // (the last three as [heads, tokens, head_dim] with PageLayout::hnd); with
+  // PoolArrangement::per_layer the first three are [num_layers, 2, n].
   virtual std::vector<std::size_t> block_shape(std::uint32_t n) const = 0;
 
   // MAX increment_cache_lengths: forwards to batch.increment_cache_lengths.

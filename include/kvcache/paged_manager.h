@@ -2,6 +2,7 @@
 //
 // One pool of total_num_pages pages per device:
 //   blocks[total_num_pages][2][num_layers][page_size][n_kv_heads_per_device][head_dim]
+// (the interleaved arrangement; per_layer: [num_layers][2][blocks][...], params.h)
 // One page id covers every layer's K and V for page_size tokens, so a sequence
 // has ONE page table. fetch() allocates the pages a batch needs, all or
 // nothing (OutOfPages names what was needed and what was free); pages are

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <mutex>
+#include <new>
 #include <string>
 #include <unordered_map>
 
+#include "core/checked_math.h"
 #include "manager/checks.h"
 #include "memory/block_pool.h"
 #include "memory/host_arena.h"
@@ -49,7 +51,13 @@ ContinuousBatchingKVCacheManager::ContinuousBatchingKVCacheManager(const KVCache
     throw InvalidArgument("ContinuousBatchingKVCacheManager needs cache_strategy continuous, got " +
                           std::string(strategy_name(params.cache_strategy)));
   }
-  impl_ = std::make_unique<Impl>(params, max_batch_size, max_seq_len);
+  (void)estimated_memory_size(params, max_batch_size, max_seq_len);  // sizes past 64 bits
+  try {
+    impl_ = std::make_unique<Impl>(params, max_batch_size, max_seq_len);
+  } catch (const std::bad_alloc&) {
+    throw OutOfMemory("cannot allocate the bookkeeping of " + std::to_string(max_batch_size) +
+                      " slots");
+  }
 }
 
 ContinuousBatchingKVCacheManager::~ContinuousBatchingKVCacheManager() = default;
@@ -58,7 +66,10 @@ std::size_t ContinuousBatchingKVCacheManager::estimated_memory_size(const KVCach
                                                                     std::uint32_t max_batch_size,
                                                                     std::uint32_t max_seq_len) {
   params.validate();
-  return std::size_t{max_batch_size} * max_seq_len * params.bytes_per_token();
+  return detail::checked_product("estimated_memory_size",
+                                 {{"max_batch_size", max_batch_size},
+                                  {"max_seq_len", max_seq_len},
+                                  {"bytes_per_token", params.bytes_per_token()}});
 }
 
 std::vector<SeqId> ContinuousBatchingKVCacheManager::claim(std::uint32_t n) {
@@ -170,10 +181,7 @@ std::uint32_t ContinuousBatchingKVCacheManager::free_blocks() const {
 }
 
 std::vector<std::size_t> ContinuousBatchingKVCacheManager::block_shape(std::uint32_t n) const {
-  const KVCacheParams& p = impl_->params;
-  if (p.page_layout == PageLayout::hnd)
-    return {n, 2, p.num_layers, p.n_kv_heads_per_device(), impl_->max_seq_len, p.head_dim};
-  return {n, 2, p.num_layers, impl_->max_seq_len, p.n_kv_heads_per_device(), p.head_dim};
+  return manager::block_shape_of(impl_->params, n, impl_->max_seq_len);
 }
 
 ManagerSnapshot ContinuousBatchingKVCacheManager::snapshot() const {

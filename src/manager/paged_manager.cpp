@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <cstring>
 #include <mutex>
+#include <new>
 #include <set>
 #include <string>
 #include <unordered_map>
 
+#include "core/checked_math.h"
 #include "manager/checks.h"
 #include "memory/block_pool.h"
 #include "memory/host_arena.h"
@@ -155,12 +157,40 @@ struct PagedKVCacheManager::Impl {
     return page;
   }
 
+  // Copies every layer's K and V of page `from` into page `to`, on every
+  // device: one run of page_bytes (interleaved) or one run per layer and K/V
+  // (per_layer, each its own array of pages).
   void copy_page(std::uint32_t from, std::uint32_t to) {
+    const bool per_layer = params.pool_arrangement == PoolArrangement::per_layer;
+    const std::size_t runs = per_layer ? 2 * std::size_t{params.num_layers} : 1;
+    const std::size_t run_bytes = page_bytes / runs;
+    const std::size_t pitch = per_layer ? run_bytes * num_pages() : page_bytes;
     for (auto& arena : arenas) {
-      std::memcpy(arena.data() + std::size_t{to} * page_bytes,
-                  arena.data() + std::size_t{from} * page_bytes, page_bytes);
+      for (std::size_t r = 0; r < runs; ++r) {
+        std::byte* base = arena.data() + r * pitch;
+        std::memcpy(base + std::size_t{to} * run_bytes, base + std::size_t{from} * run_bytes,
+                    run_bytes);
+      }
     }
     ++metrics.cow_copies;
+  }
+
+  // Copy-on-write copies a batch needs, from the shared pages its entries
+  // write into (shared_writes, one item per writer, cleared here): the
+  // writers of a page with ref count r copy in turn until one holds it
+  // alone, so k writers make min(k, r - 1) copies (a fork pair fetched
+  // together: one copy, not two).
+  std::uint64_t count_copies() {
+    std::sort(shared_writes.begin(), shared_writes.end());
+    std::uint64_t copies = 0;
+    for (std::size_t i = 0; i < shared_writes.size();) {
+      std::size_t k = i;
+      while (k < shared_writes.size() && shared_writes[k] == shared_writes[i]) ++k;
+      copies += std::min<std::uint64_t>(k - i, pool.ref_count(shared_writes[i]) - 1);
+      i = k;
+    }
+    shared_writes.clear();
+    return copies;
   }
 
   // ---- hashing / matching ----------------------------------------------------
@@ -242,6 +272,7 @@ struct PagedKVCacheManager::Impl {
   std::uint32_t num_pinned = 0;                              // published pages with pin > 0
   PrefixCacheMetrics metrics;
   std::vector<MatchedPage> scratch;
+  std::vector<std::uint32_t> shared_writes;  // fetch's scratch: see count_copies
   mutable std::mutex mu;
 };
 
@@ -263,8 +294,16 @@ PagedKVCacheManager::PagedKVCacheManager(const KVCacheParams& params, std::uint3
     throw InvalidArgument("total_num_pages " + std::to_string(total_num_pages) +
                           " leaves no room for the sentinel; the limit is 4294967294");
   }
-  impl_ = std::make_unique<Impl>(params, total_num_pages, max_batch_size, max_seq_len,
-                                 std::move(config));
+  (void)estimated_memory_size(params, total_num_pages);  // refuses sizes past 64 bits first
+  try {
+    impl_ = std::make_unique<Impl>(params, total_num_pages, max_batch_size, max_seq_len,
+                                   std::move(config));
+  } catch (const std::bad_alloc&) {
+    throw OutOfMemory("cannot allocate the bookkeeping of " + std::to_string(total_num_pages) +
+                      " pages (page table, ref counts" +
+                      (params.enable_prefix_caching ? ", prefix index and eviction policy" : "") +
+                      ")");
+  }
 }
 
 PagedKVCacheManager::~PagedKVCacheManager() = default;
@@ -272,7 +311,10 @@ PagedKVCacheManager::~PagedKVCacheManager() = default;
 std::size_t PagedKVCacheManager::estimated_memory_size(const KVCacheParams& params,
                                                        std::uint32_t total_num_pages) {
   params.validate();
-  return std::size_t{total_num_pages} * params.page_size * params.bytes_per_token();
+  return detail::checked_product("estimated_memory_size",
+                                 {{"total_num_pages", total_num_pages},
+                                  {"page_size", params.page_size},
+                                  {"bytes_per_token", params.bytes_per_token()}});
 }
 
 std::uint32_t PagedKVCacheManager::pages_for_memory(const KVCacheParams& params,
@@ -315,6 +357,7 @@ void PagedKVCacheManager::fetch_into(KVCacheBatch& out, std::span<const SeqId> s
   ++im.epoch;
   std::uint64_t pages_needed = 0, copies_needed = 0;
   std::uint32_t stride = 1;
+  im.shared_writes.clear();
   im.mark_all(seqs);
   for (std::size_t b = 0; b < seqs.size(); ++b) {
     Impl::Sequence& s = im.seqs.find(seqs[b])->second;
@@ -326,10 +369,11 @@ void PagedKVCacheManager::fetch_into(KVCacheBatch& out, std::span<const SeqId> s
     if (target > s.length) {
       const std::uint32_t last = std::min<std::uint32_t>((target - 1) / ps + 1, s.pages.size());
       for (std::uint32_t j = s.length / ps; j < last; ++j)
-        copies_needed += im.pool.ref_count(s.pages[j]) > 1;
+        if (im.pool.ref_count(s.pages[j]) > 1) im.shared_writes.push_back(s.pages[j]);
     }
     stride = std::max<std::uint32_t>(stride, std::max<std::uint32_t>(want, s.pages.size()));
   }
+  copies_needed = im.count_copies();
   if (pages_needed + copies_needed > im.available()) {
     throw OutOfPages("need " + str(pages_needed + copies_needed) + " pages for this batch of " +
                      str(seqs.size()) + " sequences (" + str(copies_needed) + " copy-on-write), " +
@@ -618,10 +662,7 @@ std::uint32_t PagedKVCacheManager::free_blocks() const {
 }
 
 std::vector<std::size_t> PagedKVCacheManager::block_shape(std::uint32_t n) const {
-  const KVCacheParams& p = impl_->params;
-  if (p.page_layout == PageLayout::hnd)
-    return {n, 2, p.num_layers, p.n_kv_heads_per_device(), p.page_size, p.head_dim};
-  return {n, 2, p.num_layers, p.page_size, p.n_kv_heads_per_device(), p.head_dim};
+  return manager::block_shape_of(impl_->params, n, impl_->params.page_size);
 }
 
 ManagerSnapshot PagedKVCacheManager::snapshot() const {

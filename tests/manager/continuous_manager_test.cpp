@@ -57,7 +57,8 @@ TEST_F(ContinuousManagerTest, LifecycleClaimFetchStepRelease) {
   EXPECT_EQ(U32(b1.cache_lengths().begin(), b1.cache_lengths().end()), (U32{0, 0}));
   EXPECT_EQ(U32(b1.reserved_lengths().begin(), b1.reserved_lengths().end()), (U32{5, 3}));
   EXPECT_EQ(b1.max_seq_length(), 5u);
-  EXPECT_EQ(b1.max_cache_length(), 5u);
+  EXPECT_EQ(b1.max_cache_length(), 0u);  // MAX: the history maximum
+  EXPECT_EQ(b1.max_full_context_length(), 5u);
   EXPECT_TRUE(b1.is_cache_empty());
   EXPECT_EQ(b1.strategy(), CacheStrategy::continuous);
   EXPECT_EQ(b1.params(), params);
@@ -90,11 +91,12 @@ TEST_F(ContinuousManagerTest, LifecycleClaimFetchStepRelease) {
   EXPECT_EQ(coll.num_layers(), 2u);
   EXPECT_EQ(coll.max_seq_len(), kMaxSeq);
   EXPECT_EQ(coll.max_seq_length(), 5u);
-  EXPECT_EQ(coll.max_cache_length(), 5u);
+  EXPECT_EQ(coll.max_cache_length(), 0u);
   auto k0 = coll.get_key_cache(0);
   EXPECT_TRUE(k0.empty_cache());
   EXPECT_EQ(k0.max_prompt_length(), 5u);
-  EXPECT_EQ(k0.max_context_length(), 5u);
+  EXPECT_EQ(k0.max_context_length(), 0u);
+  EXPECT_EQ(k0.max_full_context_length(), 5u);
   EXPECT_EQ(k0.page_size(), kMaxSeq);
   EXPECT_EQ(k0.max_tile_size(), kMaxSeq);
   EXPECT_EQ(k0.block_id(0, 0), slots[0]);
@@ -109,7 +111,8 @@ TEST_F(ContinuousManagerTest, LifecycleClaimFetchStepRelease) {
   KVCacheBatch b2 = mgr.fetch(ids, U32{1, 1});
   EXPECT_EQ(U32(b2.cache_lengths().begin(), b2.cache_lengths().end()), (U32{5, 3}));
   EXPECT_EQ(b2.max_seq_length(), 1u);
-  EXPECT_EQ(b2.max_cache_length(), 6u);
+  EXPECT_EQ(b2.max_cache_length(), 5u);
+  EXPECT_EQ(b2.max_full_context_length(), 6u);
   EXPECT_FALSE(b2.is_cache_empty());
   EXPECT_FALSE(b2.continuous<float>().get_value_cache(1).empty_cache());
   EXPECT_EQ(U32(b2.lookup_table().begin(), b2.lookup_table().end()), slots);  // slots are stable
@@ -124,7 +127,7 @@ TEST_F(ContinuousManagerTest, LifecycleClaimFetchStepRelease) {
   EXPECT_EQ(U32(b3.cache_lengths().begin(), b3.cache_lengths().end()), (U32{4, 6}));
   EXPECT_EQ(U32(b3.lookup_table().begin(), b3.lookup_table().end()), (U32{slots[1], slots[0]}));
   EXPECT_EQ(b3.max_seq_length(), 2u);
-  EXPECT_EQ(b3.max_cache_length(), 7u);
+  EXPECT_EQ(b3.max_cache_length(), 6u);
   mgr.step(rev, U32{2, 0});  // fewer than fetched is fine
   EXPECT_EQ(mgr.cache_length(ids[1]), 6u);
   EXPECT_EQ(mgr.cache_length(ids[0]), 6u);
@@ -150,7 +153,8 @@ TEST_F(ContinuousManagerTest, MixedBatchFields) {
   KVCacheBatch b = mgr.fetch(ids, U32{1, 7, 2});
   EXPECT_EQ(U32(b.cache_lengths().begin(), b.cache_lengths().end()), (U32{10, 0, 0}));
   EXPECT_EQ(b.max_seq_length(), 7u);
-  EXPECT_EQ(b.max_cache_length(), 11u);
+  EXPECT_EQ(b.max_cache_length(), 10u);
+  EXPECT_EQ(b.max_full_context_length(), 11u);
   EXPECT_FALSE(b.is_cache_empty());
   EXPECT_EQ(U32(b.reserved_lengths().begin(), b.reserved_lengths().end()), (U32{11, 7, 2}));
   mgr.check_invariants();
@@ -169,7 +173,8 @@ TEST_F(ContinuousManagerTest, MultistepIncrementCacheLengths) {
   mgr.increment_cache_lengths(b, U32{0, 5, 8});
   EXPECT_EQ(U32(b.cache_lengths().begin(), b.cache_lengths().end()), (U32{5, 3}));
   EXPECT_EQ(b.max_seq_length(), 1u);
-  EXPECT_EQ(b.max_cache_length(), 6u);
+  EXPECT_EQ(b.max_cache_length(), 5u);  // 0 + the first step's max_seq_length 5
+  EXPECT_EQ(b.max_full_context_length(), 6u);
   EXPECT_FALSE(b.is_cache_empty());
   EXPECT_EQ(b.continuous<float>().get_key_cache(0).cache_length(0), 5u);
   // Malformed offsets (each within the reservation otherwise): InvalidArgument,
@@ -179,12 +184,12 @@ TEST_F(ContinuousManagerTest, MultistepIncrementCacheLengths) {
   EXPECT_THROW(b.increment_cache_lengths(U32{1, 1, 2}), InvalidArgument);
   EXPECT_THROW(b.increment_cache_lengths(U32{0, 1, 0}), InvalidArgument);
   EXPECT_EQ(U32(b.cache_lengths().begin(), b.cache_lengths().end()), (U32{5, 3}));
-  EXPECT_EQ(b.max_cache_length(), 6u);
+  EXPECT_EQ(b.max_cache_length(), 5u);
   // Step 2 processed one token each.
   b.increment_cache_lengths(U32{0, 1, 2});
   EXPECT_EQ(U32(b.cache_lengths().begin(), b.cache_lengths().end()), (U32{6, 4}));
   EXPECT_EQ(b.max_seq_length(), 1u);
-  EXPECT_EQ(b.max_cache_length(), 7u);
+  EXPECT_EQ(b.max_cache_length(), 6u);  // then + 1 a step);
   // The manager itself did not move.
   EXPECT_EQ(mgr.snapshot(), snap_before);
   EXPECT_EQ(mgr.cache_length(ids[0]), 0u);
@@ -193,7 +198,7 @@ TEST_F(ContinuousManagerTest, MultistepIncrementCacheLengths) {
   const U32 lens_before(b.cache_lengths().begin(), b.cache_lengths().end());
   KV_EXPECT_THROW(b.increment_cache_lengths(U32{0, 1, 2}), CapacityExceeded, "7");
   EXPECT_EQ(U32(b.cache_lengths().begin(), b.cache_lengths().end()), lens_before);
-  EXPECT_EQ(b.max_cache_length(), 7u);
+  EXPECT_EQ(b.max_cache_length(), 6u);
   EXPECT_EQ(b.max_seq_length(), 1u);
   EXPECT_THROW(b.increment_cache_lengths(U32{0, 1}), InvalidArgument);
   EXPECT_EQ(U32(b.cache_lengths().begin(), b.cache_lengths().end()), lens_before);
@@ -225,7 +230,8 @@ TEST_F(ContinuousManagerTest, FillToMaxSeqLen) {
   mgr.fetch(ids, U32{kMaxSeq - 1});
   mgr.step(ids, U32{kMaxSeq - 1});
   KVCacheBatch b = mgr.fetch(ids, U32{1});
-  EXPECT_EQ(b.max_cache_length(), kMaxSeq);
+  EXPECT_EQ(b.max_cache_length(), kMaxSeq - 1);
+  EXPECT_EQ(b.max_full_context_length(), kMaxSeq);
   mgr.step(ids, U32{1});
   EXPECT_EQ(mgr.cache_length(ids[0]), kMaxSeq);
   EXPECT_THROW(mgr.fetch(ids, U32{1}), CapacityExceeded);
@@ -263,7 +269,7 @@ TEST_F(ContinuousManagerTest, FetchIntoReusesBatch) {
   EXPECT_EQ(out.seq_ids()[0], ids[1]);
   EXPECT_EQ(out.cache_lengths()[0], 4u);
   EXPECT_EQ(out.lookup_table().size(), 1u);
-  EXPECT_EQ(out.max_cache_length(), 5u);
+  EXPECT_EQ(out.max_cache_length(), 4u);
 }
 
 TEST(ContinuousManagerSizes, BlockShapeAndMemory) {
