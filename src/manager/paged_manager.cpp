@@ -295,12 +295,13 @@ PagedKVCacheManager::PagedKVCacheManager(const KVCacheParams& params, std::uint3
                           " leaves no room for the sentinel; the limit is 4294967294");
   }
   (void)estimated_memory_size(params, total_num_pages);  // refuses sizes past 64 bits first
+  const std::size_t bookkeeping = estimated_bookkeeping_size(params, total_num_pages, config);
   try {
     impl_ = std::make_unique<Impl>(params, total_num_pages, max_batch_size, max_seq_len,
                                    std::move(config));
   } catch (const std::bad_alloc&) {
     throw OutOfMemory("cannot allocate the bookkeeping of " + std::to_string(total_num_pages) +
-                      " pages (page table, ref counts" +
+                      " pages: " + std::to_string(bookkeeping) + " bytes (ref counts, free list" +
                       (params.enable_prefix_caching ? ", prefix index and eviction policy" : "") +
                       ")");
   }
@@ -315,6 +316,22 @@ std::size_t PagedKVCacheManager::estimated_memory_size(const KVCacheParams& para
                                  {{"total_num_pages", total_num_pages},
                                   {"page_size", params.page_size},
                                   {"bytes_per_token", params.bytes_per_token()}});
+}
+
+std::size_t PagedKVCacheManager::estimated_bookkeeping_size(const KVCacheParams& params,
+                                                            std::uint32_t total_num_pages,
+                                                            const PrefixCacheConfig& config) {
+  params.validate();
+  const std::uint64_t n = total_num_pages;
+  std::uint64_t bytes = n * 2 * sizeof(std::uint32_t);  // ref counts, free list
+  if (params.enable_prefix_caching) {
+    bytes += n * sizeof(Impl::PageMeta);
+    bytes += detail::checked_product(
+        "stored token ids", {{"total_num_pages", n}, {"page_size", params.page_size}, {"4", 4}});
+    bytes += prefix::PageIndex::bytes_for(total_num_pages);
+    bytes += prefix::policy_bytes(config, total_num_pages);
+  }
+  return bytes;
 }
 
 std::uint32_t PagedKVCacheManager::pages_for_memory(const KVCacheParams& params,
