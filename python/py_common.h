@@ -7,7 +7,8 @@
 // arrays that VIEW C++ memory (no copies): the cache blocks, and the batch's
 // cache_lengths / lookup_table / is_cache_empty.
 //
-// Thread-safety: functions here run with the GIL held.
+// Thread-safety: functions here run with the GIL held (except what
+// `unlocked` runs).
 #pragma once
 
 #include <pybind11/numpy.h>
@@ -15,6 +16,9 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <memory>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "kvcache/kvcache.h"
@@ -23,16 +27,88 @@ namespace kvcache::python {
 
 namespace py = pybind11;
 
-// The Python object `fetch` returns: the C++ batch plus the byte the
-// is_cache_empty array views. NumPy views of its vectors use the PyBatch's
-// Python object as their base, so they keep it (and, through keep_alive, the
-// manager owning the blocks) alive.
+// kvcache.KVCacheBatch: the C++ batch of one fetch, the byte the
+// is_cache_empty arrays view, and a strong reference to the manager that owns
+// the blocks. NumPy views of its memory use the KVCacheBatch's Python object
+// as their base, so a view keeps the batch, and the batch the manager, alive:
+// no view can dangle. (`fetch` returns a kvcache.KVCacheInputs, a list
+// holding the views, whose `batch` attribute is this object; see inputs.cpp.)
 struct PyBatch {
   KVCacheBatch batch;
   bool is_cache_empty = true;  // mirrors batch.is_cache_empty(); viewed by NumPy
+  py::object manager;          // owner of the blocks the views point into
 
   void sync() { is_cache_empty = batch.is_cache_empty(); }
 };
+
+// The kvcache.KVCacheInputs for a filled batch (one tuple per device).
+py::object make_inputs(std::unique_ptr<PyBatch> batch);
+
+// MAX's increment_cache_lengths for `manager`: a new KVCacheInputs whose
+// cache lengths are those of kv_cache_inputs advanced by the row offsets in
+// prev_model_inputs (see inputs.cpp's row_offsets_of); kv_cache_inputs and
+// the manager are left as they were. Throws InvalidArgument, CapacityExceeded.
+py::object incremented_inputs(const py::handle& manager, const py::handle& kv_cache_inputs,
+                              const py::handle& prev_model_inputs);
+
+// MAX's input_symbols: per device, a tuple of four kvcache.TensorType.
+py::list input_symbols(const KVCacheManager& m);
+
+// The batch behind what a caller passes as `kv_cache_inputs`: a
+// KVCacheInputs, a KVCacheBatch, one of the per-device tuples (then `device`
+// is that tuple's device) or a list / tuple of them. Throws InvalidArgument
+// naming `what` for anything else.
+struct BatchRef {
+  PyBatch& batch;
+  std::optional<std::uint32_t> device;
+};
+BatchRef batch_of(const py::handle& inputs, const char* what);
+
+// ---- calls that release the GIL (shutdown.cpp) ------------------------------------
+
+// Counts one call that releases the GIL, so that interpreter exit can wait
+// for it. Constructed with the GIL held. While exit waits for the calls in
+// flight it blocks (GIL released) until they are done; then, and for every
+// call after exit's wait, active() is false and the call must keep the GIL.
+class GilFreeCall {
+ public:
+  GilFreeCall();
+  ~GilFreeCall();
+  GilFreeCall(const GilFreeCall&) = delete;
+  GilFreeCall& operator=(const GilFreeCall&) = delete;
+  bool active() const { return counted_; }
+
+ private:
+  bool counted_ = false;
+};
+
+// Releases the GIL for its lifetime. Takes it back on destruction unless the
+// interpreter is finalizing, in which case the thread is parked forever
+// rather than unwound through a dying interpreter.
+class ReleasedGil {
+ public:
+  ReleasedGil();
+  ~ReleasedGil();
+  ReleasedGil(const ReleasedGil&) = delete;
+  ReleasedGil& operator=(const ReleasedGil&) = delete;
+
+ private:
+  PyThreadState* state_;
+};
+
+// Runs f() with the GIL released (counted by GilFreeCall; with the GIL held
+// once interpreter exit has drained the calls). f must not touch Python
+// objects.
+template <class F>
+decltype(auto) unlocked(F&& f) {
+  GilFreeCall call;
+  std::optional<ReleasedGil> released;
+  if (call.active()) released.emplace();
+  return std::forward<F>(f)();
+}
+
+// Registers the atexit handler behind GilFreeCall (once, at import).
+void register_shutdown_handler();
 
 // NumPy storage type of a cache dtype: float32, float16, and uint16 for bf16
 // (NumPy has no bfloat16; see kvcache.bf16_to_float32).
@@ -55,6 +131,7 @@ std::uint64_t to_u64(py::handle obj, const char* what);
 // A sequence / array of non-negative integer sequence ids.
 std::vector<SeqId> to_seq_ids(py::handle obj);
 
+void bind_inputs(py::module_& m);
 void bind_managers(py::module_& m);
 void bind_kernels(py::module_& m);
 
