@@ -142,10 +142,10 @@ void bind_batch(py::module_& m) {
       .def_property_readonly("max_cache_length",
                              [](const PyBatch& b) { return b.batch.max_cache_length(); })
       .def_property_readonly("params", [](const PyBatch& b) { return b.batch.params(); })
-      .def(
-          "device", [](py::handle self, std::uint32_t d) { return device_tuple(self, d); },
-          py::arg("device"), "(blocks, cache_lengths, lookup_table, is_cache_empty) of a device")
-      .def("per_device", &per_device, "one such tuple per device")
+      .def("device",
+           counted([](py::handle self, std::uint32_t d) { return device_tuple(self, d); }),
+           py::arg("device"), "(blocks, cache_lengths, lookup_table, is_cache_empty) of a device")
+      .def("per_device", counted(&per_device), "one such tuple per device")
       .def("increment_cache_lengths", &increment_in_place, py::arg("row_offsets"),
            "In place: cache_lengths += the previous step's tokens (row offsets, batch + 1 "
            "values); every array of this batch sees it. The manager's "
@@ -162,14 +162,8 @@ class KVCacheInputs(list):
     manager alive. `batch` is the kvcache.KVCacheBatch behind them; its
     attributes (blocks of device 0, cache_lengths, lookup_table,
     is_cache_empty, reserved_lengths, block_copies, seq_ids, batch_size,
-    max_seq_length, max_cache_length, params) are readable here too."""
-
-    def __init__(self, batch):
-        if not isinstance(batch, KVCacheBatch):
-            raise InvalidArgument("KVCacheInputs(batch) takes a kvcache.KVCacheBatch, got "
-                                  + type(batch).__name__)
-        list.__init__(self, batch.per_device())
-        self.batch = batch
+    max_seq_length, max_cache_length, params) are readable here too. Made by
+    fetch and increment_cache_lengths (no Python code runs to make one)."""
 
     def device(self, device):
         """(blocks, cache_lengths, lookup_table, is_cache_empty) of a device."""
@@ -251,9 +245,23 @@ BatchRef batch_of(const py::handle& inputs, const char* what) {
                         "per-device tuples");
 }
 
+namespace {
+// kvcache.KVCacheInputs, kept from bind_inputs on (a leaked reference: the
+// class lives as long as the module).
+PyObject* inputs_class = nullptr;
+}  // namespace
+
 py::object make_inputs(std::unique_ptr<PyBatch> batch) {
+  // list.__new__ and list.__init__ (C code, no bytecode: see py_common.h's
+  // `unlocked`), then the tuples and the batch.
+  py::object inputs = py::reinterpret_borrow<py::object>(inputs_class)();
   py::object obj = py::cast(std::move(batch));
-  return py::module_::import("kvcache").attr("KVCacheInputs")(obj);
+  const std::uint32_t n = obj.cast<PyBatch&>().batch.params().n_devices;
+  for (std::uint32_t d = 0; d < n; ++d) {
+    if (PyList_Append(inputs.ptr(), device_tuple(obj, d).ptr()) != 0) throw py::error_already_set();
+  }
+  inputs.attr("batch") = obj;
+  return inputs;
 }
 
 py::object incremented_inputs(const py::handle& manager, const py::handle& kv_cache_inputs,
@@ -328,6 +336,7 @@ py::list input_symbols(const KVCacheManager& m) {
 void bind_inputs(py::module_& m) {
   bind_batch(m);
   py::exec(kInputsClass, m.attr("__dict__"));
+  inputs_class = py::object(m.attr("KVCacheInputs")).release().ptr();
   bind_tensor_type(m);
 }
 

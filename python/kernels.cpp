@@ -291,10 +291,11 @@ void bind_kernels(py::module_& m) {
   m.attr("kernels_backend") = Kernels::name;
   bind_rope_table(m);
   bind_thread_pool(m);
-  m.def("store_kv", &store_kv_py, py::arg("kv_cache_inputs"), py::arg("layer"), py::arg("k_new"),
-        py::arg("v_new"), py::arg("row_offsets"), py::kw_only(), py::arg("device") = py::none(),
-        py::arg("rope_theta") = py::none(), py::arg("rotary_dim") = 0,
-        py::arg("rope_table") = nullptr, py::arg("pool") = py::none(), py::arg("prefetch") = "auto",
+  m.def("store_kv", counted(&store_kv_py), py::arg("kv_cache_inputs"), py::arg("layer"),
+        py::arg("k_new"), py::arg("v_new"), py::arg("row_offsets"), py::kw_only(),
+        py::arg("device") = py::none(), py::arg("rope_theta") = py::none(),
+        py::arg("rotary_dim") = 0, py::arg("rope_table") = nullptr, py::arg("pool") = py::none(),
+        py::arg("prefetch") = "auto",
         "Writes the new K/V rows ([tokens, n_kv_heads, head_dim] floats) of `layer`: row r of "
         "entry b (rows row_offsets[b] .. row_offsets[b+1]) goes to position cache_lengths[b] + "
         "(r - row_offsets[b]), rounded to the cache dtype. With rope_theta, K is rotated on the "
@@ -302,10 +303,10 @@ void bind_kernels(py::module_& m) {
         "position; rope_table (a RopeTable of the same theta and rotary_dim) supplies the "
         "cos/sin. pool (a ThreadPool) splits the rows across its threads; prefetch is 'auto', "
         "'row-l1' or 'none' (StorePrefetch; results never depend on it). Releases the GIL.");
-  m.def("attention", &attention_py, py::arg("kv_cache_inputs"), py::arg("layer"), py::arg("q"),
-        py::arg("row_offsets"), py::kw_only(), py::arg("out") = py::none(), py::arg("scale") = 0.0f,
-        py::arg("device") = py::none(), py::arg("pool") = py::none(), py::arg("prefetch") = "auto",
-        py::arg("precision") = "fp32",
+  m.def("attention", counted(&attention_py), py::arg("kv_cache_inputs"), py::arg("layer"),
+        py::arg("q"), py::arg("row_offsets"), py::kw_only(), py::arg("out") = py::none(),
+        py::arg("scale") = 0.0f, py::arg("device") = py::none(), py::arg("pool") = py::none(),
+        py::arg("prefetch") = "auto", py::arg("precision") = "fp32",
         "Causal attention of q ([tokens, n_q_heads, head_dim] floats, GQA) over each entry's "
         "history and new tokens in `layer`; returns (or fills `out`) float32 [tokens, n_q_heads, "
         "head_dim]. scale 0 means 1/sqrt(head_dim). pool (a ThreadPool) spreads the work, long "

@@ -10,8 +10,9 @@
 //
 // GIL: every call into a manager releases the GIL while it runs (`unlocked`,
 // py_common.h), so a thread waiting for the manager's mutex never holds the
-// GIL. That is what makes the prefix cache's on_event callback safe: it runs
-// under the manager's mutex and takes the GIL itself (see event_trampoline).
+// GIL; the calls that build many Python objects run wholly `counted`, so
+// interpreter exit waits for them (shutdown.cpp). That is what makes the prefix cache's on_event
+// callback safe: it runs under the manager's mutex and takes the GIL itself (see event_trampoline).
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -191,15 +192,13 @@ void def_classmethod(py::class_<Manager>& cls, const char* name, F&& f, const Ex
 
 template <class Manager>
 void bind_lifecycle(py::class_<Manager>& cls) {
-  cls.def(
-         "claim",
-         [](Manager& m, const py::handle& n) {
-           const std::uint32_t count = to_u32(n, "n");
-           return unlocked([&] { return m.claim(count); });
-         },
-         py::arg("n") = 1, "n new sequence ids with cache length 0 (all or nothing).")
-      .def("fetch", &fetch<Manager>, py::arg("seq_ids"), py::arg("num_new_tokens") = py::none(),
-           py::arg("num_steps") = 1,
+  cls.def("claim", counted([](Manager& m, const py::handle& n) {
+            const std::uint32_t count = to_u32(n, "n");
+            return unlocked([&] { return m.claim(count); });
+          }),
+          py::arg("n") = 1, "n new sequence ids with cache length 0 (all or nothing).")
+      .def("fetch", counted(&fetch<Manager>), py::arg("seq_ids"),
+           py::arg("num_new_tokens") = py::none(), py::arg("num_steps") = 1,
            "Room for cache_length + num_new_tokens + num_steps - 1 tokens per sequence "
            "(continuous: the whole max_seq_len slot); returns a KVCacheInputs, a list with one "
            "(blocks, cache_lengths, lookup_table, is_cache_empty) tuple per device. "
@@ -231,7 +230,7 @@ void bind_lifecycle(py::class_<Manager>& cls) {
             return m.block_shape(to_u32(n, "n_sequences"));
           },
           py::arg("n_sequences"))
-      .def("increment_cache_lengths", &incremented_inputs, py::arg("kv_cache_inputs"),
+      .def("increment_cache_lengths", counted(&incremented_inputs), py::arg("kv_cache_inputs"),
            py::arg("prev_model_inputs"),
            "Multistep: new per-device tuples whose cache_lengths are kv_cache_inputs' plus "
            "the previous step's tokens, and is_cache_empty False. The row offsets (batch + 1 "
@@ -239,11 +238,11 @@ void bind_lifecycle(py::class_<Manager>& cls) {
            "(tokens, input_row_offsets)), prev_model_inputs.input_row_offsets if it has that "
            "attribute, else prev_model_inputs itself. Neither kv_cache_inputs nor the manager "
            "changes; no device synchronisation.")
-      .def(
-          "input_symbols", [](const Manager& m) { return input_symbols(m); },
-          "Per device, the TensorType of the four fetch outputs.")
-      .def("snapshot",
-           [](const Manager& m) { return snapshot_dict(unlocked([&] { return m.snapshot(); })); })
+      .def("input_symbols", counted([](const Manager& m) { return input_symbols(m); }),
+           "Per device, the TensorType of the four fetch outputs.")
+      .def("snapshot", counted([](const Manager& m) {
+             return snapshot_dict(unlocked([&] { return m.snapshot(); }));
+           }))
       .def("check_invariants", [](const Manager& m) { unlocked([&] { m.check_invariants(); }); })
       .def_property_readonly("params", [](const Manager& m) { return m.params(); })
       .def_property_readonly("num_layers", [](const Manager& m) { return m.params().num_layers; })
@@ -490,7 +489,7 @@ void bind_prefix_methods(py::class_<PagedKVCacheManager>& cls) {
           "Pins the cached full pages of this prefix (evicted last, lowest priority first); "
           "priority 0 unpins. Returns the tokens covered.")
       .def("reset_prefix_cache", [](M& m) { unlocked([&] { m.reset_prefix_cache(); }); })
-      .def("metrics", [](const M& m) { return unlocked([&] { return m.metrics(); }); })
+      .def("metrics", counted([](const M& m) { return unlocked([&] { return m.metrics(); }); }))
       .def("reset_metrics", [](M& m) { unlocked([&] { m.reset_metrics(); }); });
 }
 

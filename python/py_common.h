@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -64,19 +65,21 @@ struct BatchRef {
 };
 BatchRef batch_of(const py::handle& inputs, const char* what);
 
-// ---- calls that release the GIL (shutdown.cpp) ------------------------------------
+// ---- calls into the library, safe at interpreter exit (shutdown.cpp) -------------
 
-// Counts one call that releases the GIL, so that interpreter exit can wait
-// for it. Constructed with the GIL held. While exit waits for the calls in
-// flight it blocks (GIL released) until they are done; then, and for every
-// call after exit's wait, active() is false and the call must keep the GIL.
-class GilFreeCall {
+// Counts a stretch of a binding call (nestable), so that interpreter exit can
+// wait until no thread is inside one. Constructed with the GIL held. Once exit
+// has begun, a scope opened by the exiting thread is not counted (counted()
+// false: keep the GIL), one nested in a counted scope is, and one opened by
+// any other thread never returns: that thread is parked forever with the GIL
+// released, as CPython 3.14 parks daemon threads at finalization.
+class CallScope {
  public:
-  GilFreeCall();
-  ~GilFreeCall();
-  GilFreeCall(const GilFreeCall&) = delete;
-  GilFreeCall& operator=(const GilFreeCall&) = delete;
-  bool active() const { return counted_; }
+  CallScope();
+  ~CallScope();
+  CallScope(const CallScope&) = delete;
+  CallScope& operator=(const CallScope&) = delete;
+  bool counted() const { return counted_; }
 
  private:
   bool counted_ = false;
@@ -96,18 +99,58 @@ class ReleasedGil {
   PyThreadState* state_;
 };
 
-// Runs f() with the GIL released (counted by GilFreeCall; with the GIL held
-// once interpreter exit has drained the calls). f must not touch Python
-// objects.
+// Runs f() in a CallScope with the GIL released (held if the scope is not
+// counted). f must not touch Python objects.
 template <class F>
 decltype(auto) unlocked(F&& f) {
-  GilFreeCall call;
+  CallScope scope;
   std::optional<ReleasedGil> released;
-  if (call.active()) released.emplace();
+  if (scope.counted()) released.emplace();
   return std::forward<F>(f)();
 }
 
-// Registers the atexit handler behind GilFreeCall (once, at import).
+namespace counted_detail {
+template <class F>
+struct Signature : Signature<decltype(&F::operator())> {};
+template <class C, class R, class... A>
+struct Signature<R (C::*)(A...) const> {
+  using type = R(A...);
+};
+template <class R, class... A>
+struct Signature<R (*)(A...)> {
+  using type = R(A...);
+};
+template <class Sig>
+struct Wrap;
+template <class R, class... A>
+struct Wrap<R(A...)> {
+  template <class F>
+  static auto make(F f) {
+    return [f = std::move(f)](A... args) -> py::object {
+      CallScope scope;
+      if constexpr (std::is_void_v<R>) {
+        f(std::forward<A>(args)...);
+        return py::none();
+      } else if constexpr (std::is_base_of_v<py::handle, std::decay_t<R>>) {
+        return f(std::forward<A>(args)...);  // already a Python object
+      } else {
+        return py::cast(f(std::forward<A>(args)...));
+      }
+    };
+  }
+};
+}  // namespace counted_detail
+
+// A callable for pybind11 with f's parameters whose whole body, and the
+// conversion of its result to Python, run in a CallScope: for the calls that
+// build many Python objects (a collection run while building them could run
+// Python code, and let exit begin, with the thread inside our frames).
+template <class F>
+auto counted(F f) {
+  return counted_detail::Wrap<typename counted_detail::Signature<F>::type>::make(std::move(f));
+}
+
+// Registers the atexit handler behind CallScope (once, at import).
 void register_shutdown_handler();
 
 // NumPy storage type of a cache dtype: float32, float16, and uint16 for bf16

@@ -2,26 +2,30 @@
 //
 // The hazard (issue 40 item 6): a daemon thread inside a manager call with the
 // GIL released, while the main thread finalizes the interpreter. Returning,
-// the thread asks for the GIL back; CPython answers by ending the thread with
-// pthread_exit, whose forced unwind meets pybind11's noexcept
+// the thread asks for the GIL back; CPython (before 3.14) answers by ending
+// the thread with pthread_exit, whose forced unwind meets pybind11's noexcept
 // gil_scoped_release destructor: "terminate called without an active
-// exception", and the process aborts.
+// exception", and the process aborts. The same unwind through any of our
+// frames would also drop Python references without the GIL (a fatal error
+// under -X dev).
 //
-// The cure, in three parts:
-//  1. Every GIL-free call is counted (GilFreeCall). An atexit handler
-//     registered at import runs before finalization starts. With the GIL
-//     released, it waits until the counted calls have taken the GIL back;
-//     a call made meanwhile waits too (GIL released) and then runs with the
-//     GIL held, and the handler returns only once such callers hold the GIL
-//     again. After the handler, calls (a later atexit handler, a daemon
-//     thread) run with the GIL held: nothing of theirs can meet finalization,
-//     and no thread can hold the GIL while waiting for a manager's mutex
-//     that a GIL-free call holds (the on_event callback needs the GIL).
-//  2. ReleasedGil takes the GIL back with PyEval_RestoreThread only while the
-//     interpreter is not finalizing; otherwise (an exit that skipped the
-//     atexit handlers) it parks the thread forever, as CPython 3.14 does with
-//     its own daemon threads: the process ends around it.
-//  3. The state is a leaked heap object, so no destructor runs at exit.
+// The cure:
+//  1. Binding calls are counted while they run (CallScope: every call that
+//     releases the GIL, and the whole of the calls that build many Python
+//     objects). An atexit handler, registered at import, runs before
+//     finalization starts. It turns automatic garbage collection off (a
+//     collection can run Python code, and so hand the GIL over, inside a
+//     binding call that is no longer counted) and waits, GIL released, until
+//     no counted call is left.
+//  2. From then on, a call from the thread that runs the exit (a later
+//     atexit handler) keeps the GIL and runs normally; a call from any other
+//     thread (a daemon thread) releases the GIL and parks that thread forever,
+//     as CPython 3.14 does with daemon threads at finalization: the process
+//     ends around it, and nothing of it meets the dying interpreter.
+//  3. ReleasedGil takes the GIL back with PyEval_RestoreThread only while the
+//     interpreter is not finalizing, and otherwise parks the thread too (an
+//     exit that skipped the atexit handlers, e.g. after atexit._clear()).
+//  4. The state is a leaked heap object, so no destructor runs at exit.
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -33,24 +37,20 @@ namespace kvcache::python {
 
 namespace {
 
-enum class Phase {
-  open,      // GIL-free calls allowed
-  draining,  // atexit waits for the counted calls; new calls wait for it
-  closed,    // atexit is done (or nearly): calls keep the GIL
-};
-
 struct CallState {
   std::mutex mu;
-  std::condition_variable changed;  // in_flight, waiting or phase changed
-  std::size_t in_flight = 0;        // counted GIL-free calls
-  std::size_t waiting = 0;          // calls waiting for the drain to end
-  Phase phase = Phase::open;
+  std::condition_variable drained;  // in_flight reached 0
+  std::size_t in_flight = 0;        // counted scopes open, over all threads
+  bool exiting = false;             // the atexit handler has started
+  std::thread::id exit_thread;      // the thread that runs it
 };
 
 CallState& call_state() {
-  static CallState* const state = new CallState;  // leaked on purpose (see 3. above)
+  static CallState* const state = new CallState;  // leaked on purpose (see 4. above)
   return *state;
 }
+
+thread_local std::size_t counted_depth = 0;  // counted scopes open on this thread
 
 bool interpreter_finalizing() {
 #if PY_VERSION_HEX >= 0x030D0000
@@ -64,53 +64,45 @@ bool interpreter_finalizing() {
   for (;;) std::this_thread::sleep_for(std::chrono::hours(24));
 }
 
-// The atexit handler (GIL held): waits, GIL released, until every counted
-// call has taken the GIL back, then until every call that arrived meanwhile
-// holds the GIL again.
+// The atexit handler (GIL held): no more automatic collections, then wait,
+// GIL released, until no counted scope is open.
 void drain_calls() {
   CallState& s = call_state();
   {
     std::lock_guard lock(s.mu);
-    if (s.phase != Phase::open) return;  // ran already
-    s.phase = Phase::draining;
+    if (s.exiting) return;  // ran already
+    s.exiting = true;
+    s.exit_thread = std::this_thread::get_id();
   }
+  py::module_::import("gc").attr("disable")();
   py::gil_scoped_release nogil;  // atexit runs before finalization: taking it back is safe
   std::unique_lock lock(s.mu);   // released before nogil takes the GIL back
-  s.changed.wait(lock, [&] { return s.in_flight == 0; });
-  s.phase = Phase::closed;
-  s.changed.notify_all();
-  s.changed.wait(lock, [&] { return s.waiting == 0; });
+  s.drained.wait(lock, [&] { return s.in_flight == 0; });
 }
 
 }  // namespace
 
-GilFreeCall::GilFreeCall() {
+CallScope::CallScope() {
   CallState& s = call_state();
   std::unique_lock lock(s.mu);
-  if (s.phase == Phase::open) {
+  if (!s.exiting || counted_depth > 0) {  // nested in a counted scope: exit waits for it anyway
     ++s.in_flight;
+    ++counted_depth;
     counted_ = true;
     return;
   }
-  if (s.phase == Phase::closed) return;  // runs with the GIL held
-  // Draining: wait for the drain with the GIL released; drain_calls returns
-  // (and finalization may start) only after this thread has the GIL again.
-  ++s.waiting;
+  if (std::this_thread::get_id() == s.exit_thread) return;  // runs with the GIL held
   lock.unlock();
-  PyThreadState* const thread = PyEval_SaveThread();
-  lock.lock();
-  s.changed.wait(lock, [&] { return s.phase == Phase::closed; });
-  lock.unlock();  // never wait for the GIL while holding mu
-  PyEval_RestoreThread(thread);
-  lock.lock();
-  if (--s.waiting == 0) s.changed.notify_all();
+  PyEval_SaveThread();  // never taken back: see 2. above
+  park_forever();
 }
 
-GilFreeCall::~GilFreeCall() {
+CallScope::~CallScope() {
   if (!counted_) return;
+  --counted_depth;
   CallState& s = call_state();
   std::lock_guard lock(s.mu);
-  if (--s.in_flight == 0) s.changed.notify_all();
+  if (--s.in_flight == 0) s.drained.notify_all();
 }
 
 ReleasedGil::ReleasedGil() : state_(PyEval_SaveThread()) {}
@@ -124,8 +116,8 @@ void register_shutdown_handler() {
   call_state();
   py::module_::import("atexit").attr("register")(py::cpp_function(
       &drain_calls, py::name("_kvcache_drain_calls"),
-      py::doc("kvcache's atexit handler: refuses new GIL-free calls and waits for those in "
-              "flight (see python/shutdown.cpp).")));
+      py::doc("kvcache's atexit handler: waits for the binding calls in flight (see "
+              "python/shutdown.cpp).")));
 }
 
 }  // namespace kvcache::python
