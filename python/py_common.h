@@ -174,6 +174,15 @@ std::uint64_t to_u64(py::handle obj, const char* what);
 // A sequence / array of non-negative integer sequence ids.
 std::vector<SeqId> to_seq_ids(py::handle obj);
 
+// prefix.cpp: the PagedKVCacheManager constructor's prefix-cache keywords
+// (any of them without params.enable_prefix_caching is an InvalidArgument),
+// PageEvent / PrefixCacheMetrics, and the prefix-caching methods.
+PrefixCacheConfig prefix_config(const KVCacheParams& p, const py::object& policy,
+                                const py::object& on_event, const py::object& small_fraction,
+                                const py::object& ghost_factor);
+void bind_prefix_types(py::module_& m);
+void bind_prefix_methods(py::class_<PagedKVCacheManager>& cls);
+
 void bind_inputs(py::module_& m);
 void bind_managers(py::module_& m);
 void bind_kernels(py::module_& m);
