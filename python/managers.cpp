@@ -10,9 +10,10 @@
 //
 // GIL: every call into a manager releases the GIL while it runs (`unlocked`,
 // py_common.h), so a thread waiting for the manager's mutex never holds the
-// GIL; the calls that build many Python objects run wholly `counted`, so
-// interpreter exit waits for them (shutdown.cpp). That is what makes the prefix cache's on_event
-// callback safe: it runs under the manager's mutex and takes the GIL itself (see event_trampoline).
+// GIL. That is what makes the prefix cache's on_event callback safe: it runs
+// under the manager's mutex and takes the GIL itself (prefix.cpp). The calls
+// that build many Python objects run wholly `counted`, so interpreter exit
+// waits for them (shutdown.cpp).
 #include <memory>
 #include <string>
 #include <type_traits>
