@@ -252,8 +252,8 @@ PyObject* inputs_class = nullptr;
 }  // namespace
 
 py::object make_inputs(std::unique_ptr<PyBatch> batch) {
-  // list.__new__ and list.__init__ (C code, no bytecode: see py_common.h's
-  // `unlocked`), then the tuples and the batch.
+  // list.__new__ and list.__init__: C code, no Python bytecode runs while the
+  // list is made (see shutdown.cpp); then the tuples and the batch.
   py::object inputs = py::reinterpret_borrow<py::object>(inputs_class)();
   py::object obj = py::cast(std::move(batch));
   const std::uint32_t n = obj.cast<PyBatch&>().batch.params().n_devices;
