@@ -60,8 +60,10 @@ void bind_errors(py::module_& m) {
                                     "Root of every error kvcache raises (C++ kvcache::Error).");
   make_exception(m, "InvalidArgument", py::make_tuple(error, b.attr("ValueError")),
                  "A malformed or inconsistent argument (C++ kvcache::InvalidArgument).");
-  make_exception(m, "UnknownSequence", py::make_tuple(error, b.attr("KeyError")),
-                 "A sequence id that is not claimed (C++ kvcache::UnknownSequence).",
+  make_exception(m, "UnknownSequence",
+                 py::make_tuple(error, b.attr("KeyError"), b.attr("ValueError")),
+                 "A sequence id that is not claimed (C++ kvcache::UnknownSequence). Also a "
+                 "ValueError, as MAX raises for a seq id that is not in the cache.",
                  /*plain_str=*/true);
   make_exception(m, "OutOfPages", py::make_tuple(error, b.attr("MemoryError")),
                  "The paged pool has too few free pages (C++ kvcache::OutOfPages).");
@@ -241,6 +243,18 @@ void bind_params(py::module_& m) {
       });
 }
 
+// Runs, at import and so on one thread, every function-local static that the
+// binding's NumPy calls initialise by importing a module. First run from
+// several threads at once, such an import releases the GIL inside the static's
+// guard, and a second thread holding the GIL then waits on that guard forever.
+void init_numpy_statics() {
+  py::module_::import("numpy");
+  for (DType t : {DType::f32, DType::f16, DType::bf16}) numpy_dtype(t);
+  py::array_t<std::uint32_t> touch(0);
+  static_cast<void>(py::dtype::of<bool>());
+  static_cast<void>(touch);
+}
+
 // ---- bf16 helpers ---------------------------------------------------------------
 
 py::array_t<float> bf16_to_float32(const py::handle& obj) {
@@ -331,8 +345,11 @@ PYBIND11_MODULE(kvcache, m) {
       "See docs/python.md.";
   m.attr("__version__") = KVCACHE_VERSION;
   kp::bind_errors(m);
+  kp::init_numpy_statics();
   kp::bind_params(m);
   kp::bind_dtype_helpers(m);
+  kp::bind_inputs(m);
   kp::bind_managers(m);
   kp::bind_kernels(m);
+  kp::register_shutdown_handler();
 }

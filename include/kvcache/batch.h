@@ -44,7 +44,8 @@ class KVCacheBatch {
   std::span<const SeqId> seq_ids() const { return seq_ids_; }
   // Committed tokens per entry; this step's new tokens go at cache_lengths[b] + i.
   std::span<const std::uint32_t> cache_lengths() const { return cache_lengths_; }
-  // Tokens the fetch guaranteed room for, per entry (cache_length + new + num_steps - 1).
+  // Tokens the fetch guaranteed room for, per entry: paged cache_length + new +
+  // num_steps - 1; continuous max_seq_len (the whole slot).
   std::span<const std::uint32_t> reserved_lengths() const { return reserved_lengths_; }
   // Row-major [batch_size][lookup_stride]; paged: page ids, sentinel = num_blocks();
   // continuous: stride 1, the slot of each entry.

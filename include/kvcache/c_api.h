@@ -138,8 +138,9 @@ kvc_status kvc_claim(kvc_manager* manager, uint32_t n, uint64_t* seq_ids, kvc_er
 typedef struct kvc_batch kvc_batch;
 
 /* Room for this step: cache_length + num_new_tokens[b] + num_steps - 1
- * tokens for seq_ids[b], all or nothing; the batch is refilled (its buffers
- * reused). New token i of entry b is written at cache_length + i. */
+ * tokens for seq_ids[b], all or nothing (a continuous manager reserves its
+ * whole max_seq_len slot); the batch is refilled (its buffers reused). New
+ * token i of entry b is written at cache_length + i. */
 kvc_status kvc_fetch(kvc_manager* manager, kvc_batch* batch, const uint64_t* seq_ids,
                      const uint32_t* num_new_tokens, uint32_t n, uint32_t num_steps,
                      kvc_error* err);

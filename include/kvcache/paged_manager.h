@@ -41,15 +41,18 @@ namespace kvcache {
 class PagedKVCacheManager final : public KVCacheManager {
  public:
   // params.cache_strategy must be paged. max_seq_len caps one sequence;
-  // max_batch_size caps claimed sequences. Throws InvalidArgument, or
-  // OutOfMemory when the pool or its bookkeeping cannot be allocated.
+  // max_batch_size caps claimed sequences; seq_id_policy picks the ids claim
+  // and fork hand out (manager.h). Throws InvalidArgument, or OutOfMemory
+  // when the pool or its bookkeeping cannot be allocated.
   PagedKVCacheManager(const KVCacheParams& params, std::uint32_t total_num_pages,
-                      std::uint32_t max_batch_size, std::uint32_t max_seq_len);
+                      std::uint32_t max_batch_size, std::uint32_t max_seq_len,
+                      SeqIdPolicy seq_id_policy = SeqIdPolicy::never_reuse);
   // Same, with a prefix-cache configuration (policy, hash function, events).
   // Throws InvalidArgument for a bad config (e.g. s3fifo_small_fraction).
   PagedKVCacheManager(const KVCacheParams& params, std::uint32_t total_num_pages,
                       std::uint32_t max_batch_size, std::uint32_t max_seq_len,
-                      PrefixCacheConfig config);
+                      PrefixCacheConfig config,
+                      SeqIdPolicy seq_id_policy = SeqIdPolicy::never_reuse);
   ~PagedKVCacheManager() override;
 
   // Bytes of a pool of total_num_pages pages over all devices: the K/V
@@ -105,7 +108,8 @@ class PagedKVCacheManager final : public KVCacheManager {
                              std::uint64_t extra_key = 0);
 
   // A new sequence sharing every page of seq that holds committed tokens
-  // (ref count +1), with the same length, tokens and extra key. Throws
+  // (ref count +1), with the same length, tokens and extra key; its id
+  // follows seq_id_policy() like claim's. Throws
   // UnknownSequence, CapacityExceeded (max_batch_size).
   SeqId fork(SeqId seq);
 

@@ -10,6 +10,7 @@
 
 #include "core/checked_math.h"
 #include "manager/checks.h"
+#include "manager/seq_ids.h"
 #include "memory/block_pool.h"
 #include "memory/host_arena.h"
 #include "prefix/eviction_policy.h"
@@ -259,7 +260,7 @@ struct PagedKVCacheManager::Impl {
   std::size_t page_bytes = 0;  // per device
   memory::BlockPool pool;
   std::unordered_map<SeqId, Sequence> seqs;
-  SeqId next_id = 0;
+  manager::SeqIdAllocator ids{SeqIdPolicy::never_reuse};  // set by the constructor
   std::uint64_t epoch = 0;
   // Prefix cache.
   PrefixCacheConfig config;
@@ -277,14 +278,15 @@ struct PagedKVCacheManager::Impl {
 };
 
 PagedKVCacheManager::PagedKVCacheManager(const KVCacheParams& params, std::uint32_t total_num_pages,
-                                         std::uint32_t max_batch_size, std::uint32_t max_seq_len)
-    : PagedKVCacheManager(params, total_num_pages, max_batch_size, max_seq_len,
-                          PrefixCacheConfig{}) {}
+                                         std::uint32_t max_batch_size, std::uint32_t max_seq_len,
+                                         SeqIdPolicy seq_id_policy)
+    : PagedKVCacheManager(params, total_num_pages, max_batch_size, max_seq_len, PrefixCacheConfig{},
+                          seq_id_policy) {}
 
 PagedKVCacheManager::PagedKVCacheManager(const KVCacheParams& params, std::uint32_t total_num_pages,
                                          std::uint32_t max_batch_size, std::uint32_t max_seq_len,
-                                         PrefixCacheConfig config)
-    : KVCacheManager(params, max_batch_size, max_seq_len) {
+                                         PrefixCacheConfig config, SeqIdPolicy seq_id_policy)
+    : KVCacheManager(params, max_batch_size, max_seq_len, seq_id_policy) {
   if (params.cache_strategy != CacheStrategy::paged) {
     throw InvalidArgument("PagedKVCacheManager needs cache_strategy paged, got " +
                           std::string(strategy_name(params.cache_strategy)));
@@ -299,6 +301,7 @@ PagedKVCacheManager::PagedKVCacheManager(const KVCacheParams& params, std::uint3
   try {
     impl_ = std::make_unique<Impl>(params, total_num_pages, max_batch_size, max_seq_len,
                                    std::move(config));
+    impl_->ids = manager::SeqIdAllocator(seq_id_policy);
   } catch (const std::bad_alloc&) {
     throw OutOfMemory("cannot allocate the bookkeeping of " + std::to_string(total_num_pages) +
                       " pages: " + std::to_string(bookkeeping) + " bytes (ref counts, free list" +
@@ -350,14 +353,16 @@ std::vector<SeqId> PagedKVCacheManager::claim(std::uint32_t n) {
   std::vector<SeqId> ids;
   ids.reserve(n);
   impl_->seqs.reserve(impl_->seqs.size() + n);
+  impl_->ids.reserve(n);
+  const SeqId mark = impl_->ids.next_id();
   try {
     for (std::uint32_t i = 0; i < n; ++i) {
-      impl_->seqs.emplace(impl_->next_id, Impl::Sequence{});  // may throw bad_alloc
-      ids.push_back(impl_->next_id++);
+      ids.push_back(impl_->ids.take());                   // capacity reserved above
+      impl_->seqs.emplace(ids.back(), Impl::Sequence{});  // may throw bad_alloc
     }
   } catch (...) {  // all or nothing: undo the ids already handed out
     for (SeqId id : ids) impl_->seqs.erase(id);
-    impl_->next_id -= ids.size();
+    impl_->ids.rollback(ids, mark);
     throw;
   }
   return ids;
@@ -518,6 +523,7 @@ void PagedKVCacheManager::release(SeqId seq, ReuseHint hint) {
   for (auto p = it->second.pages.rbegin(); p != it->second.pages.rend(); ++p)
     impl_->drop_ref(*p, hint);
   impl_->seqs.erase(it);
+  impl_->ids.release(seq);
 }
 
 std::uint32_t PagedKVCacheManager::match_prefix(SeqId seq,
@@ -575,9 +581,15 @@ SeqId PagedKVCacheManager::fork(SeqId seq) {
   child.tokens_known = parent.tokens_known;
   child.extra_key = parent.extra_key;
   child.extends_cached = parent.extends_cached;
-  const SeqId id = im.next_id;
-  im.seqs.emplace(id, std::move(child));  // may throw: nothing changed yet
-  ++im.next_id;
+  im.ids.reserve(1);  // may throw: nothing changed yet
+  const SeqId mark = im.ids.next_id();
+  const SeqId id = im.ids.take();
+  try {
+    im.seqs.emplace(id, std::move(child));  // may throw
+  } catch (...) {
+    im.ids.rollback(std::span(&id, 1), mark);
+    throw;
+  }
   for (std::uint32_t page : im.seqs.find(id)->second.pages) im.pool.retain(page);
   return id;
 }
@@ -692,7 +704,7 @@ ManagerSnapshot PagedKVCacheManager::snapshot() const {
   snap.free_blocks = im.pool.free_list();
   std::sort(snap.free_blocks.begin(), snap.free_blocks.end());
   snap.ref_counts = im.pool.ref_counts();
-  snap.next_seq_id = im.next_id;
+  snap.next_seq_id = im.ids.next_id();
   if (im.caching) {
     for (std::uint32_t p = 0; p < im.num_pages(); ++p) {
       if (!im.meta[p].published) continue;
@@ -710,6 +722,7 @@ void PagedKVCacheManager::check_invariants() const {
   const std::uint32_t ps = im.params.page_size;
   std::vector<std::uint32_t> refs(n, 0);
   if (im.seqs.size() > im.max_batch_size) throw Error("more sequences than max_batch_size");
+  im.ids.check(im.seqs, im.max_batch_size);
   for (const auto& [id, s] : im.seqs) {
     if (s.length > s.reserved) {
       throw Error(seq_name(id) + " length " + str(s.length) + " exceeds reserved " +
@@ -724,7 +737,6 @@ void PagedKVCacheManager::check_invariants() const {
       if (p >= n) throw Error(seq_name(id) + " holds page " + str(p) + " >= " + str(n));
       ++refs[p];
     }
-    if (id >= im.next_id) throw Error(seq_name(id) + " is not below next id");
     if (!im.caching) continue;
     if (s.tokens_known && s.tokens.size() != s.length) {
       throw Error(seq_name(id) + " keeps " + str(s.tokens.size()) + " token ids for length " +

@@ -55,7 +55,9 @@ TEST_F(ContinuousManagerTest, LifecycleClaimFetchStepRelease) {
   ASSERT_EQ(b1.batch_size(), 2u);
   EXPECT_EQ(std::vector<SeqId>(b1.seq_ids().begin(), b1.seq_ids().end()), ids);
   EXPECT_EQ(U32(b1.cache_lengths().begin(), b1.cache_lengths().end()), (U32{0, 0}));
-  EXPECT_EQ(U32(b1.reserved_lengths().begin(), b1.reserved_lengths().end()), (U32{5, 3}));
+  // The whole slot is reserved, whatever the new-token counts.
+  EXPECT_EQ(U32(b1.reserved_lengths().begin(), b1.reserved_lengths().end()),
+            (U32{kMaxSeq, kMaxSeq}));
   EXPECT_EQ(b1.max_seq_length(), 5u);
   EXPECT_EQ(b1.max_cache_length(), 0u);  // MAX: the history maximum
   EXPECT_EQ(b1.max_full_context_length(), 5u);
@@ -78,7 +80,7 @@ TEST_F(ContinuousManagerTest, LifecycleClaimFetchStepRelease) {
       ASSERT_EQ(s.id, ids[b]);
       EXPECT_EQ(s.blocks, U32{slots[b]});
       EXPECT_EQ(s.cache_length, 0u);
-      EXPECT_EQ(s.reserved_length, b == 0 ? 5u : 3u);
+      EXPECT_EQ(s.reserved_length, kMaxSeq);
     }
     for (auto s : slots) {
       EXPECT_EQ(std::count(snap.free_blocks.begin(), snap.free_blocks.end(), s), 0);
@@ -156,17 +158,15 @@ TEST_F(ContinuousManagerTest, MixedBatchFields) {
   EXPECT_EQ(b.max_cache_length(), 10u);
   EXPECT_EQ(b.max_full_context_length(), 11u);
   EXPECT_FALSE(b.is_cache_empty());
-  EXPECT_EQ(U32(b.reserved_lengths().begin(), b.reserved_lengths().end()), (U32{11, 7, 2}));
+  EXPECT_EQ(U32(b.reserved_lengths().begin(), b.reserved_lengths().end()), U32(3, kMaxSeq));
   mgr.check_invariants();
 }
 
 TEST_F(ContinuousManagerTest, MultistepIncrementCacheLengths) {
   const Ids ids = mgr.claim(2);
   KVCacheBatch b = mgr.fetch(ids, U32{5, 3}, /*num_steps=*/3);
-  EXPECT_EQ(U32(b.reserved_lengths().begin(), b.reserved_lengths().end()), (U32{7, 5}));
-  EXPECT_EQ(mgr.snapshot().sequences.at(0).reserved_length +
-                mgr.snapshot().sequences.at(1).reserved_length,
-            12u);
+  EXPECT_EQ(U32(b.reserved_lengths().begin(), b.reserved_lengths().end()), (U32{kMaxSeq, kMaxSeq}));
+  EXPECT_EQ(mgr.snapshot().sequences.at(0).reserved_length, kMaxSeq);
   const auto snap_before = mgr.snapshot();
 
   // Step 1 processed the prompts (row offsets 0,5,8).
@@ -194,9 +194,10 @@ TEST_F(ContinuousManagerTest, MultistepIncrementCacheLengths) {
   EXPECT_EQ(mgr.snapshot(), snap_before);
   EXPECT_EQ(mgr.cache_length(ids[0]), 0u);
 
-  // A fourth step would pass the reservation: throws, batch unchanged.
+  // A step past the slot (6 + 58 + 1 > 64) throws, batch unchanged.
   const U32 lens_before(b.cache_lengths().begin(), b.cache_lengths().end());
-  KV_EXPECT_THROW(b.increment_cache_lengths(U32{0, 1, 2}), CapacityExceeded, "7");
+  KV_EXPECT_THROW(b.increment_cache_lengths(U32{0, kMaxSeq - 6, kMaxSeq - 5}), CapacityExceeded,
+                  kvtest::str(kMaxSeq + 1), kvtest::str(kMaxSeq));
   EXPECT_EQ(U32(b.cache_lengths().begin(), b.cache_lengths().end()), lens_before);
   EXPECT_EQ(b.max_cache_length(), 6u);
   EXPECT_EQ(b.max_seq_length(), 1u);
@@ -211,17 +212,19 @@ TEST_F(ContinuousManagerTest, MultistepIncrementCacheLengths) {
   mgr.check_invariants();
 }
 
-TEST_F(ContinuousManagerTest, StepCommitsAtMostReserved) {
+TEST_F(ContinuousManagerTest, StepCommitsAtMostTheSlot) {
   const Ids ids = mgr.claim(1);
-  mgr.fetch(ids, U32{4}, 2);  // reserved 5
+  mgr.fetch(ids, U32{4}, 2);  // reserves the whole slot
   const auto snap = mgr.snapshot();
-  KV_EXPECT_THROW(mgr.step(ids, U32{6}), CapacityExceeded, kvtest::str(ids[0]));
+  KV_EXPECT_THROW(mgr.step(ids, U32{kMaxSeq + 1}), CapacityExceeded, kvtest::str(ids[0]),
+                  kvtest::str(kMaxSeq));
   EXPECT_EQ(mgr.snapshot(), snap);
-  mgr.step(ids, U32{5});
-  EXPECT_EQ(mgr.cache_length(ids[0]), 5u);
-  // Nothing reserved beyond 5 now.
+  mgr.step(ids, U32{9});  // more than the 5 fetched: it fits the slot
+  EXPECT_EQ(mgr.cache_length(ids[0]), 9u);
+  mgr.step(ids, U32{kMaxSeq - 9});
+  EXPECT_EQ(mgr.cache_length(ids[0]), kMaxSeq);
   EXPECT_THROW(mgr.step(ids, U32{1}), CapacityExceeded);
-  EXPECT_EQ(mgr.cache_length(ids[0]), 5u);
+  EXPECT_EQ(mgr.cache_length(ids[0]), kMaxSeq);
   mgr.check_invariants();
 }
 

@@ -43,3 +43,23 @@ def test_pool_arrangement_round_trips():
     assert "per_layer" in repr(p)
     with pytest.raises(kvcache.InvalidArgument, match="blocked"):
         kvcache.KVCacheParams(dtype="f16", n_kv_heads=2, head_dim=8, pool_arrangement="blocked")
+
+
+def test_per_layer_blocks_are_layer_major():
+    # ferrum / vLLM: blocks[layer][kv] is [num_pages, heads, page_size, head_dim] (HND).
+    p = kvcache.KVCacheParams(dtype="float32", n_kv_heads=2, head_dim=4, num_layers=3,
+                              cache_strategy="paged", page_size=4, page_layout="hnd",
+                              pool_arrangement="per_layer")
+    m = kvcache.PagedKVCacheManager(p, 4, 32, total_num_pages=6)
+    ids = m.claim(1)
+    blocks, lengths, table, _ = m.fetch(ids, [6])[0]
+    assert blocks.shape == (3, 2, 6, 2, 4, 4)
+    assert list(m.block_shape(6)) == [3, 2, 6, 2, 4, 4]
+    import numpy as np
+    k = np.arange(6 * 2 * 4, dtype=np.float32).reshape(6, 2, 4) + 1.0
+    v = -k
+    kvcache.store_kv(m.fetch(ids, [6]), 2, k, v, [0, 6])
+    page1 = table[0, 1]
+    # token 5 = page 1 of the table, row 1; head 1
+    assert np.array_equal(blocks[2, 0, page1, 1, 1], k[5, 1])
+    assert np.array_equal(blocks[2, 1, page1, 1, 1], v[5, 1])
