@@ -146,8 +146,14 @@ void bind_batch(py::module_& m) {
       .def_property_readonly("batch_size", [](const PyBatch& b) { return b.batch.batch_size(); })
       .def_property_readonly("max_seq_length",
                              [](const PyBatch& b) { return b.batch.max_seq_length(); })
-      .def_property_readonly("max_cache_length",
-                             [](const PyBatch& b) { return b.batch.max_cache_length(); })
+      .def_property_readonly(
+          "max_cache_length", [](const PyBatch& b) { return b.batch.max_cache_length(); },
+          "MAX's max_cache_length: the most cache_lengths[b] (history, before this step's "
+          "tokens); increment_cache_lengths advances it by the previous max_seq_length")
+      .def_property_readonly(
+          "max_full_context_length",
+          [](const PyBatch& b) { return b.batch.max_full_context_length(); },
+          "the most cache_lengths[b] + new tokens of an entry")
       .def_property_readonly("params", [](const PyBatch& b) { return b.batch.params(); })
       .def("device",
            counted([](py::handle self, std::uint32_t d) { return device_tuple(self, d); }),
@@ -195,7 +201,7 @@ def _kvcache_forward(name):
 
 for _name in ("blocks", "cache_lengths", "lookup_table", "is_cache_empty", "reserved_lengths",
               "block_copies", "seq_ids", "batch_size", "max_seq_length", "max_cache_length",
-              "params"):
+              "max_full_context_length", "params"):
     setattr(KVCacheInputs, _name, _kvcache_forward(_name))
 del _name, _kvcache_forward
 )PY";

@@ -39,13 +39,16 @@ def test_claim_fetch_step_release(strategy):
     blocks, cache_lengths, lookup_table, is_cache_empty = inputs[0]  # device 0
     assert list(cache_lengths) == [0, 0, 0]
     assert bool(is_cache_empty)
-    assert inputs.max_seq_length == 9 and inputs.max_cache_length == 9
+    # MAX: max_cache_length is the history maximum; with the new tokens: max_full_context_length
+    assert inputs.max_seq_length == 9 and inputs.max_cache_length == 0
+    assert inputs.max_full_context_length == 9
     m.step(ids, [5, 1, 9])
     assert [m.cache_length(s) for s in ids] == [5, 1, 9]
     inputs = m.fetch(ids)  # default: one new token each (decode)
     assert list(inputs.cache_lengths) == [5, 1, 9]
     assert not inputs.is_cache_empty
-    assert inputs.max_seq_length == 1 and inputs.max_cache_length == 10
+    assert inputs.max_seq_length == 1 and inputs.max_cache_length == 9
+    assert inputs.max_full_context_length == 10
     m.step({0: 1, 1: 1, 2: 0})  # dict form
     assert [m.cache_length(s) for s in ids] == [6, 2, 9]
     m.release(1)
@@ -160,7 +163,9 @@ def test_increment_cache_lengths_multistep(strategy):
     assert list(inputs.cache_lengths) == [0, 0] and inputs.is_cache_empty  # untouched
     assert list(nxt.cache_lengths) == [3, 2] and list(nxt[0][1]) == [3, 2]
     assert not nxt.is_cache_empty and not nxt[0][3]
-    assert nxt.max_seq_length == 1 and nxt.max_cache_length == 4
+    # MAX: advanced by the first step's max_seq_length (3), then by 1 a step
+    assert nxt.max_seq_length == 1 and nxt.max_cache_length == 3
+    assert nxt.max_full_context_length == 4
     nxt.increment_cache_lengths(np.array([0, 1, 2]))  # the in-place form
     assert list(nxt.cache_lengths) == [4, 3] and list(nxt[0][1]) == [4, 3]
     if strategy == "paged":  # continuous: the slot, not num_steps, bounds it
