@@ -5,6 +5,7 @@
 #include <Python.h>
 
 #include <limits>
+#include <new>
 #include <string>
 
 #include "py_common.h"
@@ -51,6 +52,8 @@ void translate_error(std::exception_ptr p) {
     raise("OutOfMemory", e);
   } catch (const Error& e) {
     raise("Error", e);
+  } catch (const std::bad_alloc&) {  // host memory refused anywhere in a call
+    raise("OutOfMemory", OutOfMemory("out of host memory (std::bad_alloc)"));
   }
 }
 

@@ -29,9 +29,16 @@ std::vector<float> random_floats(std::size_t n, std::mt19937& rng) {
   return kvcache::test::random_floats(n, -1.0f, 1.0f, rng);
 }
 
-class ManagerFlow : public ::testing::Test {
+KVCacheParams flow_params(PoolArrangement arrangement) {
+  KVCacheParams p = bf16_paged_params(kLayers, kKvHeads, kDim, kPage);
+  p.pool_arrangement = arrangement;
+  return p;
+}
+
+// Every flow on both pool arrangements (the device pool and copy_blocks follow it).
+class ManagerFlow : public ::testing::TestWithParam<PoolArrangement> {
  protected:
-  KVCacheParams params = bf16_paged_params(kLayers, kKvHeads, kDim, kPage);
+  KVCacheParams params = flow_params(GetParam());
   PagedKVCacheManager manager{params, /*total_num_pages=*/96, /*max_batch_size=*/8,
                               /*max_seq_len=*/1024};
   std::mt19937 rng{2024};
@@ -103,7 +110,7 @@ class ManagerFlow : public ::testing::Test {
   }
 };
 
-TEST_F(ManagerFlow, PrefillDecodeReleaseReuseSpeculative) {
+TEST_P(ManagerFlow, PrefillDecodeReleaseReuseSpeculative) {
   // Shuffle the free list: claim and fill 6 sequences, release every other.
   std::vector<SeqId> warm = manager.claim(6);
   step(warm, {17, 40, 3, 33, 16, 29});
@@ -124,7 +131,7 @@ TEST_F(ManagerFlow, PrefillDecodeReleaseReuseSpeculative) {
 // and every first write into a shared page is copied; the device pool follows
 // through copy_blocks alone, so both pools stay equal byte for byte and the
 // attention outputs agree with the host reference.
-TEST_F(ManagerFlow, ForkAndTruncateCopiesReachTheDevicePool) {
+TEST_P(ManagerFlow, ForkAndTruncateCopiesReachTheDevicePool) {
   const SeqId parent = manager.claim(1)[0];
   step({parent}, {21});  // 16 + 5: the second page is partial
   const SeqId a = manager.fork(parent), b = manager.fork(parent);
@@ -138,7 +145,7 @@ TEST_F(ManagerFlow, ForkAndTruncateCopiesReachTheDevicePool) {
   manager.check_invariants();
 }
 
-TEST_F(ManagerFlow, CopyBlocksRefusesBlocksOutsideThePool) {
+TEST_P(ManagerFlow, CopyBlocksRefusesBlocksOutsideThePool) {
   const SeqId s = manager.claim(1)[0];
   step({s}, {4});
   const std::uint32_t n = 0;
@@ -162,6 +169,10 @@ TEST_F(ManagerFlow, CopyBlocksRefusesBlocksOutsideThePool) {
   EXPECT_THROW(copy_blocks(host.desc(), on_host.data(), std::span<const BlockCopy>(bad).first(1)),
                InvalidArgument);
 }
+
+INSTANTIATE_TEST_SUITE_P(Arrangements, ManagerFlow,
+                         ::testing::Values(PoolArrangement::interleaved,
+                                           PoolArrangement::per_layer));
 
 }  // namespace
 }  // namespace kvcache::cuda::test
