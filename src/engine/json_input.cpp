@@ -67,7 +67,9 @@ json parse(std::string_view text) {
   }
 }
 
-std::string printable(std::string_view text) { return "'" + escaped(text, kMaxEcho, true) + "'"; }
+std::string printable(std::string_view text, std::size_t max) {
+  return "'" + escaped(text, max, true) + "'";
+}
 
 std::string bounded(std::string_view text, std::size_t max) { return escaped(text, max, false); }
 
@@ -113,7 +115,7 @@ std::vector<std::uint64_t> to_uint_list(const json& v, const std::string& field,
 }
 
 std::string read_regular_file(const std::string& path, std::uint64_t max_bytes) {
-  const std::string name = printable(path);
+  const std::string name = printable(path, kMaxPathEcho);
   std::error_code ec;
   const auto status = std::filesystem::status(path, ec);
   if (ec) throw InvalidArgument("cannot open " + name + ": " + ec.message());

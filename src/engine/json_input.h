@@ -38,9 +38,12 @@ inline constexpr std::size_t kMaxParserMessage = 256;
 // message, bounded and escaped) or "nests arrays/objects deeper than 64 levels".
 json parse(std::string_view text);
 
+// Bytes of a file path echoed in a message (PATH_MAX).
+inline constexpr std::size_t kMaxPathEcho = 4096;
+
 // 'text' with control characters, quote and backslash escaped (\u0000 ...)
-// and cut to kMaxEcho bytes (at a UTF-8 character boundary, then "...").
-std::string printable(std::string_view text);
+// and cut to max bytes (at a UTF-8 character boundary, then "...").
+std::string printable(std::string_view text, std::size_t max = kMaxEcho);
 
 // Text cut to max bytes ("..." appended) with control characters escaped.
 std::string bounded(std::string_view text, std::size_t max);

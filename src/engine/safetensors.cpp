@@ -40,7 +40,7 @@ float json_float_or(const json& j, const char* field, float fallback) {
 }
 
 [[noreturn]] void fail(const std::string& path, const std::string& what) {
-  throw InvalidArgument("safetensors " + printable(path) + ": " + what);
+  throw InvalidArgument("safetensors " + printable(path, json_input::kMaxPathEcho) + ": " + what);
 }
 
 // The deepest tensor accepted (Llama checkpoints use 1 and 2 dimensions).
@@ -165,13 +165,13 @@ TensorMap read_safetensors(const std::string& path) {
   if (bytes.size() < 8) fail(path, "file has " + std::to_string(bytes.size()) + " bytes, < 8");
   std::uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[i]);
-  if (n > bytes.size() - 8) {
-    fail(path, "header length " + std::to_string(n) + " exceeds the " +
-                   std::to_string(bytes.size() - 8) + " bytes after it");
-  }
   if (n > kMaxHeaderBytes) {
     fail(path, "header length " + std::to_string(n) + " exceeds the format's limit of " +
                    std::to_string(kMaxHeaderBytes) + " bytes");
+  }
+  if (n > bytes.size() - 8) {
+    fail(path, "header length " + std::to_string(n) + " exceeds the " +
+                   std::to_string(bytes.size() - 8) + " bytes after it");
   }
   const json header = in_file(path, [&] {
     try {
@@ -241,10 +241,10 @@ ModelConfig read_hf_config(const std::string& path) {
     c.validate();
     return c;
   } catch (const json::exception& e) {
-    throw InvalidArgument("config " + printable(path) + ": " +
+    throw InvalidArgument("config " + printable(path, json_input::kMaxPathEcho) + ": " +
                           json_input::bounded(e.what(), json_input::kMaxParserMessage));
   } catch (const InvalidArgument& e) {
-    throw InvalidArgument("config " + printable(path) + ": " + e.what());
+    throw InvalidArgument("config " + printable(path, json_input::kMaxPathEcho) + ": " + e.what());
   }
 }
 

@@ -41,7 +41,7 @@ bool blank(const std::string& line) { return line.find_first_not_of(" \t\r") == 
 
 // "<path>:<line>: " + what, or "<path>: " + what for line 0.
 [[noreturn]] void fail_at(const std::string& path, std::size_t line, const std::string& what) {
-  std::string where = "trace " + json_input::printable(path);
+  std::string where = "trace " + json_input::printable(path, json_input::kMaxPathEcho);
   if (line != 0) where += ":" + std::to_string(line);
   throw InvalidArgument(where + ": " + what);
 }

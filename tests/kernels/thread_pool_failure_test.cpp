@@ -22,7 +22,7 @@
 namespace kvcache {
 namespace {
 
-constexpr unsigned kHangSeconds = 60;
+constexpr unsigned kHangSeconds = 30;
 
 // Threads of this process now (/proc/self/status).
 int threads_now() {
@@ -34,15 +34,21 @@ int threads_now() {
 }
 
 // Exits 0 if constructing a pool of n threads throws OutOfMemory naming the
-// refusal and leaves no thread behind, 1-3 otherwise.
-[[noreturn]] void expect_refused_cleanly(std::size_t n) {
+// refused worker (`refused`, or any when 0) and leaves no thread behind, 1-3
+// otherwise.
+[[noreturn]] void expect_refused_cleanly(std::size_t n, std::size_t refused = 0) {
   const int before = threads_now();
   try {
     ThreadPool pool(n);
     std::fprintf(stderr, "a pool of %zu threads was built\n", n);
     std::_Exit(1);
   } catch (const OutOfMemory& e) {
-    if (std::string(e.what()).find("refused worker") == std::string::npos) std::_Exit(2);
+    const std::string want =
+        refused == 0 ? "refused worker " : "refused worker " + std::to_string(refused) + " (";
+    if (std::string(e.what()).find(want) == std::string::npos) {
+      std::fprintf(stderr, "message: %s\n", e.what());
+      std::_Exit(2);
+    }
   }
   std::_Exit(threads_now() == before ? 0 : 3);
 }
@@ -58,7 +64,7 @@ TEST_F(ThreadPoolFailure, RefusedThreadGivesOutOfMemoryAndStopsTheOthers) {
         {
           alarm(kHangSeconds);
           detail::fail_pool_thread_start_at(refused);
-          expect_refused_cleanly(8);
+          expect_refused_cleanly(8, refused);
         },
         ::testing::ExitedWithCode(0), "")
         << "worker " << refused << " refused";
@@ -124,17 +130,20 @@ long long mapped_bytes() {
   return pages * sysconf(_SC_PAGESIZE);
 }
 
+// In the child: an address-space limit of what is mapped now plus 64 MiB.
+[[noreturn]] void refused_under_address_limit() {
+  alarm(kHangSeconds);
+  const auto limit = static_cast<rlim_t>(mapped_bytes() + (64LL << 20));
+  rlimit r{};
+  r.rlim_cur = limit;
+  r.rlim_max = limit;
+  if (setrlimit(RLIMIT_AS, &r) != 0) std::_Exit(5);
+  expect_refused_cleanly(1024);
+}
+
 TEST_F(ThreadPoolFailure, AddressSpaceLimitRefusesThreadsCleanly) {
   if (kSanitized) GTEST_SKIP() << "RLIMIT_AS cannot be set under a sanitizer";
-  EXPECT_EXIT(
-      {
-        alarm(kHangSeconds);
-        const rlim_t limit = static_cast<rlim_t>(mapped_bytes() + (64LL << 20));
-        const rlimit r{limit, limit};
-        if (setrlimit(RLIMIT_AS, &r) != 0) std::_Exit(5);
-        expect_refused_cleanly(1024);
-      },
-      ::testing::ExitedWithCode(0), "");
+  EXPECT_EXIT(refused_under_address_limit(), ::testing::ExitedWithCode(0), "");
 }
 
 }  // namespace

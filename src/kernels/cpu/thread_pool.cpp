@@ -67,16 +67,20 @@ struct ThreadPool::Impl {
       for (std::size_t i = 1; i < n; ++i)
         workers.push_back(detail::start_pool_thread(i, [this] { worker_loop(); }));
     } catch (const std::system_error& e) {
-      stop_workers();
-      throw OutOfMemory(refused(n, e.what()));
+      fail(refused(n, e.what()));
     } catch (const std::bad_alloc&) {
-      stop_workers();
-      throw OutOfMemory(refused(n, "out of memory"));
+      fail(refused(n, "out of memory"));
     }
   }
 
   ~Impl() { stop_workers(); }
 
+  [[noreturn]] void fail(const std::string& message) {
+    stop_workers();
+    throw OutOfMemory(message);
+  }
+
+  // Names the worker that could not start (workers 1 .. size() are running).
   std::string refused(std::size_t n, const char* why) const {
     return "ThreadPool of " + std::to_string(n) + " threads: the system refused worker " +
            std::to_string(workers.size() + 1) + " (" + why + ")";
