@@ -4,9 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
-#include <nlohmann/json.hpp>
 #include <random>
+#include <string>
 
 #include "kvcache/engine/trace_file.h"
 #include "kvcache/error.h"
