@@ -81,7 +81,7 @@ tsan: deps
 	  -R '$(TSAN_TESTS)'
 
 FUZZ_SECONDS ?= 60
-FUZZERS := manager parsers
+FUZZERS := manager parsers sizes
 # Largest input the parsers fuzzer makes (libFuzzer otherwise guesses from the
 # corpus, 4 KiB at least): nesting that overflowed the stack took a 200 KB
 # config.json (issue 40), so the fuzzer must be able to write such files.

@@ -37,8 +37,19 @@ struct Cache {
     std::mt19937 rng(2);
     std::uniform_real_distribution<float> dist(-1, 1);
     for (auto& x : blocks) x = from_float<T>(dist(rng));
-    d = {blocks.data(), lengths.data(), lookup.data(), per, batch, fresh, history + fresh, 1, kPage,
-         kKv,           kDim,           batch * per};
+    d.blocks = blocks.data();
+    d.cache_lengths = lengths.data();
+    d.lookup_table = lookup.data();
+    d.lookup_stride = per;
+    d.batch_size = batch;
+    d.max_seq_length = fresh;
+    d.max_cache_length = history;
+    d.max_full_context_length = history + fresh;
+    d.num_layers = 1;
+    d.block_tokens = kPage;
+    d.n_kv_heads = kKv;
+    d.head_dim = kDim;
+    d.num_blocks = batch * per;
   }
 };
 

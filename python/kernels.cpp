@@ -1,9 +1,10 @@
 // python/kernels.cpp — kvcache.store_kv and kvcache.attention on NumPy inputs.
 //
-// Both take the KVCacheInputs of a fetch and a layer index, follow the
-// conventions of kvcache/kernels/reference.h (ragged batch by row_offsets,
-// new token i of entry b at position cache_lengths[b] + i, causal, GQA) and
-// release the GIL while they compute. Do not step/release/increment the same
+// Both take the KVCacheInputs of a fetch (or one of its per-device tuples,
+// which names the device) and a layer index, follow the conventions of
+// kvcache/kernels/reference.h (ragged batch by row_offsets, new token i of
+// entry b at position cache_lengths[b] + i, causal, GQA) and release the GIL
+// while they compute (`unlocked`). Do not step/release/increment the same
 // KVCacheInputs from another thread while a kernel runs on it.
 //
 // Which C++ kernels run is chosen by the one `using Kernels = ...;` line
@@ -169,22 +170,40 @@ StoreOptions store_options(const py::handle& rope_theta, const py::handle& rotar
   return options;
 }
 
-void store_kv_py(PyBatch& inputs, const py::handle& layer, const FloatArray& k_new,
+// The batch and device a kernel call names: `device` None means the device
+// of a per-device tuple, else 0; a device that contradicts the tuple's is an
+// InvalidArgument.
+std::pair<const KVCacheBatch&, std::uint32_t> batch_and_device(const py::handle& inputs,
+                                                               const py::handle& device) {
+  const BatchRef ref = batch_of(inputs, "kv_cache_inputs");
+  if (device.is_none()) return {ref.batch.batch, ref.device.value_or(0)};
+  const std::uint32_t d = to_u32(device, "device");
+  if (ref.device && *ref.device != d) {
+    throw InvalidArgument("device is " + std::to_string(d) +
+                          " but kv_cache_inputs is the tuple of device " +
+                          std::to_string(*ref.device));
+  }
+  return {ref.batch.batch, d};
+}
+
+void store_kv_py(const py::handle& inputs, const py::handle& layer, const FloatArray& k_new,
                  const FloatArray& v_new, const py::handle& row_offsets, const py::handle& device,
                  const py::handle& rope_theta, const py::handle& rotary_dim,
                  const RopeTable* rope_table, const py::handle& pool, const py::handle& prefetch) {
-  const KVCacheBatch& b = inputs.batch;
+  const auto named = batch_and_device(inputs, device);
+  const KVCacheBatch& b = named.first;
+  const std::uint32_t dev = named.second;
   const KVCacheParams& p = b.params();
   check_rows(k_new, "k_new", p.n_kv_heads_per_device(), p.head_dim);
   check_rows(v_new, "v_new", p.n_kv_heads_per_device(), p.head_dim);
   const auto offsets = to_u32_vector(row_offsets, "row_offsets");
   const StoreOptions options = store_options(rope_theta, rotary_dim, rope_table, prefetch);
   ThreadPool* const threads = pool_of(pool);
-  with_layer(b, to_u32(layer, "layer"), to_u32(device, "device"),
-             [&](const auto& k, const auto& v) {
-               py::gil_scoped_release nogil;
-               Kernels::store_kv(k, v, span_of(k_new), span_of(v_new), offsets, options, threads);
-             });
+  with_layer(b, to_u32(layer, "layer"), dev, [&](const auto& k, const auto& v) {
+    unlocked([&] {
+      Kernels::store_kv(k, v, span_of(k_new), span_of(v_new), offsets, options, threads);
+    });
+  });
 }
 
 void bind_rope_table(py::module_& m) {
@@ -215,12 +234,14 @@ void bind_rope_table(py::module_& m) {
           "their sin.");
 }
 
-py::array_t<float> attention_py(PyBatch& inputs, const py::handle& layer, const FloatArray& q,
-                                const py::handle& row_offsets, std::optional<py::array> out,
-                                const py::handle& scale, const py::handle& device,
-                                const py::handle& pool, const py::handle& prefetch,
-                                const py::handle& precision) {
-  const KVCacheBatch& b = inputs.batch;
+py::array_t<float> attention_py(const py::handle& inputs, const py::handle& layer,
+                                const FloatArray& q, const py::handle& row_offsets,
+                                std::optional<py::array> out, const py::handle& scale,
+                                const py::handle& device, const py::handle& pool,
+                                const py::handle& prefetch, const py::handle& precision) {
+  const auto named = batch_and_device(inputs, device);
+  const KVCacheBatch& b = named.first;
+  const std::uint32_t dev = named.second;
   const std::uint32_t dim = b.params().head_dim;
   if (q.ndim() != 3 || q.shape(2) != dim) {
     throw InvalidArgument("q must have shape (tokens, n_q_heads, " + std::to_string(dim) + ")");
@@ -239,11 +260,11 @@ py::array_t<float> attention_py(PyBatch& inputs, const py::handle& layer, const 
                                  parse_attention_precision(to_name(precision, "precision"))};
   ThreadPool* const threads = pool_of(pool);
   const std::span<float> out_span(result.mutable_data(), static_cast<std::size_t>(result.size()));
-  with_layer(b, to_u32(layer, "layer"), to_u32(device, "device"),
-             [&](const auto& k, const auto& v) {
-               py::gil_scoped_release nogil;
-               Kernels::attention(k, v, span_of(q), n_q_heads, offsets, out_span, options, threads);
-             });
+  with_layer(b, to_u32(layer, "layer"), dev, [&](const auto& k, const auto& v) {
+    unlocked([&] {
+      Kernels::attention(k, v, span_of(q), n_q_heads, offsets, out_span, options, threads);
+    });
+  });
   return result;
 }
 
@@ -270,10 +291,11 @@ void bind_kernels(py::module_& m) {
   m.attr("kernels_backend") = Kernels::name;
   bind_rope_table(m);
   bind_thread_pool(m);
-  m.def("store_kv", &store_kv_py, py::arg("kv_cache_inputs"), py::arg("layer"), py::arg("k_new"),
-        py::arg("v_new"), py::arg("row_offsets"), py::kw_only(), py::arg("device") = 0,
-        py::arg("rope_theta") = py::none(), py::arg("rotary_dim") = 0,
-        py::arg("rope_table") = nullptr, py::arg("pool") = py::none(), py::arg("prefetch") = "auto",
+  m.def("store_kv", counted(&store_kv_py), py::arg("kv_cache_inputs"), py::arg("layer"),
+        py::arg("k_new"), py::arg("v_new"), py::arg("row_offsets"), py::kw_only(),
+        py::arg("device") = py::none(), py::arg("rope_theta") = py::none(),
+        py::arg("rotary_dim") = 0, py::arg("rope_table") = nullptr, py::arg("pool") = py::none(),
+        py::arg("prefetch") = "auto",
         "Writes the new K/V rows ([tokens, n_kv_heads, head_dim] floats) of `layer`: row r of "
         "entry b (rows row_offsets[b] .. row_offsets[b+1]) goes to position cache_lengths[b] + "
         "(r - row_offsets[b]), rounded to the cache dtype. With rope_theta, K is rotated on the "
@@ -281,10 +303,10 @@ void bind_kernels(py::module_& m) {
         "position; rope_table (a RopeTable of the same theta and rotary_dim) supplies the "
         "cos/sin. pool (a ThreadPool) splits the rows across its threads; prefetch is 'auto', "
         "'row-l1' or 'none' (StorePrefetch; results never depend on it). Releases the GIL.");
-  m.def("attention", &attention_py, py::arg("kv_cache_inputs"), py::arg("layer"), py::arg("q"),
-        py::arg("row_offsets"), py::kw_only(), py::arg("out") = py::none(), py::arg("scale") = 0.0f,
-        py::arg("device") = 0, py::arg("pool") = py::none(), py::arg("prefetch") = "auto",
-        py::arg("precision") = "fp32",
+  m.def("attention", counted(&attention_py), py::arg("kv_cache_inputs"), py::arg("layer"),
+        py::arg("q"), py::arg("row_offsets"), py::kw_only(), py::arg("out") = py::none(),
+        py::arg("scale") = 0.0f, py::arg("device") = py::none(), py::arg("pool") = py::none(),
+        py::arg("prefetch") = "auto", py::arg("precision") = "fp32",
         "Causal attention of q ([tokens, n_q_heads, head_dim] floats, GQA) over each entry's "
         "history and new tokens in `layer`; returns (or fills `out`) float32 [tokens, n_q_heads, "
         "head_dim]. scale 0 means 1/sqrt(head_dim). pool (a ThreadPool) spreads the work, long "

@@ -60,8 +60,10 @@ void bind_errors(py::module_& m) {
                                     "Root of every error kvcache raises (C++ kvcache::Error).");
   make_exception(m, "InvalidArgument", py::make_tuple(error, b.attr("ValueError")),
                  "A malformed or inconsistent argument (C++ kvcache::InvalidArgument).");
-  make_exception(m, "UnknownSequence", py::make_tuple(error, b.attr("KeyError")),
-                 "A sequence id that is not claimed (C++ kvcache::UnknownSequence).",
+  make_exception(m, "UnknownSequence",
+                 py::make_tuple(error, b.attr("KeyError"), b.attr("ValueError")),
+                 "A sequence id that is not claimed (C++ kvcache::UnknownSequence). Also a "
+                 "ValueError, as MAX raises for a seq id that is not in the cache.",
                  /*plain_str=*/true);
   make_exception(m, "OutOfPages", py::make_tuple(error, b.attr("MemoryError")),
                  "The paged pool has too few free pages (C++ kvcache::OutOfPages).");
@@ -156,7 +158,7 @@ KVCacheParams make_params(const py::object& dtype, const py::object& n_kv_heads,
                           const py::object& head_dim, const py::object& num_layers,
                           const py::object& cache_strategy, const py::object& page_size,
                           bool enable_prefix_caching, const py::object& n_devices,
-                          const std::string& page_layout) {
+                          const std::string& page_layout, const std::string& pool_arrangement) {
   KVCacheParams p;
   p.dtype = dtype_arg(dtype);
   p.n_kv_heads = to_u32(n_kv_heads, "n_kv_heads");
@@ -167,6 +169,7 @@ KVCacheParams make_params(const py::object& dtype, const py::object& n_kv_heads,
   p.enable_prefix_caching = enable_prefix_caching;
   p.n_devices = to_u32(n_devices, "n_devices");
   p.page_layout = parse_layout(page_layout);
+  p.pool_arrangement = parse_arrangement(pool_arrangement);
   if (num_layers.is_none()) {  // left to the manager's num_layers argument
     KVCacheParams check = p;
     check.num_layers = 1;
@@ -193,7 +196,7 @@ void bind_params(py::module_& m) {
            py::arg("head_dim"), py::arg("num_layers") = py::none(),
            py::arg("cache_strategy") = "continuous", py::arg("page_size") = py::none(),
            py::arg("enable_prefix_caching") = false, py::arg("n_devices") = 1,
-           py::arg("page_layout") = "nhd")
+           py::arg("page_layout") = "nhd", py::arg("pool_arrangement") = "interleaved")
       .def_property_readonly("dtype", [](const KVCacheParams& p) { return p.dtype; })
       .def_property_readonly("numpy_dtype",
                              [](const KVCacheParams& p) { return numpy_dtype(p.dtype); })
@@ -215,6 +218,11 @@ void bind_params(py::module_& m) {
           [](const KVCacheParams& p) { return std::string(layout_name(p.page_layout)); },
           "'nhd' (blocks [.., tokens, heads, head_dim]) or 'hnd' ([.., heads, tokens, "
           "head_dim])")
+      .def_property_readonly(
+          "pool_arrangement",
+          [](const KVCacheParams& p) { return std::string(arrangement_name(p.pool_arrangement)); },
+          "'interleaved' (blocks [pages, 2, layers, ...], MAX) or 'per_layer' ([layers, 2, "
+          "pages, ...]: each layer's K and V an array of its own, vLLM / ferrum)")
       .def_property_readonly("n_kv_heads_per_device", &KVCacheParams::n_kv_heads_per_device)
       .def("bytes_per_token", &KVCacheParams::bytes_per_token,
            "K and V bytes of one token over all layers and devices (needs num_layers).")
@@ -230,8 +238,21 @@ void bind_params(py::module_& m) {
         if (p.enable_prefix_caching) s += ", enable_prefix_caching=True";
         if (p.n_devices != 1) s += ", n_devices=" + std::to_string(p.n_devices);
         if (p.page_layout == PageLayout::hnd) s += ", page_layout='hnd'";
+        if (p.pool_arrangement == PoolArrangement::per_layer) s += ", pool_arrangement='per_layer'";
         return s + ")";
       });
+}
+
+// Runs, at import and so on one thread, every function-local static that the
+// binding's NumPy calls initialise by importing a module. First run from
+// several threads at once, such an import releases the GIL inside the static's
+// guard, and a second thread holding the GIL then waits on that guard forever.
+void init_numpy_statics() {
+  py::module_::import("numpy");
+  for (DType t : {DType::f32, DType::f16, DType::bf16}) numpy_dtype(t);
+  py::array_t<std::uint32_t> touch(0);
+  static_cast<void>(py::dtype::of<bool>());
+  static_cast<void>(touch);
 }
 
 // ---- bf16 helpers ---------------------------------------------------------------
@@ -324,8 +345,11 @@ PYBIND11_MODULE(kvcache, m) {
       "See docs/python.md.";
   m.attr("__version__") = KVCACHE_VERSION;
   kp::bind_errors(m);
+  kp::init_numpy_statics();
   kp::bind_params(m);
   kp::bind_dtype_helpers(m);
+  kp::bind_inputs(m);
   kp::bind_managers(m);
   kp::bind_kernels(m);
+  kp::register_shutdown_handler();
 }

@@ -65,6 +65,7 @@ struct Common {
   std::size_t threads = 2;
   std::string strategy = "paged";
   std::string layout = "nhd";
+  std::string arrangement = "interleaved";
   std::string huge_pages = "on";
   std::string isa = "auto";   // instruction set of the fast kernels (select_isa)
   std::uint32_t repeats = 0;  // 0: automatic
@@ -170,6 +171,7 @@ KVCacheParams make_params(const Common& a) {
   p.head_dim = a.head_dim;
   p.cache_strategy = parse_strategy(a.strategy);
   p.page_layout = parse_layout(a.layout);
+  p.pool_arrangement = parse_arrangement(a.arrangement);
   p.page_size = p.cache_strategy == CacheStrategy::paged ? a.page_size : 0;
   p.validate();
   if (a.page_order != "shuffled" && a.page_order != "sequential") {
@@ -486,6 +488,7 @@ nlohmann::json bench_attention(const AttentionArgs& a) {
       {"page_order", a.page_order},
       {"strategy", a.strategy},
       {"layout", a.layout},
+      {"arrangement", a.arrangement},
       {"threads", a.threads},
       {"mode", a.mode},
       {"resident", a.resident},
@@ -715,6 +718,7 @@ nlohmann::json bench_store(const StoreArgs& a) {
           {"page_order", a.page_order},
           {"strategy", a.strategy},
           {"layout", a.layout},
+          {"arrangement", a.arrangement},
           {"threads", a.threads},
           {"rope", a.rope},
           {"rope_table", a.rope_table},
@@ -761,6 +765,9 @@ void add_common(CLI::App* cmd, Common& a) {
                   "paged | continuous (bench attention also: both, the two timed in alternation)")
       ->capture_default_str();
   cmd->add_option("--layout", a.layout, "Page layout: nhd | hnd (PageLayout)")
+      ->capture_default_str();
+  cmd->add_option("--arrangement", a.arrangement,
+                  "Pool arrangement: interleaved | per_layer (PoolArrangement)")
       ->capture_default_str();
   cmd->add_option("--huge-pages", a.huge_pages,
                   "on | off: madvise 2 MiB pages for cache and buffers")

@@ -183,6 +183,7 @@ struct Setup {
     desc.lookup_stride = per_seq;
     desc.max_seq_length = new_tokens;
     desc.max_cache_length = tokens;
+    desc.max_full_context_length = tokens;
     pool = kc::DeviceBuffer<T>(kc::pool_elements(desc));
     fill(pool.data(), pool.size(), 7);
     lookup.resize(blocks);

@@ -44,14 +44,21 @@ class KVCacheBatch {
   std::span<const SeqId> seq_ids() const { return seq_ids_; }
   // Committed tokens per entry; this step's new tokens go at cache_lengths[b] + i.
   std::span<const std::uint32_t> cache_lengths() const { return cache_lengths_; }
-  // Tokens the fetch guaranteed room for, per entry (cache_length + new + num_steps - 1).
+  // Tokens the fetch guaranteed room for, per entry: paged cache_length + new +
+  // num_steps - 1; continuous max_seq_len (the whole slot).
   std::span<const std::uint32_t> reserved_lengths() const { return reserved_lengths_; }
   // Row-major [batch_size][lookup_stride]; paged: page ids, sentinel = num_blocks();
   // continuous: stride 1, the slot of each entry.
   std::span<const std::uint32_t> lookup_table() const { return lookup_table_; }
   std::uint32_t lookup_stride() const { return lookup_stride_; }
+  // Max new tokens of an entry this step (MAX max_seq_length).
   std::uint32_t max_seq_length() const { return max_seq_length_; }
+  // Max cache_length (history, before this step's new tokens) of an entry, as
+  // MAX computes max_cache_length; increment_cache_lengths advances it by the
+  // previous step's max_seq_length.
   std::uint32_t max_cache_length() const { return max_cache_length_; }
+  // Max cache_length + new tokens of an entry (exact).
+  std::uint32_t max_full_context_length() const { return max_full_context_length_; }
   bool is_cache_empty() const { return is_cache_empty_; }
   // The copy-on-write copies the fetch that filled this batch made in the
   // manager's blocks, in the order made (paged: the first write into a page
@@ -90,23 +97,28 @@ class KVCacheBatch {
     d.blocks = static_cast<T*>(blocks(device));
     d.cache_lengths = cache_lengths_.data();
     d.lookup_table = lookup_table_.data();
+    d.reserved_lengths = reserved_lengths_.data();
     d.lookup_stride = lookup_stride_;
     d.batch_size = batch_size();
     d.max_seq_length = max_seq_length_;
     d.max_cache_length = max_cache_length_;
+    d.max_full_context_length = max_full_context_length_;
     d.num_layers = params_.num_layers;
     d.block_tokens = block_tokens_;
     d.n_kv_heads = params_.n_kv_heads_per_device();
     d.head_dim = params_.head_dim;
     d.num_blocks = num_blocks_;
     d.layout = params_.page_layout;
+    d.arrangement = params_.pool_arrangement;
     return d;
   }
 
   // Multistep decoding (MAX increment_cache_lengths): advance every entry's
   // cache_length by the tokens it processed in the previous step, given as
   // that step's row offsets (batch_size + 1 non-decreasing values starting at
-  // 0), and prepare for a decode step of one token per entry. Touches no
+  // 0), and prepare for a decode step of one token per entry:
+  // max_cache_length += the previous max_seq_length (MAX), max_seq_length = 1,
+  // max_full_context_length = max cache_length + 1. Touches no
   // manager state and allocates nothing. Throws InvalidArgument on malformed
   // offsets and CapacityExceeded if an entry would pass its reserved room;
   // on throw the batch is unchanged.
@@ -130,6 +142,7 @@ class KVCacheBatch {
   std::uint32_t lookup_stride_ = 0;
   std::uint32_t max_seq_length_ = 0;
   std::uint32_t max_cache_length_ = 0;
+  std::uint32_t max_full_context_length_ = 0;
   bool is_cache_empty_ = true;
   std::uint32_t num_blocks_ = 0;
   std::uint32_t block_tokens_ = 0;

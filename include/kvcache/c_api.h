@@ -38,10 +38,14 @@
  * Memory layout of the cache (kvc_cache_desc.blocks), per block (a page, or
  * a sequence's slot with the continuous strategy), elements of `dtype`:
  *   [num_blocks][2 (K, V)][num_layers][block_tokens][n_kv_heads][head_dim]
- * with KVC_LAYOUT_NHD, or [...][num_layers][n_kv_heads][block_tokens][head_dim]
- * with KVC_LAYOUT_HND. Token t of batch entry b lives in block
+ * with KVC_ARRANGEMENT_INTERLEAVED (the default) and KVC_LAYOUT_NHD;
+ *   [num_layers][2 (K, V)][num_blocks][block_tokens][n_kv_heads][head_dim]
+ * with KVC_ARRANGEMENT_PER_LAYER (each layer's K and V an array of its own);
+ * KVC_LAYOUT_HND swaps [block_tokens][n_kv_heads] to [n_kv_heads][block_tokens].
+ * Token t of batch entry b lives in block
  * lookup_table[b * lookup_stride + t / block_tokens] at position
- * t % block_tokens.
+ * t % block_tokens. kvc_store_kv and kvc_attention refuse rows past an
+ * entry's reserved_lengths (KVC_INVALID_ARGUMENT, nothing written).
  */
 #ifndef KVCACHE_C_API_H_
 #define KVCACHE_C_API_H_
@@ -84,6 +88,13 @@ typedef enum kvc_strategy {
 
 typedef enum kvc_page_layout { KVC_LAYOUT_NHD = 0, KVC_LAYOUT_HND = 1 } kvc_page_layout;
 
+/* kvcache::PoolArrangement: interleaved [blocks][2][layers][block] (MAX) or
+ * per-layer [layers][2][blocks][block] (vLLM, FlashInfer, ferrum). */
+typedef enum kvc_pool_arrangement {
+  KVC_ARRANGEMENT_INTERLEAVED = 0,
+  KVC_ARRANGEMENT_PER_LAYER = 1
+} kvc_pool_arrangement;
+
 /* kvcache::KVCacheParams (kvcache/params.h). Zero-initialise, then set the
  * fields: every value is validated by kvc_manager_create. Enum-valued fields
  * and parameters are fixed-width integers holding the enum's constants (a
@@ -99,6 +110,7 @@ typedef struct kvc_params {
   uint32_t page_size;            /* tokens per page; paged only (> 0 there) */
   int32_t enable_prefix_caching; /* 0 or 1; paged only */
   int32_t page_layout;           /* kvc_page_layout */
+  int32_t pool_arrangement;      /* kvc_pool_arrangement (0: interleaved) */
 } kvc_params;
 
 /* Bytes of K and V a manager of this shape allocates: num_blocks pages
@@ -126,8 +138,9 @@ kvc_status kvc_claim(kvc_manager* manager, uint32_t n, uint64_t* seq_ids, kvc_er
 typedef struct kvc_batch kvc_batch;
 
 /* Room for this step: cache_length + num_new_tokens[b] + num_steps - 1
- * tokens for seq_ids[b], all or nothing; the batch is refilled (its buffers
- * reused). New token i of entry b is written at cache_length + i. */
+ * tokens for seq_ids[b], all or nothing (a continuous manager reserves its
+ * whole max_seq_len slot); the batch is refilled (its buffers reused). New
+ * token i of entry b is written at cache_length + i. */
 kvc_status kvc_fetch(kvc_manager* manager, kvc_batch* batch, const uint64_t* seq_ids,
                      const uint32_t* num_new_tokens, uint32_t n, uint32_t num_steps,
                      kvc_error* err);
@@ -266,7 +279,7 @@ typedef struct kvc_cache_desc {
   uint32_t lookup_stride;
   uint32_t batch_size;
   uint32_t max_seq_length;   /* most new tokens of an entry this step */
-  uint32_t max_cache_length; /* most committed tokens of an entry */
+  uint32_t max_cache_length; /* most committed tokens of an entry (MAX) */
   uint32_t num_layers;
   uint32_t block_tokens; /* page_size, or max_seq_len (continuous) */
   uint32_t n_kv_heads;
@@ -275,6 +288,11 @@ typedef struct kvc_cache_desc {
   int32_t dtype;    /* kvc_dtype */
   int32_t strategy; /* kvc_strategy */
   int32_t layout;   /* kvc_page_layout */
+  /* [batch_size] tokens the fetch reserved room for per entry (cache_length
+     + new tokens + num_steps - 1): a kernel must not touch rows past it. */
+  const uint32_t* reserved_lengths;
+  uint32_t max_full_context_length; /* most cache_length + new tokens of an entry */
+  int32_t arrangement;              /* kvc_pool_arrangement */
 } kvc_cache_desc;
 
 /* KVC_INVALID_ARGUMENT for a batch never fetched into. */

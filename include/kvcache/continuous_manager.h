@@ -2,10 +2,14 @@
 //
 // Every sequence owns one slot of max_seq_len tokens:
 //   blocks[max_batch_size][2][num_layers][max_seq_len][n_kv_heads_per_device][head_dim]
+// (the interleaved arrangement; per_layer: [num_layers][2][blocks][...], params.h)
 // claim() takes free slots (CapacityExceeded when none), fetch() only checks
-// that cache_length + new + num_steps - 1 <= max_seq_len, release() frees the
-// slot. lookup_table[b] is the slot of batch entry b. Seq ids are never
-// reused, so a stale id is always reported as unknown.
+// that cache_length + new + num_steps - 1 <= max_seq_len and reserves the
+// whole slot (reserved_length = max_seq_len), so after a fetch `step` may
+// commit any count that fits the slot, whatever num_new_tokens said;
+// release() frees the slot. lookup_table[b] is the slot of batch entry b.
+// Seq ids follow the SeqIdPolicy (manager.h): by default never reused, so a
+// stale id is always reported as unknown.
 // Thread-safe (see manager.h). The manager owns the block memory (page-aligned,
 // zero-initialised) and frees it on destruction.
 #pragma once
@@ -21,9 +25,10 @@ namespace kvcache {
 class ContinuousBatchingKVCacheManager final : public KVCacheManager {
  public:
   // params.cache_strategy must be continuous. Throws InvalidArgument (bad
-  // params, zero sizes) or OutOfMemory.
+  // params, zero sizes, a policy outside SeqIdPolicy) or OutOfMemory.
   ContinuousBatchingKVCacheManager(const KVCacheParams& params, std::uint32_t max_batch_size,
-                                   std::uint32_t max_seq_len);
+                                   std::uint32_t max_seq_len,
+                                   SeqIdPolicy seq_id_policy = SeqIdPolicy::never_reuse);
   ~ContinuousBatchingKVCacheManager() override;
 
   // Bytes the blocks occupy over all devices (seed's classmethod).

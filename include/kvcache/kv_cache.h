@@ -5,8 +5,10 @@
 // trivially copyable window on ONE layer's K (or V) for one batch. Get them
 // from a collection (`get_key_cache(layer)` / `get_value_cache(layer)`).
 //
-// Memory (DESIGN.md §2; NHD order inside a block shown, HND swaps the two
-// middle dimensions of a block: [n_kv_heads][page_size][head_dim]):
+// Memory (DESIGN.md §2; interleaved arrangement and NHD order inside a block
+// shown; HND swaps the two middle dimensions of a block:
+// [n_kv_heads][page_size][head_dim]; PoolArrangement::per_layer puts
+// [num_layers][2] before the blocks, params.h):
 //   paged       blocks[num_pages][2][num_layers][page_size][n_kv_heads][head_dim]
 //   continuous  blocks[max_batch][2][num_layers][max_seq_len][n_kv_heads][head_dim]
 // A continuous slot behaves exactly like one page of `max_seq_len` tokens, so
@@ -27,13 +29,16 @@
 // distinct tokens are safe, to the same token are a data race.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 
 #include "kvcache/dtype.h"
+#include "kvcache/error.h"
 #include "kvcache/params.h"
 
 namespace kvcache {
@@ -43,17 +48,53 @@ template <CacheElement T>
 struct LayerCacheDesc {
   T* blocks = nullptr;                           // block 0 of this layer's K or V
   const std::uint32_t* cache_lengths = nullptr;  // [batch_size] committed tokens
-  const std::uint32_t* lookup_table = nullptr;   // [batch_size][lookup_stride]
-  std::uint32_t lookup_stride = 0;               // entries per batch row
+  // [batch_size] tokens the fetch reserved room for per entry (cache_length +
+  // new tokens + num_steps - 1): no kernel reads or writes a row at or past
+  // it. nullptr: the room is what the entry's lookup_table row holds before
+  // its first sentinel (paged) or the slot (continuous).
+  const std::uint32_t* reserved_lengths = nullptr;
+  const std::uint32_t* lookup_table = nullptr;  // [batch_size][lookup_stride]
+  std::uint32_t lookup_stride = 0;              // entries per batch row
   std::uint32_t batch_size = 0;
-  std::uint32_t max_seq_length = 0;    // max new tokens in the batch this step
-  std::uint32_t max_cache_length = 0;  // max cache_length + new tokens
-  std::uint32_t block_tokens = 0;      // page_size (paged) or max_seq_len (continuous)
-  std::uint32_t n_kv_heads = 0;        // heads in this device's shard
+  std::uint32_t max_seq_length = 0;           // max new tokens in the batch this step
+  std::uint32_t max_cache_length = 0;         // max cache_length (history) in the batch (MAX)
+  std::uint32_t max_full_context_length = 0;  // max cache_length + new tokens in the batch
+  std::uint32_t block_tokens = 0;             // page_size (paged) or max_seq_len (continuous)
+  std::uint32_t n_kv_heads = 0;               // heads in this device's shard
   std::uint32_t head_dim = 0;
+  std::uint32_t num_blocks = 0;         // blocks (pages / slots) in the pool; the lookup sentinel
   std::size_t block_stride = 0;         // elements between consecutive blocks (pages / slots)
   PageLayout layout = PageLayout::nhd;  // order of tokens and heads inside a block
 };
+
+// The same descriptor with another element type (the kernels' type-erased
+// entry points take LayerCacheDesc<float>; the pointers are reinterpreted).
+template <CacheElement U, CacheElement T>
+LayerCacheDesc<U> retype(const LayerCacheDesc<T>& d) {
+  return LayerCacheDesc<U>{reinterpret_cast<U*>(d.blocks),
+                           d.cache_lengths,
+                           d.reserved_lengths,
+                           d.lookup_table,
+                           d.lookup_stride,
+                           d.batch_size,
+                           d.max_seq_length,
+                           d.max_cache_length,
+                           d.max_full_context_length,
+                           d.block_tokens,
+                           d.n_kv_heads,
+                           d.head_dim,
+                           d.num_blocks,
+                           d.block_stride,
+                           d.layout};
+}
+
+// Rows of the matrix view between consecutive blocks of one layer's K (or
+// V): block_stride / (n_kv_heads * head_dim); 2 * num_layers * page_size
+// with the interleaved arrangement, page_size with per_layer.
+template <CacheElement T>
+constexpr std::size_t rows_per_block(const LayerCacheDesc<T>& d) {
+  return d.block_stride / (std::size_t{d.n_kv_heads} * d.head_dim);
+}
 
 // Elements between consecutive tokens of one head in a block:
 // n_kv_heads * head_dim (NHD) or head_dim (HND).
@@ -71,8 +112,15 @@ constexpr std::size_t head_stride(const LayerCacheDesc<T>& d) {
                                      : std::size_t{d.head_dim};
 }
 
+// A page size known only at run time (the default of the views' template
+// parameter); any other value fixes it at compile time.
+inline constexpr std::uint32_t dynamic_page_size = 0;
+
 // Behaviour common to both views; the derived types only add naming.
-template <CacheElement T>
+// kPageSize != dynamic_page_size fixes the block's tokens at compile time
+// (the descriptor's block_tokens must equal it), so token -> block
+// arithmetic divides by a constant.
+template <CacheElement T, std::uint32_t kPageSize = dynamic_page_size>
 class LayerCacheBase {
  public:
   using element_type = T;
@@ -84,7 +132,13 @@ class LayerCacheBase {
   std::uint32_t n_kv_heads() const { return d_.n_kv_heads; }
   std::uint32_t head_dim() const { return d_.head_dim; }
   // Tokens stored contiguously in one block (page_size, or max_seq_len).
-  std::uint32_t page_size() const { return d_.block_tokens; }
+  std::uint32_t page_size() const {
+    if constexpr (kPageSize != dynamic_page_size) {
+      return kPageSize;
+    } else {
+      return d_.block_tokens;
+    }
+  }
   PageLayout layout() const { return d_.layout; }
   // Elements between consecutive tokens of one head in a block (see the free
   // functions above).
@@ -101,12 +155,30 @@ class LayerCacheBase {
       if (d_.cache_lengths[b] != 0) return false;
     return true;
   }
-  // Max new tokens of any entry this step (MAX: max_seq_length).
+  // Tokens the fetch reserved room for, entry b: the kernels' limit (see
+  // LayerCacheDesc::reserved_lengths; without them, the blocks the entry's
+  // table row holds).
+  std::uint32_t reserved_length(std::uint32_t b) const {
+    if (d_.reserved_lengths != nullptr) return d_.reserved_lengths[b];
+    std::uint32_t j = 0;
+    while (j < d_.lookup_stride && block_id(b, j) < d_.num_blocks) ++j;
+    return static_cast<std::uint32_t>(
+        std::min<std::uint64_t>(std::uint64_t{j} * page_size(), UINT32_MAX));
+  }
+  // "the maximum sequence length across all batches of the current request":
+  // max new tokens of any entry this step (MAX: max_seq_length).
   std::uint32_t max_prompt_length() const { return d_.max_seq_length; }
-  // Max cache_length + new tokens over the batch (MAX: max_cache_length).
+  // "the maximum cache length used across all batches of the current
+  // request": max cache_length (history, before this step's new tokens) over
+  // the batch, as MAX computes it (max_cache_length); in multistep it
+  // advances by the first step's max_seq_length, then by 1 a step, so it may
+  // exceed the true maximum there, never fall below it.
   std::uint32_t max_context_length() const { return d_.max_cache_length; }
+  // Max cache_length + new tokens over the batch (MAX's tests:
+  // max_full_context_length): the longest context a query of this step sees.
+  std::uint32_t max_full_context_length() const { return d_.max_full_context_length; }
   // Largest tile of tokens that is contiguous in memory: one block.
-  std::uint32_t max_tile_size() const { return d_.block_tokens; }
+  std::uint32_t max_tile_size() const { return page_size(); }
 
   // Block id (page id or slot) holding tokens [j*page_size, (j+1)*page_size) of entry b.
   std::uint32_t block_id(std::uint32_t b, std::uint32_t j) const {
@@ -118,23 +190,32 @@ class LayerCacheBase {
   }
   // Element (b, head, tok, d).
   T* ptr(std::uint32_t b, std::uint32_t head, std::uint32_t tok, std::uint32_t d = 0) const {
-    return page_ptr(b, tok / d_.block_tokens) + (tok % d_.block_tokens) * token_stride() +
+    return page_ptr(b, tok / page_size()) + (tok % page_size()) * token_stride() +
            std::size_t{head} * head_stride() + d;
   }
 
-  // The memory seen as a matrix [rows, n_kv_heads * head_dim] (MAX's
-  // row_idx / col_idx): row of token tok of entry b is block_id * page_size
-  // + tok % page_size, column of (head, d) is head * head_dim + d. With NHD
-  // the matrix is the memory itself (rows token_stride apart); with HND it is
-  // a logical view and matrix_ptr does the mapping.
-  std::uint32_t row_idx(std::uint32_t b, std::uint32_t tok) const {
-    return block_id(b, tok / d_.block_tokens) * d_.block_tokens + tok % d_.block_tokens;
+  // The memory seen as a matrix [rows, n_kv_heads * head_dim] that starts at
+  // this layer's K (or V) base and runs through the whole pool (MAX's
+  // row_idx / col_idx): the row of token tok of entry b is
+  //   block_id * rows_per_block() + tok % page_size
+  // where rows_per_block() is the number of rows between consecutive blocks
+  // of this layer (2 * num_layers * page_size interleaved, page_size
+  // per_layer), and the column of (head, d) is head * head_dim + d. With NHD
+  // the matrix is the memory itself: element (row, col) is at
+  // blocks + row * (n_kv_heads * head_dim) + col for every block, which is
+  // what lets one 2-D descriptor (a TMA tile) cover the pool. With HND it is
+  // a logical view and matrix_ptr does the mapping. row_idx is 64-bit (MAX:
+  // UInt32) so a large pool cannot wrap it.
+  std::uint64_t row_idx(std::uint32_t b, std::uint32_t tok) const {
+    return std::uint64_t{block_id(b, tok / page_size())} * rows_per_block() + tok % page_size();
   }
   std::uint32_t col_idx(std::uint32_t head) const { return head * d_.head_dim; }
+  std::size_t rows_per_block() const { return kvcache::rows_per_block(d_); }
   // Address of (row, col) of that matrix view.
-  T* matrix_ptr(std::uint32_t row, std::uint32_t col) const {
-    return d_.blocks + std::size_t{row / d_.block_tokens} * d_.block_stride +
-           (row % d_.block_tokens) * token_stride() +
+  T* matrix_ptr(std::uint64_t row, std::uint32_t col) const {
+    const std::size_t rows = rows_per_block();
+    return d_.blocks + std::size_t{row / rows} * d_.block_stride +
+           std::size_t{row % rows} * token_stride() +
            std::size_t{col / d_.head_dim} * head_stride() + col % d_.head_dim;
   }
 
@@ -169,12 +250,38 @@ class LayerCacheBase {
   LayerCacheDesc<T> d_{};
 };
 
-// One layer's K or V of a paged cache (MAX PagedKVCache).
+// One layer's K or V of a paged cache (MAX PagedKVCache). PagedKVCache<T>
+// takes its page size from the descriptor; PagedKVCache<T, 16> is MAX's
+// `PagedKVCache[dtype, kv_params, page_size]` with the page size a template
+// parameter (static max_tile_size(), constant token -> page arithmetic).
+template <CacheElement T, std::uint32_t kPageSize = dynamic_page_size>
+class PagedKVCache : public LayerCacheBase<T, kPageSize> {
+ public:
+  static constexpr bool is_paged = true;
+  static constexpr std::uint32_t page_size_ = kPageSize;
+
+  PagedKVCache() = default;
+  // Throws InvalidArgument when d.block_tokens is not kPageSize.
+  explicit PagedKVCache(const LayerCacheDesc<T>& d) : LayerCacheBase<T, kPageSize>(d) {
+    if (d.block_tokens != kPageSize) {
+      throw InvalidArgument("PagedKVCache<" + std::to_string(kPageSize) +
+                            "> was given a cache of page_size " + std::to_string(d.block_tokens));
+    }
+  }
+  // The same layer with the page size fixed at compile time; throws
+  // InvalidArgument when the runtime page size differs.
+  explicit PagedKVCache(const PagedKVCache<T>& runtime) : PagedKVCache(runtime.desc()) {}
+
+  // "Returns the maximum tile size for the KVCache": one page.
+  static constexpr std::uint32_t max_tile_size() { return kPageSize; }
+};
+
 template <CacheElement T>
-class PagedKVCache : public LayerCacheBase<T> {
+class PagedKVCache<T, dynamic_page_size> : public LayerCacheBase<T> {
  public:
   using LayerCacheBase<T>::LayerCacheBase;
   static constexpr bool is_paged = true;
+  static constexpr std::uint32_t page_size_ = dynamic_page_size;
 };
 
 // One layer's K or V of a continuous-batching cache (MAX
@@ -199,7 +306,7 @@ concept KVCacheT = std::is_trivially_copyable_v<C> && CacheElement<typename C::e
   { c.cache_length(i) } -> std::convertible_to<std::uint32_t>;
   { c.page_ptr(i, i) } -> std::same_as<typename C::element_type*>;
   { c.ptr(i, i, i, i) } -> std::same_as<typename C::element_type*>;
-  { c.row_idx(i, i) } -> std::convertible_to<std::uint32_t>;
+  { c.row_idx(i, i) } -> std::convertible_to<std::uint64_t>;
   { c.col_idx(i) } -> std::convertible_to<std::uint32_t>;
   { c.empty_cache() } -> std::convertible_to<bool>;
   { c.max_prompt_length() } -> std::convertible_to<std::uint32_t>;
@@ -208,6 +315,7 @@ concept KVCacheT = std::is_trivially_copyable_v<C> && CacheElement<typename C::e
 };
 
 static_assert(KVCacheT<PagedKVCache<float>>);
+static_assert(KVCacheT<PagedKVCache<Half, 16>>);
 static_assert(KVCacheT<ContinuousBatchingKVCache<BFloat16>>);
 
 }  // namespace kvcache

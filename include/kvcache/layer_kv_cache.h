@@ -2,23 +2,34 @@
 //
 // ferrum's `KvCache` describes ONE sequence's cache for ONE layer: buffers `k`
 // and `v`, `len`, `capacity`, `num_kv_heads`, `head_dim`, and for the paged
-// layout `block_size` (> 0) plus `block_table` (logical -> physical block)
-// and `context_lens`. `LayerKvCache<T>` is that shape as a thin, trivially
-// copyable view over a collection: no memory of its own, nothing copied.
+// layout `block_size` (> 0) plus `block_table` (logical -> physical block),
+// `context_lens` and `paged_block_indices`. `LayerKvCache<T>` is that shape
+// as a thin, trivially copyable view over a collection: no memory of its
+// own, nothing copied.
 //
-//   block_size == 0  contiguous: the sequence's slot; token t of head h is at
+//   block_size == 0  contiguous: the sequence's slot of `capacity` (=
+//                    max_seq_len) tokens; token t of head h is at
 //                    k + t * token_stride() + h * head_stride().
+//                    context_lens and block_table are empty (ferrum: None).
 //   block_size  > 0  paged: token t lives in block block_table[t / block_size]
 //                    at row t % block_size; blocks are block_stride apart.
-// `layout` is the cache's PageLayout (NHD: heads inside a token; HND: tokens
-// inside a head, per block). Use k_at / v_at rather than raw offsets, so code
-// works for every strategy and layout.
+//                    capacity is the room the fetch reserved for the entry
+//                    (what a kernel may write), at most the blocks it holds.
+// ferrum's exact buffers come with PageLayout::hnd and
+// PoolArrangement::per_layer (params.h): contiguous k / v are
+// [num_kv_heads][capacity][head_dim], paged ones
+// [num_blocks][num_kv_heads][block_size][head_dim] (block_stride =
+// num_kv_heads * block_size * head_dim), so ferrum-style indexing
+// `k + blk * H * bs * D + h * bs * D + t * D` reads the right element. With
+// other layouts and arrangements the strides differ: use k_at / v_at, which
+// work for every strategy, layout and arrangement.
 //
 // Lifetime and thread-safety are those of the collection it came from (see
 // kv_cache.h). make_layer_kv_cache throws InvalidArgument for a bad layer or
 // batch index.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -34,13 +45,18 @@ struct LayerKvCache {
   T* k = nullptr;              // block 0 (paged) or the slot (contiguous) of this layer's K
   T* v = nullptr;              // same for V
   std::uint32_t len = 0;       // committed tokens (cache_length)
-  std::uint32_t capacity = 0;  // tokens the current blocks can hold
+  std::uint32_t capacity = 0;  // contiguous: the slot's tokens; paged: the reserved room
   std::uint32_t num_kv_heads = 0;
   std::uint32_t head_dim = 0;
-  std::uint32_t block_size = 0;                 // 0 => contiguous
-  std::span<const std::uint32_t> block_table;   // paged: physical block per logical block
-  std::span<const std::uint32_t> context_lens;  // [1]: the committed length, as the kernel reads it
-  std::size_t block_stride = 0;                 // elements between physical blocks (paged)
+  std::uint32_t block_size = 0;                // 0 => contiguous
+  std::span<const std::uint32_t> block_table;  // paged: physical block per logical block
+  std::span<const std::uint32_t>
+      context_lens;  // paged: [1] the committed length; contiguous: empty
+  // Paged: host-side mirror of the physical block ids this cache owns (the
+  // same ids as block_table: our page tables live in host memory); empty
+  // when contiguous.
+  std::span<const std::uint32_t> paged_block_indices;
+  std::size_t block_stride = 0;  // elements between physical blocks (paged)
   PageLayout layout = PageLayout::nhd;
 
   bool is_paged() const { return block_size != 0; }
@@ -82,7 +98,6 @@ auto make_layer_kv_cache(const Collection& c, std::uint32_t layer, std::uint32_t
   out.len = kc.cache_length(b);
   out.num_kv_heads = kc.n_kv_heads();
   out.head_dim = kc.head_dim();
-  out.context_lens = std::span<const std::uint32_t>(d.cache_lengths + b, 1);
   out.layout = d.layout;
   if constexpr (Collection::CacheT::is_paged) {
     const std::uint32_t* row = d.lookup_table + std::size_t{b} * d.lookup_stride;
@@ -92,8 +107,11 @@ auto make_layer_kv_cache(const Collection& c, std::uint32_t layer, std::uint32_t
     out.v = vc.desc().blocks;
     out.block_size = d.block_tokens;
     out.block_table = std::span<const std::uint32_t>(row, blocks);
+    out.paged_block_indices = out.block_table;
+    out.context_lens = std::span<const std::uint32_t>(d.cache_lengths + b, 1);
     out.block_stride = d.block_stride;
-    out.capacity = blocks * d.block_tokens;
+    out.capacity = static_cast<std::uint32_t>(
+        std::min<std::uint64_t>(std::uint64_t{blocks} * d.block_tokens, kc.reserved_length(b)));
   } else {
     out.k = kc.page_ptr(b, 0);
     out.v = vc.page_ptr(b, 0);

@@ -8,8 +8,14 @@
 //   fetch(seqs, new, num_steps) guarantees room for
 //       cache_length + new + (num_steps - 1) tokens per sequence, all or
 //       nothing across the batch; kernels write new token i at cache_length + i.
+//       (The continuous manager reserves its whole max_seq_len slot.)
 //   step(seqs, valid)  cache_length += valid, never past what fetch reserved.
 //   release(seq)       gives the sequence's memory back; releasing twice throws.
+//
+// Sequence ids (SeqIdPolicy): by default claim() never hands out an id twice,
+// so a stale id (used after release) is always reported as unknown. With
+// SeqIdPolicy::lowest_free (MAX's rule: ids lie in [0, max_batch_size)) claim
+// returns the lowest ids not in use, so released ids come back.
 //
 // Errors: every method validates and throws a kvcache::Error subtype whose
 // message names the value and the limit; a throwing call changes nothing
@@ -51,6 +57,12 @@ struct ManagerSnapshot {
   friend bool operator==(const ManagerSnapshot&, const ManagerSnapshot&) = default;
 };
 
+// How claim() (and fork()) choose new sequence ids.
+enum class SeqIdPolicy : std::uint8_t {
+  never_reuse,  // 0, 1, 2, ... never reused: a stale id is always unknown (default)
+  lowest_free,  // the lowest ids not in use, all in [0, max_batch_size) (MAX)
+};
+
 class KVCacheManager {
  public:
   virtual ~KVCacheManager() = default;
@@ -60,9 +72,11 @@ class KVCacheManager {
   const KVCacheParams& params() const { return params_; }
   std::uint32_t max_batch_size() const { return max_batch_size_; }
   std::uint32_t max_seq_len() const { return max_seq_len_; }
+  SeqIdPolicy seq_id_policy() const { return seq_id_policy_; }
 
-  // n new sequence ids with cache length 0, all or nothing. Throws
-  // InvalidArgument for n == 0, CapacityExceeded past max_batch_size (or free slots).
+  // n new sequence ids with cache length 0, all or nothing, chosen by
+  // seq_id_policy() (ascending). Throws InvalidArgument for n == 0,
+  // CapacityExceeded past max_batch_size (or free slots).
   virtual std::vector<SeqId> claim(std::uint32_t n) = 0;
 
   // Room for this step; see the header comment. num_new_tokens[b] belongs to
@@ -95,7 +109,8 @@ class KVCacheManager {
 
   // Shape of the blocks tensor for n blocks (per device), e.g. continuous
   // [n_sequences, 2, num_layers, max_seq_len, n_kv_heads_per_device, head_dim]
-  // (the last three as [heads, tokens, head_dim] with PageLayout::hnd).
+  // (the last three as [heads, tokens, head_dim] with PageLayout::hnd); with
+  // PoolArrangement::per_layer the first three are [num_layers, 2, n].
   virtual std::vector<std::size_t> block_shape(std::uint32_t n) const = 0;
 
   // MAX increment_cache_lengths: forwards to batch.increment_cache_lengths.
@@ -110,13 +125,15 @@ class KVCacheManager {
   virtual void check_invariants() const = 0;
 
  protected:
+  // Throws InvalidArgument for bad params, a zero size or a policy outside SeqIdPolicy.
   KVCacheManager(const KVCacheParams& params, std::uint32_t max_batch_size,
-                 std::uint32_t max_seq_len);
+                 std::uint32_t max_seq_len, SeqIdPolicy seq_id_policy);
 
  private:
   KVCacheParams params_;
   std::uint32_t max_batch_size_;
   std::uint32_t max_seq_len_;
+  SeqIdPolicy seq_id_policy_;
 };
 
 }  // namespace kvcache

@@ -2,6 +2,7 @@
 //
 // One pool of total_num_pages pages per device:
 //   blocks[total_num_pages][2][num_layers][page_size][n_kv_heads_per_device][head_dim]
+// (the interleaved arrangement; per_layer: [num_layers][2][blocks][...], params.h)
 // One page id covers every layer's K and V for page_size tokens, so a sequence
 // has ONE page table. fetch() allocates the pages a batch needs, all or
 // nothing (OutOfPages names what was needed and what was free); pages are
@@ -40,19 +41,37 @@ namespace kvcache {
 class PagedKVCacheManager final : public KVCacheManager {
  public:
   // params.cache_strategy must be paged. max_seq_len caps one sequence;
-  // max_batch_size caps claimed sequences. Throws InvalidArgument or OutOfMemory.
+  // max_batch_size caps claimed sequences; seq_id_policy picks the ids claim
+  // and fork hand out (manager.h). Throws InvalidArgument, or OutOfMemory
+  // when the pool or its bookkeeping cannot be allocated.
   PagedKVCacheManager(const KVCacheParams& params, std::uint32_t total_num_pages,
-                      std::uint32_t max_batch_size, std::uint32_t max_seq_len);
+                      std::uint32_t max_batch_size, std::uint32_t max_seq_len,
+                      SeqIdPolicy seq_id_policy = SeqIdPolicy::never_reuse);
   // Same, with a prefix-cache configuration (policy, hash function, events).
   // Throws InvalidArgument for a bad config (e.g. s3fifo_small_fraction).
   PagedKVCacheManager(const KVCacheParams& params, std::uint32_t total_num_pages,
                       std::uint32_t max_batch_size, std::uint32_t max_seq_len,
-                      PrefixCacheConfig config);
+                      PrefixCacheConfig config,
+                      SeqIdPolicy seq_id_policy = SeqIdPolicy::never_reuse);
   ~PagedKVCacheManager() override;
 
-  // Bytes of a pool of total_num_pages pages over all devices.
+  // Bytes of a pool of total_num_pages pages over all devices: the K/V
+  // arena the manager maps (and a device pool of the same shape needs).
+  // Throws InvalidArgument for bad params or a product past 2^64 (naming
+  // the factors).
   static std::size_t estimated_memory_size(const KVCacheParams& params,
                                            std::uint32_t total_num_pages);
+  // Host bytes of the manager's per-page bookkeeping beside that pool:
+  // ref counts and the free list (8 per page); with prefix caching also the
+  // page metadata, the stored token ids (4 x page_size per page), the hash
+  // index and the eviction policy's arrays and ghost (policy and
+  // ghost_factor from `config`). Per-sequence state (page tables, token
+  // lists) and pinned entries grow with use and are not included. Counted
+  // beside estimated_memory_size, not in it: with a device pool the two live
+  // in different memories. Throws InvalidArgument (bad params or config).
+  static std::size_t estimated_bookkeeping_size(const KVCacheParams& params,
+                                                std::uint32_t total_num_pages,
+                                                const PrefixCacheConfig& config = {});
   // Pages that fit in memory_bytes (over all devices).
   static std::uint32_t pages_for_memory(const KVCacheParams& params, std::size_t memory_bytes);
 
@@ -89,7 +108,8 @@ class PagedKVCacheManager final : public KVCacheManager {
                              std::uint64_t extra_key = 0);
 
   // A new sequence sharing every page of seq that holds committed tokens
-  // (ref count +1), with the same length, tokens and extra key. Throws
+  // (ref count +1), with the same length, tokens and extra key; its id
+  // follows seq_id_policy() like claim's. Throws
   // UnknownSequence, CapacityExceeded (max_batch_size).
   SeqId fork(SeqId seq);
 

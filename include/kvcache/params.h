@@ -44,6 +44,24 @@ std::string_view layout_name(PageLayout l);
 // "nhd" | "hnd"; throws InvalidArgument otherwise.
 PageLayout parse_layout(std::string_view name);
 
+// Where each layer's K and V blocks lie in the pool (DESIGN.md §2). One block
+// id (page or slot) covers every layer's K and V in both.
+//  interleaved: [blocks][2][num_layers][block] (MAX, the seeds): one block's
+//               K/V of every layer are contiguous, consecutive blocks of one
+//               layer are 2 * num_layers blocks apart.
+//  per_layer:   [num_layers][2][blocks][block] (vLLM, FlashInfer, ferrum):
+//               each layer's K and each layer's V is an array of its own,
+//               `[num_blocks][page_size][n_kv_heads][head_dim]` (NHD) or
+//               `[num_blocks][n_kv_heads][page_size][head_dim]` (HND, ferrum's
+//               `[num_blocks, num_kv_heads, block_size, head_dim]`).
+// `block` is one layer's K (or V) of one block: [block_tokens][n_kv_heads][head_dim]
+// in NHD, [n_kv_heads][block_tokens][head_dim] in HND.
+enum class PoolArrangement : std::uint8_t { interleaved, per_layer };
+
+std::string_view arrangement_name(PoolArrangement a);
+// "interleaved" | "per_layer" (also "per-layer"); throws InvalidArgument otherwise.
+PoolArrangement parse_arrangement(std::string_view name);
+
 struct KVCacheParams {
   DType dtype = DType::f32;
   std::uint32_t num_layers = 1;
@@ -54,12 +72,14 @@ struct KVCacheParams {
   bool enable_prefix_caching = false;        // paged only
   std::uint32_t n_devices = 1;               // KV heads are split evenly across devices
   PageLayout page_layout = PageLayout::nhd;  // order inside a page / slot (both strategies)
+  PoolArrangement pool_arrangement = PoolArrangement::interleaved;  // where layers lie
 
   // Throws InvalidArgument on: zero num_layers / n_kv_heads / head_dim /
   // n_devices; paged with page_size 0; continuous with page_size != 0 is
   // allowed and ignored; prefix caching with continuous; n_devices not
-  // dividing n_kv_heads (MAX floors silently; we refuse); sizes whose
-  // products overflow 64-bit byte counts.
+  // dividing n_kv_heads (MAX floors silently; we refuse); an enum value
+  // outside its type; one token of K/V over 2^31 bytes (so a token count up
+  // to 2^32 times it still fits 64 bits).
   void validate() const;
 
   // KV heads stored on each device.
@@ -73,7 +93,7 @@ struct KVCacheParams {
   std::size_t bytes_per_token_per_device() const;
 
   // Human-readable one-liner, e.g. "bf16 L32 kv8 d128 paged/16" (" hnd"
-  // appended for that layout).
+  // appended for that layout, " per_layer" for that arrangement).
   std::string to_string() const;
 
   friend bool operator==(const KVCacheParams&, const KVCacheParams&) = default;

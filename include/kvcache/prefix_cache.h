@@ -88,7 +88,8 @@ struct PrefixCacheConfig {
   double s3fifo_small_fraction = 0.1;
   // s3fifo / tiered / interval: ghost FIFO length (hashes of evicted pages,
   // 16 bytes each; 48 for interval, which keeps their use statistics) in units
-  // of the pool size, in [0, 64].
+  // of the pool size, in [0, 64]; at most 2^24 entries whatever the pool
+  // (counted by PagedKVCacheManager::estimated_bookkeeping_size).
   double ghost_factor = 16.0;
   BlockHashFn hash;  // empty: default_block_hash
   // Called (under the manager's lock) for every page stored in / removed from

@@ -100,6 +100,9 @@ static_assert(KVC_STRATEGY_CONTINUOUS == static_cast<int>(kvcache::CacheStrategy
               KVC_STRATEGY_PAGED == static_cast<int>(kvcache::CacheStrategy::paged));
 static_assert(KVC_LAYOUT_NHD == static_cast<int>(kvcache::PageLayout::nhd) &&
               KVC_LAYOUT_HND == static_cast<int>(kvcache::PageLayout::hnd));
+static_assert(KVC_ARRANGEMENT_INTERLEAVED ==
+                  static_cast<int>(kvcache::PoolArrangement::interleaved) &&
+              KVC_ARRANGEMENT_PER_LAYER == static_cast<int>(kvcache::PoolArrangement::per_layer));
 static_assert(KVC_EVICT_LRU == static_cast<int>(kvcache::EvictionPolicyKind::lru) &&
               KVC_EVICT_S3FIFO == static_cast<int>(kvcache::EvictionPolicyKind::s3fifo) &&
               KVC_EVICT_TIERED == static_cast<int>(kvcache::EvictionPolicyKind::tiered) &&
@@ -145,6 +148,9 @@ kvcache::KVCacheParams to_params(const kvc_params* p) {
   params.enable_prefix_caching = p->enable_prefix_caching == 1;
   params.page_layout = from_c<kvcache::PageLayout>(p->page_layout, 2, "params->page_layout",
                                                    "KVC_LAYOUT_NHD or KVC_LAYOUT_HND");
+  params.pool_arrangement =
+      from_c<kvcache::PoolArrangement>(p->pool_arrangement, 2, "params->pool_arrangement",
+                                       "KVC_ARRANGEMENT_INTERLEAVED or KVC_ARRANGEMENT_PER_LAYER");
   params.validate();
   return params;
 }
@@ -492,6 +498,11 @@ kvc_status kvc_batch_describe(const kvc_batch* batch, kvc_cache_desc* out, kvc_e
     d.strategy = b.strategy() == kvcache::CacheStrategy::paged ? KVC_STRATEGY_PAGED
                                                                : KVC_STRATEGY_CONTINUOUS;
     d.layout = b.params().page_layout == kvcache::PageLayout::hnd ? KVC_LAYOUT_HND : KVC_LAYOUT_NHD;
+    d.reserved_lengths = b.reserved_lengths().data();
+    d.max_full_context_length = b.max_full_context_length();
+    d.arrangement = b.params().pool_arrangement == kvcache::PoolArrangement::per_layer
+                        ? KVC_ARRANGEMENT_PER_LAYER
+                        : KVC_ARRANGEMENT_INTERLEAVED;
     *out = d;
   });
 }

@@ -40,10 +40,13 @@ void KVCacheBatch::reserve(std::size_t batch, std::size_t lookup_entries, std::s
 void KVCacheBatch::recompute_maxima(std::span<const std::uint32_t> new_tokens) {
   max_seq_length_ = 0;
   max_cache_length_ = 0;
+  max_full_context_length_ = 0;
   is_cache_empty_ = true;
   for (std::size_t b = 0; b < cache_lengths_.size(); ++b) {
     max_seq_length_ = std::max(max_seq_length_, new_tokens[b]);
-    max_cache_length_ = std::max(max_cache_length_, cache_lengths_[b] + new_tokens[b]);
+    max_cache_length_ = std::max(max_cache_length_, cache_lengths_[b]);
+    max_full_context_length_ =
+        std::max(max_full_context_length_, cache_lengths_[b] + new_tokens[b]);
     if (cache_lengths_[b] != 0) is_cache_empty_ = false;
   }
 }
@@ -78,11 +81,15 @@ void KVCacheBatch::increment_cache_lengths(std::span<const std::uint32_t> prev_r
   for (std::size_t b = 0; b < n; ++b) {
     cache_lengths_[b] += prev_row_offsets[b + 1] - prev_row_offsets[b];
   }
+  // MAX: the history maximum advances by the previous step's max_seq_length
+  // (an upper bound of the new history maximum; never below it).
+  std::uint32_t history = 0;
+  for (std::size_t b = 0; b < n; ++b) history = std::max(history, cache_lengths_[b]);
+  max_cache_length_ =
+      std::max(history, static_cast<std::uint32_t>(std::min<std::uint64_t>(
+                            std::uint64_t{max_cache_length_} + max_seq_length_, UINT32_MAX)));
   max_seq_length_ = n == 0 ? 0 : 1;
-  max_cache_length_ = 0;
-  for (std::size_t b = 0; b < n; ++b) {
-    max_cache_length_ = std::max(max_cache_length_, cache_lengths_[b] + 1);
-  }
+  max_full_context_length_ = n == 0 ? 0 : history + 1;
   is_cache_empty_ = false;
 }
 

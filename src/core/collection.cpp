@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "core/checked_math.h"
+
 namespace kvcache::detail {
 
 namespace {
@@ -17,53 +19,65 @@ void require(bool ok, const Message& message) {
 
 }  // namespace
 
-void validate_collection_desc(const void* blocks, const std::uint32_t* cache_lengths,
-                              const std::uint32_t* lookup_table, std::uint32_t lookup_stride,
-                              std::uint32_t batch_size, std::uint32_t max_seq_length,
-                              std::uint32_t max_cache_length, std::uint32_t num_layers,
-                              std::uint32_t block_tokens, std::uint32_t n_kv_heads,
-                              std::uint32_t head_dim, std::uint32_t num_blocks, PageLayout layout) {
-  require(blocks != nullptr, [&] { return std::string("collection blocks pointer is null"); });
-  require(layout == PageLayout::nhd || layout == PageLayout::hnd, [&] {
-    return "collection layout value " + u(static_cast<std::uint32_t>(layout)) +
+void validate_collection_desc(const CollectionDesc<float>& d) {
+  require(d.blocks != nullptr, [&] { return std::string("collection blocks pointer is null"); });
+  require(d.layout == PageLayout::nhd || d.layout == PageLayout::hnd, [&] {
+    return "collection layout value " + u(static_cast<std::uint32_t>(d.layout)) +
            " is not nhd or hnd";
   });
-  require(num_layers > 0 && block_tokens > 0 && n_kv_heads > 0 && head_dim > 0 && num_blocks > 0,
-          [&] {
-            return "collection sizes must be non-zero (num_layers " + u(num_layers) +
-                   ", block_tokens " + u(block_tokens) + ", n_kv_heads " + u(n_kv_heads) +
-                   ", head_dim " + u(head_dim) + ", num_blocks " + u(num_blocks) + ")";
-          });
-  if (batch_size == 0) return;
-  require(cache_lengths != nullptr,
-          [&] { return std::string("collection cache_lengths pointer is null"); });
-  require(lookup_table != nullptr,
-          [&] { return std::string("collection lookup_table pointer is null"); });
-  require(lookup_stride > 0, [&] { return std::string("collection lookup_stride is 0"); });
-  const std::uint64_t room = std::uint64_t{lookup_stride} * block_tokens;
-  require(max_cache_length <= room, [&] {
-    return "max_cache_length " + u(max_cache_length) + " exceeds the lookup table's room of " +
-           u(room) + " tokens";
-  });
-  require(max_seq_length <= max_cache_length, [&] {
-    return "max_seq_length " + u(max_seq_length) + " exceeds max_cache_length " +
-           u(max_cache_length);
-  });
-  for (std::uint32_t b = 0; b < batch_size; ++b) {
-    require(cache_lengths[b] <= max_cache_length, [&] {
-      return "cache_lengths[" + u(b) + "] = " + u(cache_lengths[b]) + " exceeds max_cache_length " +
-             u(max_cache_length);
-    });
-    const std::uint32_t committed_blocks = (cache_lengths[b] + block_tokens - 1) / block_tokens;
-    for (std::uint32_t j = 0; j < lookup_stride; ++j) {
-      const std::uint32_t id = lookup_table[std::uint64_t{b} * lookup_stride + j];
-      require(id <= num_blocks, [&] {
-        return "lookup_table[" + u(b) + "][" + u(j) + "] = " + u(id) + " is past the " +
-               u(num_blocks) + " blocks";
+  require(
+      d.arrangement == PoolArrangement::interleaved || d.arrangement == PoolArrangement::per_layer,
+      [&] {
+        return "collection arrangement value " + u(static_cast<std::uint32_t>(d.arrangement)) +
+               " is not interleaved or per_layer";
       });
-      require(id < num_blocks || j >= committed_blocks, [&] {
+  require(d.num_layers > 0 && d.block_tokens > 0 && d.n_kv_heads > 0 && d.head_dim > 0 &&
+              d.num_blocks > 0,
+          [&] {
+            return "collection sizes must be non-zero (num_layers " + u(d.num_layers) +
+                   ", block_tokens " + u(d.block_tokens) + ", n_kv_heads " + u(d.n_kv_heads) +
+                   ", head_dim " + u(d.head_dim) + ", num_blocks " + u(d.num_blocks) + ")";
+          });
+  // The pool's element count must fit 64 bits (the views' offsets use it).
+  checked_product("collection pool elements", {{"num_blocks", d.num_blocks},
+                                               {"2 * num_layers", 2 * std::uint64_t{d.num_layers}},
+                                               {"block_tokens", d.block_tokens},
+                                               {"n_kv_heads", d.n_kv_heads},
+                                               {"head_dim", d.head_dim},
+                                               {"element size", 4}});
+  if (d.batch_size == 0) return;
+  require(d.cache_lengths != nullptr,
+          [&] { return std::string("collection cache_lengths pointer is null"); });
+  require(d.lookup_table != nullptr,
+          [&] { return std::string("collection lookup_table pointer is null"); });
+  require(d.lookup_stride > 0, [&] { return std::string("collection lookup_stride is 0"); });
+  for (std::uint32_t b = 0; b < d.batch_size; ++b) {
+    const std::uint32_t length = d.cache_lengths[b];
+    require(length <= d.max_cache_length, [&] {
+      return "cache_lengths[" + u(b) + "] = " + u(length) + " exceeds max_cache_length " +
+             u(d.max_cache_length);
+    });
+    const std::uint64_t room =
+        d.reserved_lengths != nullptr ? d.reserved_lengths[b] : std::uint64_t{length};
+    require(d.reserved_lengths == nullptr || room >= length, [&] {
+      return "reserved_lengths[" + u(b) + "] = " + u(room) + " is below cache_lengths[" + u(b) +
+             "] = " + u(length);
+    });
+    const std::uint64_t needed_blocks = (room + d.block_tokens - 1) / d.block_tokens;
+    require(needed_blocks <= d.lookup_stride, [&] {
+      return "entry " + u(b) + " needs " + u(needed_blocks) + " blocks for " + u(room) +
+             " tokens but lookup_stride is " + u(d.lookup_stride);
+    });
+    for (std::uint32_t j = 0; j < d.lookup_stride; ++j) {
+      const std::uint32_t id = d.lookup_table[std::uint64_t{b} * d.lookup_stride + j];
+      require(id <= d.num_blocks, [&] {
+        return "lookup_table[" + u(b) + "][" + u(j) + "] = " + u(id) + " is past the " +
+               u(d.num_blocks) + " blocks";
+      });
+      require(id < d.num_blocks || j >= needed_blocks, [&] {
         return "lookup_table[" + u(b) + "][" + u(j) + "] is the sentinel but entry " + u(b) +
-               " has " + u(cache_lengths[b]) + " committed tokens there";
+               " has " + u(room) + (d.reserved_lengths != nullptr ? " reserved" : " committed") +
+               " tokens there";
       });
     }
   }

@@ -26,6 +26,17 @@ PageLayout parse_layout(std::string_view name) {
   throw InvalidArgument("unknown page layout '" + std::string(name) + "': expected nhd or hnd");
 }
 
+std::string_view arrangement_name(PoolArrangement a) {
+  return a == PoolArrangement::per_layer ? "per_layer" : "interleaved";
+}
+
+PoolArrangement parse_arrangement(std::string_view name) {
+  if (name == "interleaved") return PoolArrangement::interleaved;
+  if (name == "per_layer" || name == "per-layer") return PoolArrangement::per_layer;
+  throw InvalidArgument("unknown pool arrangement '" + std::string(name) +
+                        "': expected interleaved or per_layer");
+}
+
 namespace {
 
 void require_positive(const char* field, std::uint32_t value) {
@@ -61,6 +72,12 @@ void KVCacheParams::validate() const {
   if (page_layout != PageLayout::nhd && page_layout != PageLayout::hnd) {
     throw InvalidArgument("page_layout value " + std::to_string(static_cast<int>(page_layout)) +
                           " is not nhd or hnd");
+  }
+  if (pool_arrangement != PoolArrangement::interleaved &&
+      pool_arrangement != PoolArrangement::per_layer) {
+    throw InvalidArgument("pool_arrangement value " +
+                          std::to_string(static_cast<int>(pool_arrangement)) +
+                          " is not interleaved or per_layer");
   }
   if (cache_strategy == CacheStrategy::paged && page_size == 0) {
     throw InvalidArgument("page_size is 0: a paged cache needs page_size >= 1");
@@ -102,6 +119,7 @@ std::string KVCacheParams::to_string() const {
   if (enable_prefix_caching) s += " +prefix";
   if (n_devices > 1) s.append(" x").append(std::to_string(n_devices)).append(" devices");
   if (page_layout == PageLayout::hnd) s += " hnd";
+  if (pool_arrangement == PoolArrangement::per_layer) s += " per_layer";
   return s;
 }
 

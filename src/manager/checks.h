@@ -4,9 +4,11 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "kvcache/batch.h"
 #include "kvcache/error.h"
+#include "kvcache/params.h"
 
 namespace kvcache::manager {
 
@@ -47,8 +49,7 @@ inline void check_batch_spans(std::span<const SeqId> seqs, std::size_t counts,
   if (seqs.empty()) throw InvalidArgument("the batch is empty: pass at least one seq id");
   if (seqs.size() != counts) {
     throw InvalidArgument(std::string(counts_name) + " has " + std::to_string(counts) +
-                          " entries but the batch has " + std::to_string(seqs.size()) +
-                          " seq ids");
+                          " entries but the batch has " + std::to_string(seqs.size()) + " seq ids");
   }
 }
 
@@ -63,9 +64,8 @@ inline std::uint32_t reserved_target(SeqId id, std::uint32_t length, std::uint32
   if (target > max_seq_len) {
     throw CapacityExceeded(seq_name(id) + " needs room for " + std::to_string(target) +
                            " tokens (" + std::to_string(length) + " cached + " +
-                           std::to_string(new_tokens) + " new + " +
-                           std::to_string(num_steps - 1) + " extra steps), max_seq_len is " +
-                           std::to_string(max_seq_len));
+                           std::to_string(new_tokens) + " new + " + std::to_string(num_steps - 1) +
+                           " extra steps), max_seq_len is " + std::to_string(max_seq_len));
   }
   return static_cast<std::uint32_t>(target);
 }
@@ -82,10 +82,24 @@ inline void check_step_room(SeqId id, std::uint32_t length, std::uint32_t valid,
 inline void check_claim(std::uint32_t n, std::uint32_t active, std::uint32_t max_batch_size) {
   if (n == 0) throw InvalidArgument("claim(0): claim at least one sequence");
   if (std::uint64_t{active} + n > max_batch_size) {
-    throw CapacityExceeded("cannot claim " + std::to_string(n) + " sequences: " +
-                           std::to_string(active) + " of max_batch_size " +
+    throw CapacityExceeded("cannot claim " + std::to_string(n) +
+                           " sequences: " + std::to_string(active) + " of max_batch_size " +
                            std::to_string(max_batch_size) + " are in use");
   }
+}
+
+// Shape of the blocks tensor of n blocks of block_tokens tokens (one device):
+// interleaved [n][2][layers][A][B][head_dim], per_layer
+// [layers][2][n][A][B][head_dim], with [A][B] = [tokens][heads] (NHD) or
+// [heads][tokens] (HND).
+inline std::vector<std::size_t> block_shape_of(const KVCacheParams& p, std::uint32_t n,
+                                               std::uint32_t block_tokens) {
+  const bool hnd = p.page_layout == PageLayout::hnd;
+  const std::size_t a = hnd ? p.n_kv_heads_per_device() : block_tokens;
+  const std::size_t b = hnd ? block_tokens : p.n_kv_heads_per_device();
+  if (p.pool_arrangement == PoolArrangement::per_layer)
+    return {p.num_layers, 2, n, a, b, p.head_dim};
+  return {n, 2, p.num_layers, a, b, p.head_dim};
 }
 
 }  // namespace kvcache::manager

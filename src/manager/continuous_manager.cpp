@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <mutex>
+#include <new>
 #include <string>
 #include <unordered_map>
 
+#include "core/checked_math.h"
 #include "manager/checks.h"
+#include "manager/seq_ids.h"
 #include "memory/block_pool.h"
 #include "memory/host_arena.h"
 
@@ -21,8 +24,8 @@ struct ContinuousBatchingKVCacheManager::Impl {
     std::uint64_t mark = 0;  // last batch epoch that named it (duplicate check)
   };
 
-  Impl(const KVCacheParams& p, std::uint32_t max_batch, std::uint32_t max_seq)
-      : params(p), max_batch_size(max_batch), max_seq_len(max_seq), slots(max_batch) {
+  Impl(const KVCacheParams& p, std::uint32_t max_batch, std::uint32_t max_seq, SeqIdPolicy ids)
+      : params(p), max_batch_size(max_batch), max_seq_len(max_seq), slots(max_batch), ids(ids) {
     const std::size_t per_device = estimated_memory_size(p, max_batch, max_seq) / p.n_devices;
     for (std::uint32_t d = 0; d < p.n_devices; ++d) arenas.emplace_back(per_device);
   }
@@ -36,20 +39,27 @@ struct ContinuousBatchingKVCacheManager::Impl {
   std::vector<memory::HostArena> arenas;
   memory::BlockPool slots;
   std::unordered_map<SeqId, Sequence> seqs;
-  SeqId next_id = 0;
+  manager::SeqIdAllocator ids;
   std::uint64_t epoch = 0;
   mutable std::mutex mu;
 };
 
 ContinuousBatchingKVCacheManager::ContinuousBatchingKVCacheManager(const KVCacheParams& params,
                                                                    std::uint32_t max_batch_size,
-                                                                   std::uint32_t max_seq_len)
-    : KVCacheManager(params, max_batch_size, max_seq_len) {
+                                                                   std::uint32_t max_seq_len,
+                                                                   SeqIdPolicy seq_id_policy)
+    : KVCacheManager(params, max_batch_size, max_seq_len, seq_id_policy) {
   if (params.cache_strategy != CacheStrategy::continuous) {
     throw InvalidArgument("ContinuousBatchingKVCacheManager needs cache_strategy continuous, got " +
                           std::string(strategy_name(params.cache_strategy)));
   }
-  impl_ = std::make_unique<Impl>(params, max_batch_size, max_seq_len);
+  (void)estimated_memory_size(params, max_batch_size, max_seq_len);  // sizes past 64 bits
+  try {
+    impl_ = std::make_unique<Impl>(params, max_batch_size, max_seq_len, seq_id_policy);
+  } catch (const std::bad_alloc&) {
+    throw OutOfMemory("cannot allocate the bookkeeping of " + std::to_string(max_batch_size) +
+                      " slots");
+  }
 }
 
 ContinuousBatchingKVCacheManager::~ContinuousBatchingKVCacheManager() = default;
@@ -58,7 +68,10 @@ std::size_t ContinuousBatchingKVCacheManager::estimated_memory_size(const KVCach
                                                                     std::uint32_t max_batch_size,
                                                                     std::uint32_t max_seq_len) {
   params.validate();
-  return std::size_t{max_batch_size} * max_seq_len * params.bytes_per_token();
+  return detail::checked_product("estimated_memory_size",
+                                 {{"max_batch_size", max_batch_size},
+                                  {"max_seq_len", max_seq_len},
+                                  {"bytes_per_token", params.bytes_per_token()}});
 }
 
 std::vector<SeqId> ContinuousBatchingKVCacheManager::claim(std::uint32_t n) {
@@ -67,20 +80,22 @@ std::vector<SeqId> ContinuousBatchingKVCacheManager::claim(std::uint32_t n) {
   std::vector<SeqId> ids;
   ids.reserve(n);
   impl_->seqs.reserve(impl_->seqs.size() + n);  // no rehash-throw below
+  impl_->ids.reserve(n);
+  const SeqId mark = impl_->ids.next_id();
   try {
     for (std::uint32_t i = 0; i < n; ++i) {
-      const SeqId id = impl_->next_id;
-      auto it = impl_->seqs.emplace(id, Impl::Sequence{}).first;  // may throw bad_alloc
+      ids.push_back(impl_->ids.take());                                   // capacity reserved above
+      auto it = impl_->seqs.emplace(ids.back(), Impl::Sequence{}).first;  // may throw bad_alloc
       it->second.slot = impl_->slots.allocate();
-      ++impl_->next_id;
-      ids.push_back(id);
     }
   } catch (...) {  // all or nothing: undo the ids already handed out
     for (SeqId id : ids) {
-      impl_->slots.release(impl_->seqs.at(id).slot);
-      impl_->seqs.erase(id);
+      auto it = impl_->seqs.find(id);
+      if (it == impl_->seqs.end()) continue;  // its emplace threw
+      impl_->slots.release(it->second.slot);
+      impl_->seqs.erase(it);
     }
-    impl_->next_id -= ids.size();
+    impl_->ids.rollback(ids, mark);
     throw;
   }
   return ids;
@@ -114,7 +129,7 @@ void ContinuousBatchingKVCacheManager::fetch_into(KVCacheBatch& out, std::span<c
   next.block_copies_.clear();  // slots are never shared
   for (std::size_t b = 0; b < seqs.size(); ++b) {
     Impl::Sequence& s = impl_->seqs.find(seqs[b])->second;
-    s.reserved = s.length + num_new_tokens[b] + (num_steps - 1);
+    s.reserved = impl_->max_seq_len;  // the whole slot is the sequence's
     next.cache_lengths_[b] = s.length;
     next.reserved_lengths_[b] = s.reserved;
     next.lookup_table_[b] = s.slot;
@@ -143,6 +158,7 @@ void ContinuousBatchingKVCacheManager::release(SeqId seq) {
   if (it == impl_->seqs.end()) manager::throw_unknown(seq);
   impl_->slots.release(it->second.slot);
   impl_->seqs.erase(it);
+  impl_->ids.release(seq);
 }
 
 std::uint32_t ContinuousBatchingKVCacheManager::cache_length(SeqId seq) const {
@@ -170,10 +186,7 @@ std::uint32_t ContinuousBatchingKVCacheManager::free_blocks() const {
 }
 
 std::vector<std::size_t> ContinuousBatchingKVCacheManager::block_shape(std::uint32_t n) const {
-  const KVCacheParams& p = impl_->params;
-  if (p.page_layout == PageLayout::hnd)
-    return {n, 2, p.num_layers, p.n_kv_heads_per_device(), impl_->max_seq_len, p.head_dim};
-  return {n, 2, p.num_layers, impl_->max_seq_len, p.n_kv_heads_per_device(), p.head_dim};
+  return manager::block_shape_of(impl_->params, n, impl_->max_seq_len);
 }
 
 ManagerSnapshot ContinuousBatchingKVCacheManager::snapshot() const {
@@ -187,7 +200,7 @@ ManagerSnapshot ContinuousBatchingKVCacheManager::snapshot() const {
   snap.free_blocks = impl_->slots.free_list();
   std::sort(snap.free_blocks.begin(), snap.free_blocks.end());
   snap.ref_counts = impl_->slots.ref_counts();
-  snap.next_seq_id = impl_->next_id;
+  snap.next_seq_id = impl_->ids.next_id();
   return snap;
 }
 
@@ -205,8 +218,8 @@ void ContinuousBatchingKVCacheManager::check_invariants() const {
                   std::to_string(s.reserved));
     if (s.length > impl_->max_seq_len)
       throw Error(seq_name(id) + " length " + std::to_string(s.length) + " exceeds max_seq_len");
-    if (id >= impl_->next_id) throw Error(seq_name(id) + " is not below next id");
   }
+  impl_->ids.check(impl_->seqs, n);
   std::vector<std::uint32_t> on_free_list(n, 0);
   for (std::uint32_t slot : impl_->slots.free_list()) {
     if (slot >= n || on_free_list[slot]++ != 0)

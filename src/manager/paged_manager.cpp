@@ -3,11 +3,14 @@
 #include <algorithm>
 #include <cstring>
 #include <mutex>
+#include <new>
 #include <set>
 #include <string>
 #include <unordered_map>
 
+#include "core/checked_math.h"
 #include "manager/checks.h"
+#include "manager/seq_ids.h"
 #include "memory/block_pool.h"
 #include "memory/host_arena.h"
 #include "prefix/eviction_policy.h"
@@ -155,12 +158,40 @@ struct PagedKVCacheManager::Impl {
     return page;
   }
 
+  // Copies every layer's K and V of page `from` into page `to`, on every
+  // device: one run of page_bytes (interleaved) or one run per layer and K/V
+  // (per_layer, each its own array of pages).
   void copy_page(std::uint32_t from, std::uint32_t to) {
+    const bool per_layer = params.pool_arrangement == PoolArrangement::per_layer;
+    const std::size_t runs = per_layer ? 2 * std::size_t{params.num_layers} : 1;
+    const std::size_t run_bytes = page_bytes / runs;
+    const std::size_t pitch = per_layer ? run_bytes * num_pages() : page_bytes;
     for (auto& arena : arenas) {
-      std::memcpy(arena.data() + std::size_t{to} * page_bytes,
-                  arena.data() + std::size_t{from} * page_bytes, page_bytes);
+      for (std::size_t r = 0; r < runs; ++r) {
+        std::byte* base = arena.data() + r * pitch;
+        std::memcpy(base + std::size_t{to} * run_bytes, base + std::size_t{from} * run_bytes,
+                    run_bytes);
+      }
     }
     ++metrics.cow_copies;
+  }
+
+  // Copy-on-write copies a batch needs, from the shared pages its entries
+  // write into (shared_writes, one item per writer, cleared here): the
+  // writers of a page with ref count r copy in turn until one holds it
+  // alone, so k writers make min(k, r - 1) copies (a fork pair fetched
+  // together: one copy, not two).
+  std::uint64_t count_copies() {
+    std::sort(shared_writes.begin(), shared_writes.end());
+    std::uint64_t copies = 0;
+    for (std::size_t i = 0; i < shared_writes.size();) {
+      std::size_t k = i;
+      while (k < shared_writes.size() && shared_writes[k] == shared_writes[i]) ++k;
+      copies += std::min<std::uint64_t>(k - i, pool.ref_count(shared_writes[i]) - 1);
+      i = k;
+    }
+    shared_writes.clear();
+    return copies;
   }
 
   // ---- hashing / matching ----------------------------------------------------
@@ -229,7 +260,7 @@ struct PagedKVCacheManager::Impl {
   std::size_t page_bytes = 0;  // per device
   memory::BlockPool pool;
   std::unordered_map<SeqId, Sequence> seqs;
-  SeqId next_id = 0;
+  manager::SeqIdAllocator ids{SeqIdPolicy::never_reuse};  // set by the constructor
   std::uint64_t epoch = 0;
   // Prefix cache.
   PrefixCacheConfig config;
@@ -242,18 +273,20 @@ struct PagedKVCacheManager::Impl {
   std::uint32_t num_pinned = 0;                              // published pages with pin > 0
   PrefixCacheMetrics metrics;
   std::vector<MatchedPage> scratch;
+  std::vector<std::uint32_t> shared_writes;  // fetch's scratch: see count_copies
   mutable std::mutex mu;
 };
 
 PagedKVCacheManager::PagedKVCacheManager(const KVCacheParams& params, std::uint32_t total_num_pages,
-                                         std::uint32_t max_batch_size, std::uint32_t max_seq_len)
-    : PagedKVCacheManager(params, total_num_pages, max_batch_size, max_seq_len,
-                          PrefixCacheConfig{}) {}
+                                         std::uint32_t max_batch_size, std::uint32_t max_seq_len,
+                                         SeqIdPolicy seq_id_policy)
+    : PagedKVCacheManager(params, total_num_pages, max_batch_size, max_seq_len, PrefixCacheConfig{},
+                          seq_id_policy) {}
 
 PagedKVCacheManager::PagedKVCacheManager(const KVCacheParams& params, std::uint32_t total_num_pages,
                                          std::uint32_t max_batch_size, std::uint32_t max_seq_len,
-                                         PrefixCacheConfig config)
-    : KVCacheManager(params, max_batch_size, max_seq_len) {
+                                         PrefixCacheConfig config, SeqIdPolicy seq_id_policy)
+    : KVCacheManager(params, max_batch_size, max_seq_len, seq_id_policy) {
   if (params.cache_strategy != CacheStrategy::paged) {
     throw InvalidArgument("PagedKVCacheManager needs cache_strategy paged, got " +
                           std::string(strategy_name(params.cache_strategy)));
@@ -263,8 +296,18 @@ PagedKVCacheManager::PagedKVCacheManager(const KVCacheParams& params, std::uint3
     throw InvalidArgument("total_num_pages " + std::to_string(total_num_pages) +
                           " leaves no room for the sentinel; the limit is 4294967294");
   }
-  impl_ = std::make_unique<Impl>(params, total_num_pages, max_batch_size, max_seq_len,
-                                 std::move(config));
+  (void)estimated_memory_size(params, total_num_pages);  // refuses sizes past 64 bits first
+  const std::size_t bookkeeping = estimated_bookkeeping_size(params, total_num_pages, config);
+  try {
+    impl_ = std::make_unique<Impl>(params, total_num_pages, max_batch_size, max_seq_len,
+                                   std::move(config));
+    impl_->ids = manager::SeqIdAllocator(seq_id_policy);
+  } catch (const std::bad_alloc&) {
+    throw OutOfMemory("cannot allocate the bookkeeping of " + std::to_string(total_num_pages) +
+                      " pages: " + std::to_string(bookkeeping) + " bytes (ref counts, free list" +
+                      (params.enable_prefix_caching ? ", prefix index and eviction policy" : "") +
+                      ")");
+  }
 }
 
 PagedKVCacheManager::~PagedKVCacheManager() = default;
@@ -272,7 +315,26 @@ PagedKVCacheManager::~PagedKVCacheManager() = default;
 std::size_t PagedKVCacheManager::estimated_memory_size(const KVCacheParams& params,
                                                        std::uint32_t total_num_pages) {
   params.validate();
-  return std::size_t{total_num_pages} * params.page_size * params.bytes_per_token();
+  return detail::checked_product("estimated_memory_size",
+                                 {{"total_num_pages", total_num_pages},
+                                  {"page_size", params.page_size},
+                                  {"bytes_per_token", params.bytes_per_token()}});
+}
+
+std::size_t PagedKVCacheManager::estimated_bookkeeping_size(const KVCacheParams& params,
+                                                            std::uint32_t total_num_pages,
+                                                            const PrefixCacheConfig& config) {
+  params.validate();
+  const std::uint64_t n = total_num_pages;
+  std::uint64_t bytes = n * 2 * sizeof(std::uint32_t);  // ref counts, free list
+  if (params.enable_prefix_caching) {
+    bytes += n * sizeof(Impl::PageMeta);
+    bytes += detail::checked_product(
+        "stored token ids", {{"total_num_pages", n}, {"page_size", params.page_size}, {"4", 4}});
+    bytes += prefix::PageIndex::bytes_for(total_num_pages);
+    bytes += prefix::policy_bytes(config, total_num_pages);
+  }
+  return bytes;
 }
 
 std::uint32_t PagedKVCacheManager::pages_for_memory(const KVCacheParams& params,
@@ -291,14 +353,16 @@ std::vector<SeqId> PagedKVCacheManager::claim(std::uint32_t n) {
   std::vector<SeqId> ids;
   ids.reserve(n);
   impl_->seqs.reserve(impl_->seqs.size() + n);
+  impl_->ids.reserve(n);
+  const SeqId mark = impl_->ids.next_id();
   try {
     for (std::uint32_t i = 0; i < n; ++i) {
-      impl_->seqs.emplace(impl_->next_id, Impl::Sequence{});  // may throw bad_alloc
-      ids.push_back(impl_->next_id++);
+      ids.push_back(impl_->ids.take());                   // capacity reserved above
+      impl_->seqs.emplace(ids.back(), Impl::Sequence{});  // may throw bad_alloc
     }
   } catch (...) {  // all or nothing: undo the ids already handed out
     for (SeqId id : ids) impl_->seqs.erase(id);
-    impl_->next_id -= ids.size();
+    impl_->ids.rollback(ids, mark);
     throw;
   }
   return ids;
@@ -315,6 +379,7 @@ void PagedKVCacheManager::fetch_into(KVCacheBatch& out, std::span<const SeqId> s
   ++im.epoch;
   std::uint64_t pages_needed = 0, copies_needed = 0;
   std::uint32_t stride = 1;
+  im.shared_writes.clear();
   im.mark_all(seqs);
   for (std::size_t b = 0; b < seqs.size(); ++b) {
     Impl::Sequence& s = im.seqs.find(seqs[b])->second;
@@ -326,10 +391,11 @@ void PagedKVCacheManager::fetch_into(KVCacheBatch& out, std::span<const SeqId> s
     if (target > s.length) {
       const std::uint32_t last = std::min<std::uint32_t>((target - 1) / ps + 1, s.pages.size());
       for (std::uint32_t j = s.length / ps; j < last; ++j)
-        copies_needed += im.pool.ref_count(s.pages[j]) > 1;
+        if (im.pool.ref_count(s.pages[j]) > 1) im.shared_writes.push_back(s.pages[j]);
     }
     stride = std::max<std::uint32_t>(stride, std::max<std::uint32_t>(want, s.pages.size()));
   }
+  copies_needed = im.count_copies();
   if (pages_needed + copies_needed > im.available()) {
     throw OutOfPages("need " + str(pages_needed + copies_needed) + " pages for this batch of " +
                      str(seqs.size()) + " sequences (" + str(copies_needed) + " copy-on-write), " +
@@ -457,6 +523,7 @@ void PagedKVCacheManager::release(SeqId seq, ReuseHint hint) {
   for (auto p = it->second.pages.rbegin(); p != it->second.pages.rend(); ++p)
     impl_->drop_ref(*p, hint);
   impl_->seqs.erase(it);
+  impl_->ids.release(seq);
 }
 
 std::uint32_t PagedKVCacheManager::match_prefix(SeqId seq,
@@ -514,9 +581,15 @@ SeqId PagedKVCacheManager::fork(SeqId seq) {
   child.tokens_known = parent.tokens_known;
   child.extra_key = parent.extra_key;
   child.extends_cached = parent.extends_cached;
-  const SeqId id = im.next_id;
-  im.seqs.emplace(id, std::move(child));  // may throw: nothing changed yet
-  ++im.next_id;
+  im.ids.reserve(1);  // may throw: nothing changed yet
+  const SeqId mark = im.ids.next_id();
+  const SeqId id = im.ids.take();
+  try {
+    im.seqs.emplace(id, std::move(child));  // may throw
+  } catch (...) {
+    im.ids.rollback(std::span(&id, 1), mark);
+    throw;
+  }
   for (std::uint32_t page : im.seqs.find(id)->second.pages) im.pool.retain(page);
   return id;
 }
@@ -618,10 +691,7 @@ std::uint32_t PagedKVCacheManager::free_blocks() const {
 }
 
 std::vector<std::size_t> PagedKVCacheManager::block_shape(std::uint32_t n) const {
-  const KVCacheParams& p = impl_->params;
-  if (p.page_layout == PageLayout::hnd)
-    return {n, 2, p.num_layers, p.n_kv_heads_per_device(), p.page_size, p.head_dim};
-  return {n, 2, p.num_layers, p.page_size, p.n_kv_heads_per_device(), p.head_dim};
+  return manager::block_shape_of(impl_->params, n, impl_->params.page_size);
 }
 
 ManagerSnapshot PagedKVCacheManager::snapshot() const {
@@ -634,7 +704,7 @@ ManagerSnapshot PagedKVCacheManager::snapshot() const {
   snap.free_blocks = im.pool.free_list();
   std::sort(snap.free_blocks.begin(), snap.free_blocks.end());
   snap.ref_counts = im.pool.ref_counts();
-  snap.next_seq_id = im.next_id;
+  snap.next_seq_id = im.ids.next_id();
   if (im.caching) {
     for (std::uint32_t p = 0; p < im.num_pages(); ++p) {
       if (!im.meta[p].published) continue;
@@ -652,6 +722,7 @@ void PagedKVCacheManager::check_invariants() const {
   const std::uint32_t ps = im.params.page_size;
   std::vector<std::uint32_t> refs(n, 0);
   if (im.seqs.size() > im.max_batch_size) throw Error("more sequences than max_batch_size");
+  im.ids.check(im.seqs, im.max_batch_size);
   for (const auto& [id, s] : im.seqs) {
     if (s.length > s.reserved) {
       throw Error(seq_name(id) + " length " + str(s.length) + " exceeds reserved " +
@@ -666,7 +737,6 @@ void PagedKVCacheManager::check_invariants() const {
       if (p >= n) throw Error(seq_name(id) + " holds page " + str(p) + " >= " + str(n));
       ++refs[p];
     }
-    if (id >= im.next_id) throw Error(seq_name(id) + " is not below next id");
     if (!im.caching) continue;
     if (s.tokens_known && s.tokens.size() != s.length) {
       throw Error(seq_name(id) + " keeps " + str(s.tokens.size()) + " token ids for length " +

@@ -57,6 +57,7 @@ namespace {
 class LruPolicy final : public EvictionPolicy {
  public:
   explicit LruPolicy(std::uint32_t n) : lists_(n, 1) {}
+  static std::uint64_t bytes(std::uint32_t n) { return PageLists::bytes_for(n, 1); }
   void on_publish(std::uint32_t, std::uint64_t, bool) override {}
   void on_hit(std::uint32_t) override {}
   void insert(std::uint32_t page, ReuseHint) override { lists_.push_back(0, page); }
@@ -87,6 +88,11 @@ class S3FifoPolicy final : public EvictionPolicy {
         small_target_(static_cast<std::uint32_t>(std::ceil(small_fraction * n))),
         ghost_ring_(std::max<std::uint32_t>(ghost, 1), 0),
         ghost_index_(std::max<std::uint32_t>(ghost, 1)) {}
+  static std::uint64_t bytes(std::uint32_t n, std::uint32_t ghost) {
+    const std::uint32_t g = std::max<std::uint32_t>(ghost, 1);
+    return PageLists::bytes_for(n, 2) + std::uint64_t{n} * (2 + sizeof(std::uint64_t)) +
+           std::uint64_t{g} * sizeof(std::uint64_t) + PageIndex::bytes_for(g);
+  }
 
   void on_publish(std::uint32_t page, std::uint64_t hash, bool) override {
     freq_[page] = 0;
@@ -162,6 +168,10 @@ class GhostFifo {
   explicit GhostFifo(std::uint32_t capacity)
       : ring_(std::max<std::uint32_t>(capacity, 1), 0),
         index_(std::max<std::uint32_t>(capacity, 1)) {}
+  static std::uint64_t bytes(std::uint32_t capacity) {
+    const std::uint32_t c = std::max<std::uint32_t>(capacity, 1);
+    return std::uint64_t{c} * sizeof(std::uint64_t) + PageIndex::bytes_for(c);
+  }
   bool contains(std::uint64_t hash) const { return index_.find(hash).has_value(); }
   void remember(std::uint64_t hash) {
     if (contains(hash)) return;
@@ -197,6 +207,11 @@ class TieredPolicy final : public EvictionPolicy {
  public:
   TieredPolicy(std::uint32_t n, std::uint32_t ghost)
       : lists_(n, 3), seen_(n, 0), hint_(n, ReuseHint::unknown), hash_(n, 0), ghost_(ghost) {}
+  static std::uint64_t bytes(std::uint32_t n, std::uint32_t ghost) {
+    return PageLists::bytes_for(n, 3) +
+           std::uint64_t{n} * (1 + sizeof(ReuseHint) + sizeof(std::uint64_t)) +
+           GhostFifo::bytes(ghost);
+  }
   void on_publish(std::uint32_t page, std::uint64_t hash, bool) override {
     hash_[page] = hash;
     seen_[page] = ghost_.contains(hash) ? 1 : 0;
@@ -271,6 +286,12 @@ class IntervalPolicy final : public EvictionPolicy {
         fresh_gap_(std::uint64_t{kFreshIntervals} * std::max<std::uint32_t>(n, 1)),
         ghost_(std::max<std::uint32_t>(ghost, 1)),
         ghost_index_(std::max<std::uint32_t>(ghost, 1)) {}
+  static std::uint64_t bytes(std::uint32_t n, std::uint32_t ghost) {
+    const std::uint32_t g = std::max<std::uint32_t>(ghost, 1);
+    return PageLists::bytes_for(n, kBuckets) +
+           std::uint64_t{n} * (2 * sizeof(std::uint64_t) + sizeof(Stats)) +
+           std::uint64_t{g} * sizeof(GhostEntry) + PageIndex::bytes_for(g);
+  }
 
   void on_publish(std::uint32_t page, std::uint64_t hash, bool) override {
     hash_[page] = hash;
@@ -359,10 +380,12 @@ class IntervalPolicy final : public EvictionPolicy {
 
 }  // namespace
 
-namespace {
 std::uint32_t ghost_length(const PrefixCacheConfig& config, std::uint32_t num_pages) {
-  return static_cast<std::uint32_t>(std::min<double>(config.ghost_factor * num_pages, 1u << 30));
+  return static_cast<std::uint32_t>(
+      std::min<double>(config.ghost_factor * num_pages, kMaxGhostEntries));
 }
+
+namespace {
 
 // Every field is checked whichever policy reads it: a value out of range is
 // a mistake even where the chosen policy ignores it.
@@ -391,6 +414,23 @@ std::unique_ptr<EvictionPolicy> make_policy(const PrefixCacheConfig& config,
     case EvictionPolicyKind::s3fifo:
       return std::make_unique<S3FifoPolicy>(num_pages, config.s3fifo_small_fraction,
                                             ghost_length(config, num_pages));
+  }
+  throw InvalidArgument("unknown eviction policy " +
+                        std::to_string(static_cast<int>(config.policy)));
+}
+
+std::uint64_t policy_bytes(const PrefixCacheConfig& config, std::uint32_t num_pages) {
+  validate(config);
+  const std::uint32_t ghost = ghost_length(config, num_pages);
+  switch (config.policy) {
+    case EvictionPolicyKind::lru:
+      return LruPolicy::bytes(num_pages);
+    case EvictionPolicyKind::tiered:
+      return TieredPolicy::bytes(num_pages, ghost);
+    case EvictionPolicyKind::interval:
+      return IntervalPolicy::bytes(num_pages, ghost);
+    case EvictionPolicyKind::s3fifo:
+      return S3FifoPolicy::bytes(num_pages, ghost);
   }
   throw InvalidArgument("unknown eviction policy " +
                         std::to_string(static_cast<int>(config.policy)));

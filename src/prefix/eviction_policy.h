@@ -35,12 +35,27 @@ class EvictionPolicy {
 std::unique_ptr<EvictionPolicy> make_policy(const PrefixCacheConfig& config,
                                             std::uint32_t num_pages);
 
+// Bytes the policy make_policy(config, num_pages) allocates (its per-page
+// arrays and its ghost), for the manager's memory estimate. Validates config.
+std::uint64_t policy_bytes(const PrefixCacheConfig& config, std::uint32_t num_pages);
+
+// Ghost entries a policy keeps for num_pages: ghost_factor x num_pages, at
+// most kMaxGhostEntries (so a large pool's ghost stays bounded: 2^24 hashes,
+// about 0.7 GiB with their index).
+inline constexpr std::uint32_t kMaxGhostEntries = 1u << 24;
+std::uint32_t ghost_length(const PrefixCacheConfig& config, std::uint32_t num_pages);
+
 // Doubly linked lists threaded through per-page arrays: a page is in at most
 // one list at a time (list tag kNone otherwise).
 class PageLists {
  public:
   static constexpr std::uint8_t kNone = 0xff;
   PageLists(std::uint32_t num_pages, std::uint8_t num_lists);
+  // Bytes a PageLists(num_pages, num_lists) allocates.
+  static std::uint64_t bytes_for(std::uint32_t num_pages, std::uint8_t num_lists) {
+    return std::uint64_t{num_pages} * (2 * sizeof(std::uint32_t) + sizeof(std::uint8_t)) +
+           std::uint64_t{num_lists} * sizeof(List);
+  }
 
   void push_back(std::uint8_t list, std::uint32_t page);
   void remove(std::uint32_t page);

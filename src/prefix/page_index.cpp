@@ -4,8 +4,18 @@
 
 namespace kvcache::prefix {
 
+namespace {
+std::size_t capacity_for(std::uint32_t max_entries) {
+  return std::bit_ceil(std::max<std::size_t>(16, std::size_t{max_entries} * 2));
+}
+}  // namespace
+
+std::uint64_t PageIndex::bytes_for(std::uint32_t max_entries) {
+  return capacity_for(max_entries) * sizeof(Slot);
+}
+
 PageIndex::PageIndex(std::uint32_t max_entries) {
-  const std::size_t cap = std::bit_ceil(std::max<std::size_t>(16, std::size_t{max_entries} * 2));
+  const std::size_t cap = capacity_for(max_entries);
   slots_.resize(cap);
   mask_ = cap - 1;
 }

@@ -20,6 +20,8 @@ class PageIndex {
 
   // Room for at least max_entries keys.
   explicit PageIndex(std::uint32_t max_entries);
+  // Bytes a PageIndex(max_entries) allocates.
+  static std::uint64_t bytes_for(std::uint32_t max_entries);
 
   // The page stored under key, if any.
   std::optional<std::uint32_t> find(std::uint64_t key) const;

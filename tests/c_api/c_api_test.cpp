@@ -891,3 +891,53 @@ TEST(CApiConcurrency, ThreadsShareOneManager) {
 }
 
 }  // namespace
+
+namespace {
+
+// The per-layer arrangement through C: the description says so, layer l's K
+// of block p lies at ((l * 2 + 0) * num_blocks + p) * block elements, and a
+// store past an entry's reserved room is refused with nothing written.
+TEST(CApi, PerLayerArrangementAndReservedRoom) {
+  Handles h;
+  kvc_params p = make_params(KVC_DTYPE_F32, KVC_STRATEGY_PAGED, KVC_LAYOUT_HND, 4, 2, 8);
+  p.pool_arrangement = KVC_ARRANGEMENT_PER_LAYER;
+  KVC_ASSERT_OK(kvc_manager_create(&p, 8, 4, 64, &h.manager, &kvc_err_));
+  KVC_ASSERT_OK(kvc_batch_create(&h.batch, &kvc_err_));
+  std::uint64_t ids[2];
+  KVC_ASSERT_OK(kvc_claim(h.manager, 2, ids, &kvc_err_));
+  const std::uint32_t news[2] = {1, 6};
+  KVC_ASSERT_OK(kvc_fetch(h.manager, h.batch, ids, news, 2, 1, &kvc_err_));
+  kvc_cache_desc d{};
+  KVC_ASSERT_OK(kvc_batch_describe(h.batch, &d, &kvc_err_));
+  EXPECT_EQ(d.arrangement, KVC_ARRANGEMENT_PER_LAYER);
+  ASSERT_NE(d.reserved_lengths, nullptr);
+  EXPECT_EQ(d.reserved_lengths[0], 1u);
+  EXPECT_EQ(d.reserved_lengths[1], 6u);
+  EXPECT_EQ(d.max_full_context_length, 6u);
+  EXPECT_EQ(d.max_cache_length, 0u);
+
+  const std::size_t row = 2 * 8, block = 4 * row;
+  std::vector<float> k(7 * row), v(7 * row);
+  std::mt19937_64 rng(3);
+  for (auto& x : k) x = kvtest::nonzero(rng);
+  for (auto& x : v) x = kvtest::nonzero(rng);
+  const std::vector<float> before(static_cast<float*>(d.blocks),
+                                  static_cast<float*>(d.blocks) + 2 * 2 * 8 * block);
+  const std::uint32_t too_many[3] = {0, 2, 7};  // entry 0 reserved 1 row
+  expect_status(
+      [&](kvc_error* e) {
+        return kvc_store_kv(h.batch, 1, k.data(), v.data(), too_many, nullptr, nullptr, e);
+      },
+      KVC_INVALID_ARGUMENT, {"entry 0", "2 new tokens", "1 tokens its fetch reserved"});
+  EXPECT_TRUE(std::equal(before.begin(), before.end(), static_cast<float*>(d.blocks)));
+
+  const std::uint32_t offsets[3] = {0, 1, 7};
+  KVC_ASSERT_OK(kvc_store_kv(h.batch, 1, k.data(), v.data(), offsets, nullptr, nullptr, &kvc_err_));
+  // Entry 1, token 5 (block 1 of its table, row 1), head 1, dim 3: HND.
+  const std::uint32_t page = d.lookup_table[1 * d.lookup_stride + 1];
+  const float* layer1_v =
+      static_cast<const float*>(d.blocks) + (1 * 2 + 1) * std::size_t{8} * block;
+  EXPECT_EQ(layer1_v[page * block + (1 * 4 + 1) * 8 + 3], v[(1 + 5) * row + 1 * 8 + 3]);
+}
+
+}  // namespace

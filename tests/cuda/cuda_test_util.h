@@ -71,6 +71,7 @@ void push_history_back(OwnedCache<T>& h, std::uint32_t pages) {
   h.desc.lookup_table = h.lookup.data();
   h.desc.lookup_stride = stride;
   h.desc.max_cache_length += pages * h.desc.block_tokens;
+  h.desc.max_full_context_length += pages * h.desc.block_tokens;
 }
 
 // The paged bf16 manager shape of the manager-flow tests.

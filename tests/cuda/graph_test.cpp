@@ -137,7 +137,7 @@ class GraphFlow : public ::testing::Test {
         dev =
             std::make_unique<DeviceCollection<BFloat16>>(host.desc(), pool.data(), bounds, stream);
         ASSERT_EQ(dev->desc().lookup_stride, bounds.lookup_stride);
-        ASSERT_EQ(dev->desc().max_cache_length, bounds.max_cache_length);
+        ASSERT_EQ(dev->desc().max_full_context_length, bounds.max_full_context_length);
         ASSERT_EQ(dev->desc().batch_size, entries);
       } else {
         dev->update(host.desc(), stream);
@@ -273,12 +273,12 @@ TEST_F(GraphFlow, UpdateAndBoundsErrorsChangeNothing) {
       [&] {
         DeviceCollection<BFloat16>(h, pool.data(), {8, 1, 8 * kPage + 1});
       },
-      "max_cache_length " + std::to_string(8 * kPage + 1));
+      "max_full_context_length " + std::to_string(8 * kPage + 1));
   expect_throw(
       [&] {
         DeviceCollection<BFloat16>(h, pool.data(), {8, 65, 64});
       },
-      "max_seq_length 65 exceeds max_cache_length 64");
+      "max_seq_length 65 exceeds max_full_context_length 64");
 
   expect_throw(
       [&] {
@@ -296,6 +296,7 @@ TEST_F(GraphFlow, UpdateAndBoundsErrorsChangeNothing) {
   empty.lookup_stride = 0;
   empty.max_seq_length = 0;
   empty.max_cache_length = 0;
+  empty.max_full_context_length = 0;
   expect_throw(
       [&] {
         DeviceCollection<BFloat16>(empty, pool.data(), {0, 0, 0, 2, 0});
@@ -327,7 +328,7 @@ TEST_F(GraphFlow, UpdateAndBoundsErrorsChangeNothing) {
   lengths[0] = 0;  // a different content that would show if uploaded
   other.cache_lengths = lengths.data();
   CollectionDesc<BFloat16> wider = other;
-  wider.max_cache_length = 8 * kPage + 1;
+  wider.max_full_context_length = 8 * kPage + 1;
   std::vector<std::uint32_t> wide_lookup(2 * 9, h.num_blocks);
   for (std::uint32_t b = 0; b < 2; ++b) {
     for (std::uint32_t j = 0; j < h.lookup_stride; ++j)

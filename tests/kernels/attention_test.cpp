@@ -57,11 +57,12 @@ struct Case {
   AttentionPrefetch prefetch = AttentionPrefetch::automatic;
   PageLayout layout = PageLayout::nhd;
   AttentionPrecision precision = AttentionPrecision::fp32;
+  PoolArrangement arrangement = PoolArrangement::interleaved;
   std::string name() const {
     return std::string(paged ? "paged" : "continuous") + " page " + std::to_string(page) + " kv " +
            std::to_string(n_kv) + " group " + std::to_string(group) + " dim " +
            std::to_string(dim) + " threads " + std::to_string(threads) + " " +
-           std::string(layout_name(layout));
+           std::string(layout_name(layout)) + " " + std::string(arrangement_name(arrangement));
   }
 };
 
@@ -118,7 +119,7 @@ std::vector<float> check_against_reference(const OwnedCache<T>& ref, const Owned
 template <CacheElement T>
 void check_case(const Case& c, std::mt19937& rng) {
   SCOPED_TRACE(c.name() + " dtype " + std::string(dtype_name(dtype_of_v<T>)));
-  OwnedCache<T> ref(c.entries, c.paged, c.page, c.n_kv, c.dim, rng, c.layout);
+  OwnedCache<T> ref(c.entries, c.paged, c.page, c.n_kv, c.dim, rng, c.layout, c.arrangement);
   OwnedCache<T> fast(ref);
   const std::uint32_t rows = ref.total_rows();
   const std::uint32_t n_q = c.n_kv * c.group;
@@ -233,6 +234,28 @@ TEST(AttentionFast, EveryCompiledSimdTarget) {
       }
     });
   }
+}
+
+// PoolArrangement::per_layer (each layer's K and V an array of pages of its
+// own): the same kernels on other strides, every dtype, both layouts, paged
+// and continuous, GQA 1 and 4, 1 and 2 threads, a mixed batch.
+TEST(AttentionFast, PerLayerArrangementMatchesReference) {
+  std::mt19937 rng(4040);
+  for_dtypes([&](auto tag) {
+    using T = decltype(tag);
+    for (bool paged : {true, false}) {
+      for (const PageLayout layout : {PageLayout::nhd, PageLayout::hnd}) {
+        for (std::uint32_t group : {1u, 4u}) {
+          for (std::size_t threads : {1u, 2u}) {
+            Case c{mixed_batch(), paged, 16, 2, group, 64, threads};
+            c.layout = layout;
+            c.arrangement = PoolArrangement::per_layer;
+            check_case<T>(c, rng);
+          }
+        }
+      }
+    }
+  });
 }
 
 // AttentionPrecision::bf16 on random data: the pair-product paths where the

@@ -84,10 +84,11 @@ TEST(PagedRead, ReadsExactlyTheRowsOfEachEntryThroughThePageTable) {
 TEST(PagedRead, BadArgumentsThrowInvalidArgument) {
   std::mt19937 rng(18);
   OwnedCache<float> cache({{10, 1}, {3, 2}}, true, 4, 2, 16, rng);
-  // The view's limit is max_cache_length (11 here); one more is refused.
-  ASSERT_EQ(cache.desc.max_cache_length, 11u);
+  // An entry's limit is its reserved room (11 and 5 here); one more is refused.
+  ASSERT_EQ(cache.reserved, (std::vector<std::uint32_t>{11, 5}));
   EXPECT_THROW(read(cache, {1, 2, 3}, nullptr), InvalidArgument);  // 3 counts for 2 entries
   EXPECT_THROW(read(cache, {12, 1}, nullptr), InvalidArgument);
+  EXPECT_THROW(read(cache, {11, 6}, nullptr), InvalidArgument);
   EXPECT_NO_THROW(read(cache, {11, 5}, nullptr));
   auto col = cache.paged_collection();
   const auto k = detail::erase(col.get_key_cache(1).desc());

@@ -40,6 +40,7 @@ struct OwnedCache {
   std::vector<T, CacheLineAllocator<T>> blocks;
   std::vector<std::uint32_t> cache_lengths;
   std::vector<std::uint32_t> lookup;
+  std::vector<std::uint32_t> reserved;  // cache_length + new tokens per entry
   std::vector<std::uint32_t> row_offsets;
   CollectionDesc<T> desc;
   bool paged = true;
@@ -49,13 +50,15 @@ struct OwnedCache {
 
   OwnedCache(const std::vector<Entry>& entries, bool is_paged, std::uint32_t page_size,
              std::uint32_t n_kv, std::uint32_t dim, std::mt19937& rng,
-             PageLayout layout = PageLayout::nhd)
+             PageLayout layout = PageLayout::nhd,
+             PoolArrangement arrangement = PoolArrangement::interleaved)
       : paged(is_paged) {
     const auto batch = static_cast<std::uint32_t>(entries.size());
     std::uint32_t max_ctx = 0, max_new = 0;
     row_offsets.push_back(0);
     for (const Entry& e : entries) {
       cache_lengths.push_back(e.cache_length);
+      reserved.push_back(e.cache_length + e.new_tokens);
       max_ctx = std::max(max_ctx, e.cache_length + e.new_tokens);
       max_new = std::max(max_new, e.new_tokens);
       row_offsets.push_back(row_offsets.back() + e.new_tokens);
@@ -90,16 +93,20 @@ struct OwnedCache {
     desc.blocks = blocks.data();
     desc.cache_lengths = cache_lengths.data();
     desc.lookup_table = lookup.data();
+    desc.reserved_lengths = reserved.data();
     desc.lookup_stride = stride;
     desc.batch_size = batch;
     desc.max_seq_length = max_new;
-    desc.max_cache_length = max_ctx;
+    desc.max_cache_length =
+        cache_lengths.empty() ? 0 : *std::max_element(cache_lengths.begin(), cache_lengths.end());
+    desc.max_full_context_length = max_ctx;
     desc.num_layers = kLayers;
     desc.block_tokens = block_tokens;
     desc.n_kv_heads = n_kv;
     desc.head_dim = dim;
     desc.num_blocks = num_blocks;
     desc.layout = layout;
+    desc.arrangement = arrangement;
   }
 
   // Same table, another buffer with identical contents.
@@ -107,12 +114,14 @@ struct OwnedCache {
       : blocks(o.blocks),
         cache_lengths(o.cache_lengths),
         lookup(o.lookup),
+        reserved(o.reserved),
         row_offsets(o.row_offsets),
         desc(o.desc),
         paged(o.paged) {
     desc.blocks = blocks.data();
     desc.cache_lengths = cache_lengths.data();
     desc.lookup_table = lookup.data();
+    desc.reserved_lengths = reserved.data();
   }
 
   PagedKVCacheCollection<T> paged_collection() const { return PagedKVCacheCollection<T>(desc); }

@@ -55,10 +55,11 @@ template <CacheElement T>
 void check_store(const std::vector<Entry>& entries, std::uint32_t n_kv, std::uint32_t dim,
                  std::uint32_t page, std::size_t threads, bool special, std::mt19937& rng,
                  StorePrefetch prefetch = StorePrefetch::automatic,
-                 PageLayout layout = PageLayout::nhd) {
+                 PageLayout layout = PageLayout::nhd,
+                 PoolArrangement arrangement = PoolArrangement::interleaved) {
   SCOPED_TRACE(std::string(dtype_name(dtype_of_v<T>)) + " threads " + std::to_string(threads) +
                (special ? " special values" : " random values"));
-  OwnedCache<T> ref(entries, true, page, n_kv, dim, rng, layout);
+  OwnedCache<T> ref(entries, true, page, n_kv, dim, rng, layout, arrangement);
   OwnedCache<T> fast(ref);
   const std::size_t n = std::size_t{ref.total_rows()} * n_kv * dim;
   const auto k_new = special ? special_floats(n, rng) : test::random_floats(n, -1, 1, rng);
@@ -142,6 +143,20 @@ TEST(StoreKv, HndLayoutMatchesReference) {
                    PageLayout::hnd);
     check_store<T>({{3, 1300}, {0, 900}}, 9, 100, 16, 1, true, rng, StorePrefetch::next_row_l1,
                    PageLayout::hnd);
+  });
+}
+
+// PoolArrangement::per_layer: both layouts, cached and streaming stores.
+TEST(StoreKv, PerLayerArrangementMatchesReference) {
+  std::mt19937 rng(41);
+  for_dtypes([&](auto tag) {
+    using T = decltype(tag);
+    for (const PageLayout layout : {PageLayout::nhd, PageLayout::hnd}) {
+      check_store<T>({{5, 33}, {0, 1}, {17, 2}}, 3, 72, 7, 2, true, rng, StorePrefetch::automatic,
+                     layout, PoolArrangement::per_layer);
+      check_store<T>({{0, 1500}, {37, 700}}, 8, 128, 16, 2, false, rng, StorePrefetch::none, layout,
+                     PoolArrangement::per_layer);
+    }
   });
 }
 

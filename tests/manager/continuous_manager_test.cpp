@@ -55,9 +55,12 @@ TEST_F(ContinuousManagerTest, LifecycleClaimFetchStepRelease) {
   ASSERT_EQ(b1.batch_size(), 2u);
   EXPECT_EQ(std::vector<SeqId>(b1.seq_ids().begin(), b1.seq_ids().end()), ids);
   EXPECT_EQ(U32(b1.cache_lengths().begin(), b1.cache_lengths().end()), (U32{0, 0}));
-  EXPECT_EQ(U32(b1.reserved_lengths().begin(), b1.reserved_lengths().end()), (U32{5, 3}));
+  // The whole slot is reserved, whatever the new-token counts.
+  EXPECT_EQ(U32(b1.reserved_lengths().begin(), b1.reserved_lengths().end()),
+            (U32{kMaxSeq, kMaxSeq}));
   EXPECT_EQ(b1.max_seq_length(), 5u);
-  EXPECT_EQ(b1.max_cache_length(), 5u);
+  EXPECT_EQ(b1.max_cache_length(), 0u);  // MAX: the history maximum
+  EXPECT_EQ(b1.max_full_context_length(), 5u);
   EXPECT_TRUE(b1.is_cache_empty());
   EXPECT_EQ(b1.strategy(), CacheStrategy::continuous);
   EXPECT_EQ(b1.params(), params);
@@ -77,7 +80,7 @@ TEST_F(ContinuousManagerTest, LifecycleClaimFetchStepRelease) {
       ASSERT_EQ(s.id, ids[b]);
       EXPECT_EQ(s.blocks, U32{slots[b]});
       EXPECT_EQ(s.cache_length, 0u);
-      EXPECT_EQ(s.reserved_length, b == 0 ? 5u : 3u);
+      EXPECT_EQ(s.reserved_length, kMaxSeq);
     }
     for (auto s : slots) {
       EXPECT_EQ(std::count(snap.free_blocks.begin(), snap.free_blocks.end(), s), 0);
@@ -90,11 +93,12 @@ TEST_F(ContinuousManagerTest, LifecycleClaimFetchStepRelease) {
   EXPECT_EQ(coll.num_layers(), 2u);
   EXPECT_EQ(coll.max_seq_len(), kMaxSeq);
   EXPECT_EQ(coll.max_seq_length(), 5u);
-  EXPECT_EQ(coll.max_cache_length(), 5u);
+  EXPECT_EQ(coll.max_cache_length(), 0u);
   auto k0 = coll.get_key_cache(0);
   EXPECT_TRUE(k0.empty_cache());
   EXPECT_EQ(k0.max_prompt_length(), 5u);
-  EXPECT_EQ(k0.max_context_length(), 5u);
+  EXPECT_EQ(k0.max_context_length(), 0u);
+  EXPECT_EQ(k0.max_full_context_length(), 5u);
   EXPECT_EQ(k0.page_size(), kMaxSeq);
   EXPECT_EQ(k0.max_tile_size(), kMaxSeq);
   EXPECT_EQ(k0.block_id(0, 0), slots[0]);
@@ -109,7 +113,8 @@ TEST_F(ContinuousManagerTest, LifecycleClaimFetchStepRelease) {
   KVCacheBatch b2 = mgr.fetch(ids, U32{1, 1});
   EXPECT_EQ(U32(b2.cache_lengths().begin(), b2.cache_lengths().end()), (U32{5, 3}));
   EXPECT_EQ(b2.max_seq_length(), 1u);
-  EXPECT_EQ(b2.max_cache_length(), 6u);
+  EXPECT_EQ(b2.max_cache_length(), 5u);
+  EXPECT_EQ(b2.max_full_context_length(), 6u);
   EXPECT_FALSE(b2.is_cache_empty());
   EXPECT_FALSE(b2.continuous<float>().get_value_cache(1).empty_cache());
   EXPECT_EQ(U32(b2.lookup_table().begin(), b2.lookup_table().end()), slots);  // slots are stable
@@ -124,7 +129,7 @@ TEST_F(ContinuousManagerTest, LifecycleClaimFetchStepRelease) {
   EXPECT_EQ(U32(b3.cache_lengths().begin(), b3.cache_lengths().end()), (U32{4, 6}));
   EXPECT_EQ(U32(b3.lookup_table().begin(), b3.lookup_table().end()), (U32{slots[1], slots[0]}));
   EXPECT_EQ(b3.max_seq_length(), 2u);
-  EXPECT_EQ(b3.max_cache_length(), 7u);
+  EXPECT_EQ(b3.max_cache_length(), 6u);
   mgr.step(rev, U32{2, 0});  // fewer than fetched is fine
   EXPECT_EQ(mgr.cache_length(ids[1]), 6u);
   EXPECT_EQ(mgr.cache_length(ids[0]), 6u);
@@ -150,26 +155,26 @@ TEST_F(ContinuousManagerTest, MixedBatchFields) {
   KVCacheBatch b = mgr.fetch(ids, U32{1, 7, 2});
   EXPECT_EQ(U32(b.cache_lengths().begin(), b.cache_lengths().end()), (U32{10, 0, 0}));
   EXPECT_EQ(b.max_seq_length(), 7u);
-  EXPECT_EQ(b.max_cache_length(), 11u);
+  EXPECT_EQ(b.max_cache_length(), 10u);
+  EXPECT_EQ(b.max_full_context_length(), 11u);
   EXPECT_FALSE(b.is_cache_empty());
-  EXPECT_EQ(U32(b.reserved_lengths().begin(), b.reserved_lengths().end()), (U32{11, 7, 2}));
+  EXPECT_EQ(U32(b.reserved_lengths().begin(), b.reserved_lengths().end()), U32(3, kMaxSeq));
   mgr.check_invariants();
 }
 
 TEST_F(ContinuousManagerTest, MultistepIncrementCacheLengths) {
   const Ids ids = mgr.claim(2);
   KVCacheBatch b = mgr.fetch(ids, U32{5, 3}, /*num_steps=*/3);
-  EXPECT_EQ(U32(b.reserved_lengths().begin(), b.reserved_lengths().end()), (U32{7, 5}));
-  EXPECT_EQ(mgr.snapshot().sequences.at(0).reserved_length +
-                mgr.snapshot().sequences.at(1).reserved_length,
-            12u);
+  EXPECT_EQ(U32(b.reserved_lengths().begin(), b.reserved_lengths().end()), (U32{kMaxSeq, kMaxSeq}));
+  EXPECT_EQ(mgr.snapshot().sequences.at(0).reserved_length, kMaxSeq);
   const auto snap_before = mgr.snapshot();
 
   // Step 1 processed the prompts (row offsets 0,5,8).
   mgr.increment_cache_lengths(b, U32{0, 5, 8});
   EXPECT_EQ(U32(b.cache_lengths().begin(), b.cache_lengths().end()), (U32{5, 3}));
   EXPECT_EQ(b.max_seq_length(), 1u);
-  EXPECT_EQ(b.max_cache_length(), 6u);
+  EXPECT_EQ(b.max_cache_length(), 5u);  // 0 + the first step's max_seq_length 5
+  EXPECT_EQ(b.max_full_context_length(), 6u);
   EXPECT_FALSE(b.is_cache_empty());
   EXPECT_EQ(b.continuous<float>().get_key_cache(0).cache_length(0), 5u);
   // Malformed offsets (each within the reservation otherwise): InvalidArgument,
@@ -179,21 +184,22 @@ TEST_F(ContinuousManagerTest, MultistepIncrementCacheLengths) {
   EXPECT_THROW(b.increment_cache_lengths(U32{1, 1, 2}), InvalidArgument);
   EXPECT_THROW(b.increment_cache_lengths(U32{0, 1, 0}), InvalidArgument);
   EXPECT_EQ(U32(b.cache_lengths().begin(), b.cache_lengths().end()), (U32{5, 3}));
-  EXPECT_EQ(b.max_cache_length(), 6u);
+  EXPECT_EQ(b.max_cache_length(), 5u);
   // Step 2 processed one token each.
   b.increment_cache_lengths(U32{0, 1, 2});
   EXPECT_EQ(U32(b.cache_lengths().begin(), b.cache_lengths().end()), (U32{6, 4}));
   EXPECT_EQ(b.max_seq_length(), 1u);
-  EXPECT_EQ(b.max_cache_length(), 7u);
+  EXPECT_EQ(b.max_cache_length(), 6u);  // then + 1 a step);
   // The manager itself did not move.
   EXPECT_EQ(mgr.snapshot(), snap_before);
   EXPECT_EQ(mgr.cache_length(ids[0]), 0u);
 
-  // A fourth step would pass the reservation: throws, batch unchanged.
+  // A step past the slot (6 + 58 + 1 > 64) throws, batch unchanged.
   const U32 lens_before(b.cache_lengths().begin(), b.cache_lengths().end());
-  KV_EXPECT_THROW(b.increment_cache_lengths(U32{0, 1, 2}), CapacityExceeded, "7");
+  KV_EXPECT_THROW(b.increment_cache_lengths(U32{0, kMaxSeq - 6, kMaxSeq - 5}), CapacityExceeded,
+                  kvtest::str(kMaxSeq + 1), kvtest::str(kMaxSeq));
   EXPECT_EQ(U32(b.cache_lengths().begin(), b.cache_lengths().end()), lens_before);
-  EXPECT_EQ(b.max_cache_length(), 7u);
+  EXPECT_EQ(b.max_cache_length(), 6u);
   EXPECT_EQ(b.max_seq_length(), 1u);
   EXPECT_THROW(b.increment_cache_lengths(U32{0, 1}), InvalidArgument);
   EXPECT_EQ(U32(b.cache_lengths().begin(), b.cache_lengths().end()), lens_before);
@@ -206,17 +212,19 @@ TEST_F(ContinuousManagerTest, MultistepIncrementCacheLengths) {
   mgr.check_invariants();
 }
 
-TEST_F(ContinuousManagerTest, StepCommitsAtMostReserved) {
+TEST_F(ContinuousManagerTest, StepCommitsAtMostTheSlot) {
   const Ids ids = mgr.claim(1);
-  mgr.fetch(ids, U32{4}, 2);  // reserved 5
+  mgr.fetch(ids, U32{4}, 2);  // reserves the whole slot
   const auto snap = mgr.snapshot();
-  KV_EXPECT_THROW(mgr.step(ids, U32{6}), CapacityExceeded, kvtest::str(ids[0]));
+  KV_EXPECT_THROW(mgr.step(ids, U32{kMaxSeq + 1}), CapacityExceeded, kvtest::str(ids[0]),
+                  kvtest::str(kMaxSeq));
   EXPECT_EQ(mgr.snapshot(), snap);
-  mgr.step(ids, U32{5});
-  EXPECT_EQ(mgr.cache_length(ids[0]), 5u);
-  // Nothing reserved beyond 5 now.
+  mgr.step(ids, U32{9});  // more than the 5 fetched: it fits the slot
+  EXPECT_EQ(mgr.cache_length(ids[0]), 9u);
+  mgr.step(ids, U32{kMaxSeq - 9});
+  EXPECT_EQ(mgr.cache_length(ids[0]), kMaxSeq);
   EXPECT_THROW(mgr.step(ids, U32{1}), CapacityExceeded);
-  EXPECT_EQ(mgr.cache_length(ids[0]), 5u);
+  EXPECT_EQ(mgr.cache_length(ids[0]), kMaxSeq);
   mgr.check_invariants();
 }
 
@@ -225,7 +233,8 @@ TEST_F(ContinuousManagerTest, FillToMaxSeqLen) {
   mgr.fetch(ids, U32{kMaxSeq - 1});
   mgr.step(ids, U32{kMaxSeq - 1});
   KVCacheBatch b = mgr.fetch(ids, U32{1});
-  EXPECT_EQ(b.max_cache_length(), kMaxSeq);
+  EXPECT_EQ(b.max_cache_length(), kMaxSeq - 1);
+  EXPECT_EQ(b.max_full_context_length(), kMaxSeq);
   mgr.step(ids, U32{1});
   EXPECT_EQ(mgr.cache_length(ids[0]), kMaxSeq);
   EXPECT_THROW(mgr.fetch(ids, U32{1}), CapacityExceeded);
@@ -263,7 +272,7 @@ TEST_F(ContinuousManagerTest, FetchIntoReusesBatch) {
   EXPECT_EQ(out.seq_ids()[0], ids[1]);
   EXPECT_EQ(out.cache_lengths()[0], 4u);
   EXPECT_EQ(out.lookup_table().size(), 1u);
-  EXPECT_EQ(out.max_cache_length(), 5u);
+  EXPECT_EQ(out.max_cache_length(), 4u);
 }
 
 TEST(ContinuousManagerSizes, BlockShapeAndMemory) {

@@ -142,9 +142,10 @@ TEST_P(ErrorsTest, CapacityLimits) {
 }
 
 TEST_P(ErrorsTest, StepBeyondReservation) {
-  // The last fetch reserved 7 and 4 tokens.
-  REJECT(CapacityExceeded, mgr->step(live, U32{2, 1}), str(live[0]), "7");
-  REJECT(CapacityExceeded, mgr->step(live, U32{1, 2}), str(live[1]), "4");
+  // The last fetch reserved 7 and 4 tokens (paged), the whole slot (continuous).
+  const std::uint32_t room0 = paged() ? 7 : kMaxSeq, room1 = paged() ? 4 : kMaxSeq;
+  REJECT(CapacityExceeded, mgr->step(live, U32{room0 - 5, 1}), str(live[0]), str(room0));
+  REJECT(CapacityExceeded, mgr->step(live, U32{1, room1 - 2}), str(live[1]), str(room1));
   const Ids fresh = mgr->claim(1);  // never fetched: nothing reserved
   REJECT(CapacityExceeded, mgr->step(fresh, U32{1}), str(fresh[0]));
   mgr->step(live, U32{1, 1});
@@ -207,7 +208,7 @@ TEST_P(ErrorsTest, OtherSequencesDataSurvivesManyFailures) {
     EXPECT_THROW(mgr->fetch(Ids{live[0], live[0]}, U32{1, 1}), InvalidArgument);
     EXPECT_THROW(mgr->fetch(live, U32{1, kMaxSeq}), CapacityExceeded);
     EXPECT_THROW(mgr->release(static_cast<SeqId>(1000 + i)), UnknownSequence);
-    EXPECT_THROW(mgr->step(live, U32{5, 5}), CapacityExceeded);
+    EXPECT_THROW(mgr->step(live, U32{kMaxSeq, kMaxSeq}), CapacityExceeded);
   }
   EXPECT_EQ(mgr->snapshot(), snap);
   EXPECT_TRUE(kvtest::copy_buffers(*mgr, batch) == bytes);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "kvcache/kvcache.h"
@@ -10,9 +11,11 @@
 namespace kvcache {
 namespace {
 
-KVCacheParams params(CacheStrategy s, PageLayout layout = PageLayout::nhd) {
+KVCacheParams params(CacheStrategy s, PageLayout layout = PageLayout::nhd,
+                     PoolArrangement arrangement = PoolArrangement::interleaved) {
   KVCacheParams p;
   p.page_layout = layout;
+  p.pool_arrangement = arrangement;
   p.dtype = DType::bf16;
   p.num_layers = 3;
   p.n_kv_heads = 2;
@@ -29,8 +32,14 @@ void expect_same_addresses(const Collection& c, const std::vector<std::uint32_t>
       const auto f = make_layer_kv_cache(c, layer, b);
       const auto k = c.get_key_cache(layer), v = c.get_value_cache(layer);
       EXPECT_EQ(f.len, c.cache_length(b));
-      EXPECT_EQ(f.context_lens[0], c.cache_length(b));
-      EXPECT_GE(f.capacity, lengths[b]);
+      if (f.is_paged()) {
+        ASSERT_EQ(f.context_lens.size(), 1u);
+        EXPECT_EQ(f.context_lens[0], c.cache_length(b));
+        EXPECT_EQ(f.capacity, lengths[b]);  // the reserved room
+      } else {
+        EXPECT_TRUE(f.context_lens.empty());  // ferrum: None when contiguous
+        EXPECT_GE(f.capacity, lengths[b]);
+      }
       EXPECT_NE(f.k, f.v);
       for (std::uint32_t pos = 0; pos < lengths[b]; ++pos)
         for (std::uint32_t h = 0; h < f.num_kv_heads; ++h) {
@@ -42,10 +51,12 @@ void expect_same_addresses(const Collection& c, const std::vector<std::uint32_t>
   }
 }
 
-class LayerKvCacheLayouts : public ::testing::TestWithParam<PageLayout> {};
+class LayerKvCacheLayouts
+    : public ::testing::TestWithParam<std::tuple<PageLayout, PoolArrangement>> {};
 
 TEST_P(LayerKvCacheLayouts, PagedMatchesViewsWithShuffledPages) {
-  PagedKVCacheManager m(params(CacheStrategy::paged, GetParam()), 64, 4, 64);
+  const auto [layout, arrangement] = GetParam();
+  PagedKVCacheManager m(params(CacheStrategy::paged, layout, arrangement), 64, 4, 64);
   auto churn = m.claim(4);  // scatter the free list
   for (SeqId id : churn) m.fetch(std::vector<SeqId>{id}, std::vector<std::uint32_t>{7});
   for (SeqId id : {churn[2], churn[0], churn[3], churn[1]}) m.release(id);
@@ -56,15 +67,17 @@ TEST_P(LayerKvCacheLayouts, PagedMatchesViewsWithShuffledPages) {
   const auto c = b.paged<BFloat16>();
   expect_same_addresses(c, lengths);
   const auto f = make_layer_kv_cache(c, 2, 2);
-  EXPECT_EQ(f.layout, GetParam());
+  EXPECT_EQ(f.layout, layout);
   EXPECT_TRUE(f.is_paged());
   EXPECT_EQ(f.block_size, 4u);
   EXPECT_EQ(f.block_table.size(), 8u);  // ceil(30 / 4)
-  EXPECT_EQ(f.capacity, 32u);
+  EXPECT_EQ(f.capacity, 30u);           // reserved, though 8 pages hold 32
+  EXPECT_EQ(f.paged_block_indices.data(), f.block_table.data());
 }
 
 TEST_P(LayerKvCacheLayouts, ContiguousMatchesViews) {
-  ContinuousBatchingKVCacheManager m(params(CacheStrategy::continuous, GetParam()), 3, 40);
+  const auto [layout, arrangement] = GetParam();
+  ContinuousBatchingKVCacheManager m(params(CacheStrategy::continuous, layout, arrangement), 3, 40);
   const auto ids = m.claim(3);
   const std::vector<std::uint32_t> lengths{5, 40, 17};
   KVCacheBatch b = m.fetch(ids, lengths);
@@ -77,7 +90,9 @@ TEST_P(LayerKvCacheLayouts, ContiguousMatchesViews) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Both, LayerKvCacheLayouts,
-                         ::testing::Values(PageLayout::nhd, PageLayout::hnd));
+                         ::testing::Combine(::testing::Values(PageLayout::nhd, PageLayout::hnd),
+                                            ::testing::Values(PoolArrangement::interleaved,
+                                                              PoolArrangement::per_layer)));
 
 TEST(LayerKvCache, BadIndicesAreRefused) {
   PagedKVCacheManager m(params(CacheStrategy::paged), 8, 2, 16);

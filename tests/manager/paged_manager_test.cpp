@@ -85,7 +85,8 @@ TEST_F(PagedManagerTest, LifecycleAndPageTables) {
   EXPECT_EQ(U32(b1.cache_lengths().begin(), b1.cache_lengths().end()), (U32{0, 0}));
   EXPECT_EQ(U32(b1.reserved_lengths().begin(), b1.reserved_lengths().end()), (U32{5, 3}));
   EXPECT_EQ(b1.max_seq_length(), 5u);
-  EXPECT_EQ(b1.max_cache_length(), 5u);
+  EXPECT_EQ(b1.max_cache_length(), 0u);  // MAX: the history maximum
+  EXPECT_EQ(b1.max_full_context_length(), 5u);
   EXPECT_TRUE(b1.is_cache_empty());
   expect_table_matches_reservation(b1, kPage);
   const U32 a_pages = page_row(b1, 0), b_pages = page_row(b1, 1);
@@ -125,7 +126,7 @@ TEST_F(PagedManagerTest, LifecycleAndPageTables) {
   KVCacheBatch b2 = mgr.fetch(ids, U32{1, 1});
   EXPECT_EQ(U32(b2.cache_lengths().begin(), b2.cache_lengths().end()), (U32{5, 3}));
   EXPECT_EQ(b2.max_seq_length(), 1u);
-  EXPECT_EQ(b2.max_cache_length(), 6u);
+  EXPECT_EQ(b2.max_cache_length(), 5u);
   EXPECT_FALSE(b2.is_cache_empty());
   EXPECT_EQ(page_row(b2, 0), a_pages);
   EXPECT_EQ(page_row(b2, 1), b_pages);
@@ -164,7 +165,8 @@ TEST_F(PagedManagerTest, MixedBatchAndExactPageBoundaries) {
   KVCacheBatch b = mgr.fetch(ids, U32{1, 4, 9});
   EXPECT_EQ(U32(b.cache_lengths().begin(), b.cache_lengths().end()), (U32{8, 0, 0}));
   EXPECT_EQ(b.max_seq_length(), 9u);
-  EXPECT_EQ(b.max_cache_length(), 9u);
+  EXPECT_EQ(b.max_cache_length(), 8u);
+  EXPECT_EQ(b.max_full_context_length(), 9u);
   EXPECT_FALSE(b.is_cache_empty());
   expect_table_matches_reservation(b, kPage);
   EXPECT_EQ(page_row(b, 0).size(), 3u);  // 9 tokens
@@ -186,12 +188,12 @@ TEST_F(PagedManagerTest, MultistepReservesAndIncrements) {
   b.increment_cache_lengths(U32{0, 5, 9});
   EXPECT_EQ(U32(b.cache_lengths().begin(), b.cache_lengths().end()), (U32{5, 4}));
   EXPECT_EQ(b.max_seq_length(), 1u);
-  EXPECT_EQ(b.max_cache_length(), 6u);
+  EXPECT_EQ(b.max_cache_length(), 5u);
   EXPECT_FALSE(b.is_cache_empty());
   const U32 table_before(b.lookup_table().begin(), b.lookup_table().end());
   mgr.increment_cache_lengths(b, U32{0, 1, 2});
   EXPECT_EQ(U32(b.cache_lengths().begin(), b.cache_lengths().end()), (U32{6, 5}));
-  EXPECT_EQ(b.max_cache_length(), 7u);
+  EXPECT_EQ(b.max_cache_length(), 6u);
   EXPECT_EQ(U32(b.lookup_table().begin(), b.lookup_table().end()), table_before);  // no allocation
   EXPECT_EQ(mgr.snapshot(), snap);
   EXPECT_EQ(mgr.free_blocks(), kPages - 4);
@@ -200,7 +202,7 @@ TEST_F(PagedManagerTest, MultistepReservesAndIncrements) {
 
   KV_EXPECT_THROW(b.increment_cache_lengths(U32{0, 1, 2}), CapacityExceeded);
   EXPECT_EQ(U32(b.cache_lengths().begin(), b.cache_lengths().end()), (U32{6, 5}));
-  EXPECT_EQ(b.max_cache_length(), 7u);
+  EXPECT_EQ(b.max_cache_length(), 6u);
 
   KV_EXPECT_THROW(mgr.step(ids, U32{8, 6}), CapacityExceeded, kvtest::str(ids[0]));
   EXPECT_EQ(mgr.snapshot(), snap);
@@ -247,7 +249,7 @@ TEST_F(PagedManagerTest, FetchIntoShrinksAndGrows) {
   mgr.fetch_into(out, Ids{ids[2]}, U32{3});
   EXPECT_EQ(out.batch_size(), 1u);
   EXPECT_EQ(out.cache_lengths()[0], 2u);
-  EXPECT_EQ(out.max_cache_length(), 5u);
+  EXPECT_EQ(out.max_cache_length(), 2u);
   expect_table_matches_reservation(out, kPage);
   EXPECT_EQ(page_row(out, 0).size(), 2u);
   mgr.check_invariants();

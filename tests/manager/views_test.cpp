@@ -36,11 +36,13 @@ struct CacheSetup {
 CacheSetup make_setup(CacheStrategy s, DType dtype, std::uint32_t layers, std::uint32_t heads,
                       std::uint32_t dim, std::uint32_t page_size, std::uint32_t blocks,
                       std::uint32_t max_batch, std::uint32_t max_seq, std::uint32_t n_devices = 1,
-                      PageLayout layout = PageLayout::nhd) {
+                      PageLayout layout = PageLayout::nhd,
+                      PoolArrangement arrangement = PoolArrangement::interleaved) {
   CacheSetup st;
   st.params = kvtest::make_params(s, layers, heads, dim, s == CacheStrategy::paged ? page_size : 0,
                                   dtype, n_devices);
   st.params.page_layout = layout;
+  st.params.pool_arrangement = arrangement;
   if (s == CacheStrategy::paged) {
     st.mgr = std::make_unique<PagedKVCacheManager>(st.params, blocks, max_batch, max_seq);
     st.block_tokens = page_size;
@@ -61,8 +63,9 @@ void with_collection(const KVCacheBatch& b, std::uint32_t device, F&& f) {
 }
 
 // Hand-computed element offset of (b, kv, layer, head, tok, d) from the
-// documented layouts blocks[num_blocks][2][num_layers][block_tokens][heads][dim]
-// (NHD) and blocks[num_blocks][2][num_layers][heads][block_tokens][dim] (HND).
+// documented layouts: interleaved blocks[num_blocks][2][num_layers][X],
+// per_layer blocks[num_layers][2][num_blocks][X], X = [block_tokens][heads][dim]
+// (NHD) or [heads][block_tokens][dim] (HND).
 std::size_t expected_offset(const KVCacheBatch& batch, std::uint32_t b, std::uint32_t kv,
                             std::uint32_t layer, std::uint32_t head, std::uint32_t tok,
                             std::uint32_t d) {
@@ -71,20 +74,26 @@ std::size_t expected_offset(const KVCacheBatch& batch, std::uint32_t b, std::uin
   const std::size_t T = batch.block_tokens();
   const std::uint32_t block =
       batch.lookup_table()[std::size_t{b} * batch.lookup_stride() + tok / T];
-  if (p.page_layout == PageLayout::hnd)
-    return (((std::size_t{block} * 2 + kv) * L + layer) * H + head) * T * D + (tok % T) * D + d;
-  return (((std::size_t{block} * 2 + kv) * L + layer) * T + tok % T) * H * D + head * D + d;
+  const std::size_t N = batch.num_blocks();
+  const std::size_t outer = p.pool_arrangement == PoolArrangement::per_layer
+                                ? (std::size_t{layer} * 2 + kv) * N + block
+                                : (std::size_t{block} * 2 + kv) * L + layer;
+  if (p.page_layout == PageLayout::hnd) return ((outer * H + head) * T + tok % T) * D + d;
+  return (outer * T + tok % T) * H * D + head * D + d;
 }
 
 // ---- layout & aliasing --------------------------------------------------------
 
-class ViewsLayout : public ::testing::TestWithParam<std::tuple<CacheStrategy, DType, PageLayout>> {
-};
+class ViewsLayout : public ::testing::TestWithParam<
+                        std::tuple<CacheStrategy, DType, PageLayout, PoolArrangement>> {};
 
 template <class T>
-void run_layout_test(CacheStrategy strategy, PageLayout layout) {
+void run_layout_test(CacheStrategy strategy, PageLayout layout, PoolArrangement arrangement) {
   constexpr std::uint32_t L = 3, H = 2, D = 8, PS = 4, MAXSEQ = 16;
-  CacheSetup st = make_setup(strategy, dtype_of_v<T>, L, H, D, PS, 20, 4, MAXSEQ, 1, layout);
+  CacheSetup st =
+      make_setup(strategy, dtype_of_v<T>, L, H, D, PS, 20, 4, MAXSEQ, 1, layout, arrangement);
+  const bool per_layer = arrangement == PoolArrangement::per_layer;
+  const std::size_t N = st.mgr->total_blocks();
   auto& mgr = *st.mgr;
   const Ids ids = mgr.claim(3);
   // Interleave growth so pages of different sequences alternate.
@@ -129,8 +138,11 @@ void run_layout_test(CacheStrategy strategy, PageLayout layout) {
                       batch.lookup_table()[std::size_t{b} * batch.lookup_stride() + blk]);
             ASSERT_EQ(c.page_ptr(b, blk),
                       base + expected_offset(batch, b, kv, l, 0, blk * st.block_tokens, 0));
-            const std::uint32_t row = c.row_idx(b, tok);
-            ASSERT_EQ(row, c.block_id(b, blk) * st.block_tokens + tok % st.block_tokens);
+            // MAX: block_idx * stride + tok_in_block, stride = rows between
+            // consecutive blocks of this layer's K (or V) in the pool.
+            const std::uint64_t stride = per_layer ? st.block_tokens : 2 * L * st.block_tokens;
+            const std::uint64_t row = c.row_idx(b, tok);
+            ASSERT_EQ(row, c.block_id(b, blk) * stride + tok % st.block_tokens);
             for (std::uint32_t h = 0; h < H; ++h) {
               ASSERT_EQ(c.col_idx(h), h * D);
               for (std::uint32_t d = 0; d < D; ++d) {
@@ -140,6 +152,12 @@ void run_layout_test(CacheStrategy strategy, PageLayout layout) {
                                          << " tok" << tok << " d" << d;
                 ASSERT_LT(off, total_elems);
                 ASSERT_EQ(c.matrix_ptr(row, c.col_idx(h) + d), p);
+                if (layout == PageLayout::nhd) {
+                  // layer_base + row_idx * (n_kv_heads * head_dim) + col_idx + d
+                  const T* layer_base = base + expected_offset(batch, 0, kv, l, 0, 0, 0) -
+                                        std::size_t{c.block_id(0, 0)} * stride * H * D;
+                  ASSERT_EQ(layer_base + row * (std::size_t{H} * D) + c.col_idx(h) + d, p);
+                }
                 ASSERT_TRUE(addresses.insert(p).second)
                     << "address reached twice (aliasing) at b" << b << " kv" << kv << " l" << l;
                 const T v = from_float<T>(kvtest::nonzero(rng));
@@ -156,12 +174,13 @@ void run_layout_test(CacheStrategy strategy, PageLayout layout) {
       const T* k = coll.get_key_cache(l).ptr(0, 0, 0, 0);
       const T* v = coll.get_value_cache(l).ptr(0, 0, 0, 0);
       EXPECT_NE(k, v);
-      EXPECT_EQ(v - k, std::ptrdiff_t{L} * st.block_tokens * H * D);
+      const std::ptrdiff_t layer_block = std::ptrdiff_t{st.block_tokens} * H * D;
+      EXPECT_EQ(v - k, per_layer ? std::ptrdiff_t(N) * layer_block : L * layer_block);
       if (l + 1 < L) {
         const T* k1 = coll.get_key_cache(l + 1).ptr(0, 0, 0, 0);
         EXPECT_NE(k, k1);
         EXPECT_NE(v, k1);
-        EXPECT_EQ(k1 - k, std::ptrdiff_t{st.block_tokens} * H * D);
+        EXPECT_EQ(k1 - k, per_layer ? 2 * std::ptrdiff_t(N) * layer_block : layer_block);
       }
     }
     // Read everything back through fresh views: a write through an aliasing
@@ -181,15 +200,18 @@ TEST_P(ViewsLayout, OffsetsAndNoAliasing) {
   // Named copies, not structured bindings: clang 14 cannot capture those.
   const CacheStrategy strategy = std::get<0>(GetParam());
   const PageLayout layout = std::get<2>(GetParam());
+  const PoolArrangement arrangement = std::get<3>(GetParam());
   visit_dtype(std::get<1>(GetParam()),
-              [&](auto t) { run_layout_test<decltype(t)>(strategy, layout); });
+              [&](auto t) { run_layout_test<decltype(t)>(strategy, layout, arrangement); });
 }
 
 INSTANTIATE_TEST_SUITE_P(All, ViewsLayout,
                          ::testing::Combine(::testing::Values(CacheStrategy::paged,
                                                               CacheStrategy::continuous),
                                             ::testing::Values(DType::f32, DType::f16, DType::bf16),
-                                            ::testing::Values(PageLayout::nhd, PageLayout::hnd)));
+                                            ::testing::Values(PageLayout::nhd, PageLayout::hnd),
+                                            ::testing::Values(PoolArrangement::interleaved,
+                                                              PoolArrangement::per_layer)));
 
 // Float-only, both strategies: matrix view and block_paged_ptr tiles.
 TEST(Views, BlockPagedPtrTilesAreContiguous) {
@@ -341,7 +363,9 @@ TEST(CollectionDescTest, ValidDescAndLayout) {
   // Token 5 of entry 0 is in page table slot 1 -> block 0, row 1.
   EXPECT_EQ(k.ptr(0, 1, 5, 2), ob.blocks.data() + ((0 * 2 + 0) * 2 + 1) * 4 * 8 + 1 * 8 + 4 + 2);
   EXPECT_EQ(v.ptr(0, 0, 2, 3), ob.blocks.data() + ((2 * 2 + 1) * 2 + 0) * 4 * 8 + 2 * 8 + 3);
-  EXPECT_EQ(k.row_idx(1, 3), 3u * 4 + 3);
+  // MAX's row: page 3 times the rows between pages of a layer (2 * 2 layers *
+  // 4 tokens, interleaved) plus the token in its page.
+  EXPECT_EQ(k.row_idx(1, 3), 3u * 16 + 3);
   ContinuousBatchingKVCacheCollection<float> cc(ob.desc());
   EXPECT_EQ(cc.max_seq_len(), 4u);
 }
@@ -402,8 +426,37 @@ TEST(CollectionDescTest, RejectsBadDescs) {
   {
     OwnBuffer ob;
     auto d = ob.desc();
-    d.max_cache_length = 13;  // table room is 3 * 4 = 12 tokens
-    KV_EXPECT_THROW(PagedKVCacheCollection<float>(d), InvalidArgument, "13");
+    const U32 reserved{13, 1};  // entry 0's table has room for 3 * 4 = 12 tokens
+    d.reserved_lengths = reserved.data();
+    KV_EXPECT_THROW(PagedKVCacheCollection<float>(d), InvalidArgument, "needs 4 blocks for 13");
+  }
+  {
+    OwnBuffer ob;
+    auto d = ob.desc();
+    const U32 reserved{8, 5};  // entry 1 holds page 3 only: tokens 4..5 would be the sentinel
+    d.reserved_lengths = reserved.data();
+    KV_EXPECT_THROW(PagedKVCacheCollection<float>(d), InvalidArgument,
+                    "lookup_table[1][1] is the sentinel but entry 1 has 5 reserved");
+  }
+  {
+    OwnBuffer ob;
+    auto d = ob.desc();
+    const U32 reserved{4, 0};  // below cache_lengths[0] = 5
+    d.reserved_lengths = reserved.data();
+    KV_EXPECT_THROW(PagedKVCacheCollection<float>(d), InvalidArgument,
+                    "reserved_lengths[0] = 4 is below cache_lengths[0] = 5");
+  }
+  {
+    OwnBuffer ob;
+    auto d = ob.desc();
+    d.arrangement = static_cast<PoolArrangement>(3);
+    KV_EXPECT_THROW(PagedKVCacheCollection<float>(d), InvalidArgument, "arrangement value 3");
+  }
+  {  // MAX multistep: max_cache_length may exceed the table's room (an upper bound)
+    OwnBuffer ob;
+    auto d = ob.desc();
+    d.max_cache_length = 13;
+    EXPECT_NO_THROW(PagedKVCacheCollection<float>{d});
   }
   {
     OwnBuffer ob;

@@ -36,16 +36,19 @@ def test_claim_fetch_step_release(strategy):
     assert ids == [0, 1, 2]
     assert m.num_active_sequences == 3
     inputs = m.fetch(ids, num_new_tokens=[5, 1, 9])
-    blocks, cache_lengths, lookup_table, is_cache_empty = inputs
+    blocks, cache_lengths, lookup_table, is_cache_empty = inputs[0]  # device 0
     assert list(cache_lengths) == [0, 0, 0]
     assert bool(is_cache_empty)
-    assert inputs.max_seq_length == 9 and inputs.max_cache_length == 9
+    # MAX: max_cache_length is the history maximum; with the new tokens: max_full_context_length
+    assert inputs.max_seq_length == 9 and inputs.max_cache_length == 0
+    assert inputs.max_full_context_length == 9
     m.step(ids, [5, 1, 9])
     assert [m.cache_length(s) for s in ids] == [5, 1, 9]
     inputs = m.fetch(ids)  # default: one new token each (decode)
     assert list(inputs.cache_lengths) == [5, 1, 9]
     assert not inputs.is_cache_empty
-    assert inputs.max_seq_length == 1 and inputs.max_cache_length == 10
+    assert inputs.max_seq_length == 1 and inputs.max_cache_length == 9
+    assert inputs.max_full_context_length == 10
     m.step({0: 1, 1: 1, 2: 0})  # dict form
     assert [m.cache_length(s) for s in ids] == [6, 2, 9]
     m.release(1)
@@ -138,7 +141,7 @@ def test_input_symbols_describe_fetch(strategy):
     assert len(symbols) == 1
     blocks_t, lengths_t, lookup_t, empty_t = symbols[0]
     inputs = m.fetch(m.claim(2), [3, 7])
-    for t, arr in zip(symbols[0], inputs):
+    for t, arr in zip(symbols[0], inputs[0]):
         assert t.dtype == arr.dtype, t
         assert len(t.shape) == arr.ndim, t
         for dim, size in zip(t.shape, arr.shape):
@@ -154,16 +157,24 @@ def test_increment_cache_lengths_multistep(strategy):
     ids = m.claim(2)
     inputs = m.fetch(ids, [3, 2], num_steps=3)  # prompt, then 2 more decode steps
     assert inputs.is_cache_empty
-    same = m.increment_cache_lengths(inputs, [0, 3, 5])
-    assert same is inputs
-    assert list(inputs.cache_lengths) == [3, 2]
-    assert not inputs.is_cache_empty
-    assert inputs.max_seq_length == 1 and inputs.max_cache_length == 4
-    inputs.increment_cache_lengths(np.array([0, 1, 2]))
-    assert list(inputs.cache_lengths) == [4, 3]
-    with pytest.raises(kvcache.CapacityExceeded, match="reserved room"):
-        inputs.increment_cache_lengths([0, 1, 2])
-    assert list(inputs.cache_lengths) == [4, 3]  # unchanged on error
+    tokens = np.zeros(5, np.int64)
+    nxt = m.increment_cache_lengths(inputs, (tokens, np.array([0, 3, 5])))
+    assert nxt is not inputs and isinstance(nxt, kvcache.KVCacheInputs)
+    assert list(inputs.cache_lengths) == [0, 0] and inputs.is_cache_empty  # untouched
+    assert list(nxt.cache_lengths) == [3, 2] and list(nxt[0][1]) == [3, 2]
+    assert not nxt.is_cache_empty and not nxt[0][3]
+    # MAX: advanced by the first step's max_seq_length (3), then by 1 a step
+    assert nxt.max_seq_length == 1 and nxt.max_cache_length == 3
+    assert nxt.max_full_context_length == 4
+    nxt.increment_cache_lengths(np.array([0, 1, 2]))  # the in-place form
+    assert list(nxt.cache_lengths) == [4, 3] and list(nxt[0][1]) == [4, 3]
+    if strategy == "paged":  # continuous: the slot, not num_steps, bounds it
+        with pytest.raises(kvcache.CapacityExceeded, match="reserved room"):
+            nxt.increment_cache_lengths([0, 1, 2])
+    else:
+        with pytest.raises(kvcache.CapacityExceeded, match="reserved room for 64"):
+            nxt.increment_cache_lengths([0, 60, 61])
+    assert list(nxt.cache_lengths) == [4, 3]  # unchanged on error
     assert [m.cache_length(s) for s in ids] == [0, 0]  # manager state untouched
     m.step(ids, [5, 4])
     assert [m.cache_length(s) for s in ids] == [5, 4]

@@ -85,9 +85,10 @@ def test_batch_arrays_are_read_only_views_updated_in_place():
     assert not lengths.flags.writeable and not inputs.lookup_table.flags.writeable
     with pytest.raises(ValueError):
         lengths[0] = 7
-    m.increment_cache_lengths(inputs, [0, 2, 4])  # C++ changes the batch in place
+    inputs.increment_cache_lengths([0, 2, 4])  # C++ changes the batch in place
     assert list(lengths) == [2, 2]  # the old array sees it: same memory
     assert bool(empty) is False and empty.shape == ()
+    assert list(inputs[0][1]) == [2, 2] and not inputs[0][3]  # so do the device tuples
 
 
 def test_views_keep_the_manager_alive():

@@ -28,10 +28,12 @@ KVCacheParams params_for(CacheStrategy strategy) {
   return p;
 }
 
-std::unique_ptr<KVCacheManager> make_manager(CacheStrategy strategy) {
+std::unique_ptr<KVCacheManager> make_manager(CacheStrategy strategy, SeqIdPolicy ids) {
   const KVCacheParams p = params_for(strategy);
-  if (strategy == CacheStrategy::paged) return std::make_unique<PagedKVCacheManager>(p, 64, 8, 64);
-  return std::make_unique<ContinuousBatchingKVCacheManager>(p, 8, 64);
+  if (strategy == CacheStrategy::paged) {
+    return std::make_unique<PagedKVCacheManager>(p, 64, 8, 64, ids);
+  }
+  return std::make_unique<ContinuousBatchingKVCacheManager>(p, 8, 64, ids);
 }
 
 // Whole block memory of the manager, read through a 1-entry batch per sequence.
@@ -45,9 +47,10 @@ std::vector<float> cache_bytes(KVCacheManager& m, const KVCacheBatch& any_batch)
   return out;
 }
 
-// Three sequences with random K/V written for their committed tokens.
+// Three sequences with random K/V written for their committed tokens; with
+// lowest_free ids, the second is then released (its id is free for reuse).
 struct Fixture {
-  explicit Fixture(CacheStrategy s) : m(make_manager(s)) {
+  Fixture(CacheStrategy s, SeqIdPolicy policy) : m(make_manager(s, policy)) {
     ids = m->claim(3);
     const std::vector<std::uint32_t> lens{5, 9, 3};
     batch = m->fetch(ids, lens);
@@ -58,6 +61,7 @@ struct Fixture {
     for (std::size_t i = 0; i < n; ++i) blocks[i] = u(rng);
     m->step(ids, lens);
     small = m->fetch(std::span(ids).first(1), std::vector<std::uint32_t>{1});
+    if (policy == SeqIdPolicy::lowest_free) m->release(ids[1]);
   }
   std::unique_ptr<KVCacheManager> m;
   std::vector<SeqId> ids;
@@ -69,9 +73,10 @@ using Operation = std::function<void(Fixture&)>;
 
 // Runs `op` with the k-th allocation failing for k = 1, 2, ... until it
 // succeeds without the failure firing. Returns how many failures were injected.
-int run_with_failures(CacheStrategy strategy, const Operation& op) {
+int run_with_failures(CacheStrategy strategy, const Operation& op,
+                      SeqIdPolicy policy = SeqIdPolicy::never_reuse) {
   for (int k = 1; k < 200; ++k) {
-    Fixture f(strategy);
+    Fixture f(strategy, policy);
     const ManagerSnapshot before = f.m->snapshot();
     const std::vector<float> bytes_before = cache_bytes(*f.m, f.batch);
     testing::fail_nth_allocation(static_cast<std::size_t>(k));
@@ -102,6 +107,18 @@ TEST_P(AllocFailure, Claim) {
   EXPECT_GT(injected, 0);  // claim does allocate (ids, map nodes): failures were exercised
 }
 
+TEST_P(AllocFailure, ClaimLowestFreeIds) {
+  // Id 1 comes from the free ids, 3 4 5 from the high-water mark; a failed
+  // claim must put id 1 back (the retry after each failure sees the same ids).
+  const int injected = run_with_failures(
+      GetParam(),
+      [](Fixture& f) {
+        EXPECT_EQ(f.m->claim(4), (std::vector<SeqId>{1, 3, 4, 5}));
+      },
+      SeqIdPolicy::lowest_free);
+  EXPECT_GT(injected, 0);
+}
+
 TEST_P(AllocFailure, FetchNewBatch) {
   const int injected = run_with_failures(GetParam(), [](Fixture& f) {
     const std::vector<std::uint32_t> n{7, 1, 13};
@@ -114,7 +131,8 @@ TEST_P(AllocFailure, FetchNewBatch) {
 TEST_P(AllocFailure, FetchIntoKeepsOutOnFailure) {
   run_with_failures(GetParam(), [](Fixture& f) {
     KVCacheBatch& out = f.small;
-    const std::vector<std::uint32_t> lengths_before(out.cache_lengths().begin(), out.cache_lengths().end());
+    const std::vector<std::uint32_t> lengths_before(out.cache_lengths().begin(),
+                                                    out.cache_lengths().end());
     const std::vector<std::uint32_t> n{4, 4, 4};
     try {
       f.m->fetch_into(out, f.ids, n);

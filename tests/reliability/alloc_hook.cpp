@@ -7,8 +7,10 @@ namespace {
 // Per-thread countdown; 0 = disarmed. Test-only state (not library state).
 thread_local std::size_t countdown = 0;
 thread_local bool fired = false;
+thread_local std::size_t requested = 0;
 
 void* allocate(std::size_t n) {
+  requested += n;
   if (countdown != 0 && --countdown == 0) {
     fired = true;
     throw std::bad_alloc();
@@ -26,6 +28,11 @@ void fail_nth_allocation(std::size_t k) {
 bool disarm_allocation_failure() {
   countdown = 0;
   return fired;
+}
+std::size_t take_allocated_bytes() {
+  const std::size_t n = requested;
+  requested = 0;
+  return n;
 }
 }  // namespace kvcache::testing
 

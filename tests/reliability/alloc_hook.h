@@ -1,5 +1,6 @@
 // Test-only allocation failure injection: the k-th operator new on the
 // arming thread throws std::bad_alloc. Other threads are never affected.
+// Also counts the bytes each thread asks operator new for.
 #pragma once
 
 #include <cstddef>
@@ -10,5 +11,8 @@ namespace kvcache::testing {
 void fail_nth_allocation(std::size_t k);
 // Disarms; returns true if the armed failure fired.
 bool disarm_allocation_failure();
+// Bytes requested from operator new on this thread since the last call
+// (then reset to 0).
+std::size_t take_allocated_bytes();
 
 }  // namespace kvcache::testing

@@ -1,9 +1,10 @@
 // kvcache/cuda/device_collection.h — a batch's cache metadata on the device.
 //
 // The intended flow keeps the manager on the host and the page pool on the GPU:
-//   1. Allocate ONE device pool with the manager's shape
-//      [num_blocks][2][num_layers][block_tokens][n_kv_heads][head_dim]
-//      (pool_elements(desc) elements of T), e.g. DeviceBuffer<T>; page (or
+//   1. Allocate ONE device pool with the manager's shape and arrangement
+//      (interleaved [num_blocks][2][num_layers][block], or per_layer
+//      [num_layers][2][num_blocks][block]: kvcache/params.h), that is
+//      pool_elements(desc) elements of T, e.g. DeviceBuffer<T>; page (or
 //      slot) id p means the same block in the host and the device pool.
 //   2. Every step: `auto host = batch.paged<T>();` (or continuous<T>()) from
 //      the manager's fetch, as usual — bookkeeping only, the host blocks are
@@ -12,8 +13,11 @@
 //      that batch's cache_lengths and lookup_table; dev.key(layer) /
 //      dev.value(layer) are LayerCacheDesc<T> whose pointers are all device
 //      memory, computed exactly as the host collection computes its views
-//      (layer / K-V offset inside a block, block_stride = 2 * num_layers *
-//      block_tokens * n_kv_heads * head_dim).
+//      (layer_cache_desc: the layer's K / V base and block_stride for the
+//      arrangement). The device descriptors carry no reserved_lengths (the
+//      host's are host memory): the host batch is validated on upload, and
+//      the device kernels trust row_offsets to stay within what the fetch
+//      reserved (they cannot be checked without reading device memory).
 //   4. If the fetch made copy-on-write copies (batch.block_copies(): a write
 //      into a page shared after fork, or cut by truncate), make them in the
 //      device pool too: copy_blocks(host.desc(), pool.data(),
@@ -28,7 +32,7 @@
 // capture's launch shape. So the metadata must stay where it is and keep its
 // shape while its contents move on:
 //   - build the collection once with DeviceCollectionBounds: the lookup
-//     stride, max_seq_length and max_cache_length every later step fits in
+//     stride, max_seq_length and max_full_context_length every later step fits in
 //     (e.g. the pages of the longest sequence, 1, and the context limit);
 //     the descriptors then carry those bounds, so the kernels' launch shape
 //     (split plan, grid) is the same every step;
@@ -71,12 +75,16 @@ namespace kvcache::cuda {
 // Elements of T in a pool of desc's shape (all blocks, K and V, all layers).
 template <CacheElement T>
 std::size_t pool_elements(const CollectionDesc<T>& d) {
-  return std::size_t{d.num_blocks} * 2 * d.num_layers * d.block_tokens * d.n_kv_heads * d.head_dim;
+  return std::size_t{d.num_blocks} * 2 * d.num_layers * layer_block_elements(d);
 }
 
 namespace detail {
-// src/kernels/cuda/device.cu: validates, then one device-to-device copy per pair.
-void copy_blocks_cuda(void* device_pool, std::size_t block_bytes, std::uint32_t num_blocks,
+// src/kernels/cuda/device.cu: validates, then one 2-D device-to-device copy
+// per pair: block b is `chunks` runs of chunk_bytes at b * chunk_bytes +
+// i * pitch_bytes (interleaved: one run of a whole block; per_layer: one run
+// per layer and K/V, pitch = one layer's K or V array).
+void copy_blocks_cuda(void* device_pool, std::size_t chunk_bytes, std::size_t chunks,
+                      std::size_t pitch_bytes, std::uint32_t num_blocks,
                       std::span<const BlockCopy> copies, CUstream_st* stream);
 }  // namespace detail
 
@@ -95,10 +103,15 @@ void copy_blocks_cuda(void* device_pool, std::size_t block_bytes, std::uint32_t 
 template <CacheElement T>
 void copy_blocks(const CollectionDesc<T>& host, T* device_pool, std::span<const BlockCopy> copies,
                  CUstream_st* stream = nullptr) {
-  const std::size_t block_elements =
-      std::size_t{2} * host.num_layers * host.block_tokens * host.n_kv_heads * host.head_dim;
-  detail::copy_blocks_cuda(device_pool, block_elements * sizeof(T), host.num_blocks, copies,
-                           stream);
+  const std::size_t layer_bytes = layer_block_elements(host) * sizeof(T);
+  const std::size_t runs = 2 * std::size_t{host.num_layers};
+  if (host.arrangement == PoolArrangement::per_layer) {
+    detail::copy_blocks_cuda(device_pool, layer_bytes, runs, layer_bytes * host.num_blocks,
+                             host.num_blocks, copies, stream);
+  } else {
+    detail::copy_blocks_cuda(device_pool, layer_bytes * runs, 1, layer_bytes * runs,
+                             host.num_blocks, copies, stream);
+  }
 }
 
 inline constexpr std::uint32_t kNoPaddingBlock = UINT32_MAX;
@@ -116,7 +129,7 @@ inline constexpr std::uint32_t kNoPaddingBlock = UINT32_MAX;
 struct DeviceCollectionBounds {
   std::uint32_t lookup_stride = 0;                // page-table entries per batch entry
   std::uint32_t max_seq_length = 0;               // new tokens of any entry in any step
-  std::uint32_t max_cache_length = 0;             // cache_length + new tokens, any entry, any step
+  std::uint32_t max_full_context_length = 0;      // cache_length + new tokens, any entry, any step
   std::uint32_t batch_size = 0;                   // entries; 0: the host batch's
   std::uint32_t padding_block = kNoPaddingBlock;  // < num_blocks to allow padding
 };
@@ -127,13 +140,14 @@ class DeviceCollection {
   // The host batch's metadata as it is (bounds = the batch's own values).
   DeviceCollection(const CollectionDesc<T>& host, T* device_blocks, CUstream_st* stream = nullptr)
       : DeviceCollection(host, device_blocks,
-                         {host.lookup_stride, host.max_seq_length, host.max_cache_length}, stream) {
-  }
+                         {host.lookup_stride, host.max_seq_length,
+                          std::max(host.max_full_context_length, host.max_cache_length)},
+                         stream) {}
 
   // With bounds for update(): throws InvalidArgument (naming the value and
   // the limit) when a bound is below the host batch's value, when
-  // max_cache_length exceeds lookup_stride * block_tokens, when
-  // max_seq_length exceeds max_cache_length, when padding_block is neither
+  // max_full_context_length exceeds lookup_stride * block_tokens, when
+  // max_seq_length exceeds max_full_context_length, when padding_block is neither
   // kNoPaddingBlock nor a block of the pool, when batch_size exceeds the
   // host batch's without a padding_block, or when lookup_stride is 0 for a
   // non-empty batch.
@@ -146,18 +160,21 @@ class DeviceCollection {
     }
     check_bound("lookup_stride", host.lookup_stride, bounds.lookup_stride);
     check_bound("max_seq_length", host.max_seq_length, bounds.max_seq_length);
-    check_bound("max_cache_length", host.max_cache_length, bounds.max_cache_length);
-    if (std::uint64_t{bounds.max_cache_length} >
+    check_bound("max_full_context_length", host.max_full_context_length,
+                bounds.max_full_context_length);
+    check_bound("max_cache_length", host.max_cache_length, bounds.max_full_context_length);
+    if (std::uint64_t{bounds.max_full_context_length} >
         std::uint64_t{bounds.lookup_stride} * host.block_tokens) {
       throw InvalidArgument(
-          "DeviceCollectionBounds: max_cache_length " + std::to_string(bounds.max_cache_length) +
+          "DeviceCollectionBounds: max_full_context_length " +
+          std::to_string(bounds.max_full_context_length) +
           " exceeds lookup_stride x block_tokens = " +
           std::to_string(std::uint64_t{bounds.lookup_stride} * host.block_tokens));
     }
-    if (bounds.max_seq_length > bounds.max_cache_length) {
-      throw InvalidArgument("DeviceCollectionBounds: max_seq_length " +
-                            std::to_string(bounds.max_seq_length) + " exceeds max_cache_length " +
-                            std::to_string(bounds.max_cache_length));
+    if (bounds.max_seq_length > bounds.max_full_context_length) {
+      throw InvalidArgument(
+          "DeviceCollectionBounds: max_seq_length " + std::to_string(bounds.max_seq_length) +
+          " exceeds max_full_context_length " + std::to_string(bounds.max_full_context_length));
     }
     if (bounds.padding_block != kNoPaddingBlock && bounds.padding_block >= host.num_blocks) {
       throw InvalidArgument("DeviceCollectionBounds: padding_block " +
@@ -179,7 +196,9 @@ class DeviceCollection {
     desc_.batch_size = batch;
     desc_.lookup_stride = bounds.lookup_stride;
     desc_.max_seq_length = bounds.max_seq_length;
-    desc_.max_cache_length = bounds.max_cache_length;
+    desc_.max_cache_length = bounds.max_full_context_length;  // >= every history
+    desc_.max_full_context_length = bounds.max_full_context_length;
+    desc_.reserved_lengths = nullptr;  // host memory: not for the device
     lengths_ = DeviceBuffer<std::uint32_t>(batch);
     lookup_ = DeviceBuffer<std::uint32_t>(std::size_t{batch} * bounds.lookup_stride);
     upload(host, stream);
@@ -195,7 +214,7 @@ class DeviceCollection {
   // match this collection's pool (num_blocks, num_layers, block_tokens,
   // n_kv_heads, head_dim, layout) and batch_size exactly (with a
   // padding_block: at most batch_size, the rest padded), and fit its bounds
-  // (lookup_stride, max_seq_length, max_cache_length): otherwise
+  // (lookup_stride, max_seq_length, max_full_context_length): otherwise
   // InvalidArgument naming the value and the limit, and nothing is changed.
   // The descriptors keep the bounds, not the host's values.
   void update(const CollectionDesc<T>& host, CUstream_st* stream = nullptr) {
@@ -207,6 +226,8 @@ class DeviceCollection {
     check_same("head_dim", host.head_dim, desc_.head_dim);
     check_same("layout", static_cast<std::uint32_t>(host.layout),
                static_cast<std::uint32_t>(desc_.layout));
+    check_same("arrangement", static_cast<std::uint32_t>(host.arrangement),
+               static_cast<std::uint32_t>(desc_.arrangement));
     if (padding_block_ == kNoPaddingBlock) {
       check_same("batch_size", host.batch_size, desc_.batch_size);
     } else {
@@ -214,7 +235,9 @@ class DeviceCollection {
     }
     check_bound("lookup_stride", host.lookup_stride, desc_.lookup_stride);
     check_bound("max_seq_length", host.max_seq_length, desc_.max_seq_length);
-    check_bound("max_cache_length", host.max_cache_length, desc_.max_cache_length);
+    check_bound("max_full_context_length", host.max_full_context_length,
+                desc_.max_full_context_length);
+    check_bound("max_cache_length", host.max_cache_length, desc_.max_full_context_length);
     upload(host, stream);
   }
 
@@ -231,10 +254,7 @@ class DeviceCollection {
   }
 
   static void validate(const CollectionDesc<T>& h) {
-    kvcache::detail::validate_collection_desc(h.blocks, h.cache_lengths, h.lookup_table,
-                                              h.lookup_stride, h.batch_size, h.max_seq_length,
-                                              h.max_cache_length, h.num_layers, h.block_tokens,
-                                              h.n_kv_heads, h.head_dim, h.num_blocks, h.layout);
+    kvcache::detail::validate_collection_desc(kvcache::detail::retype<float>(h));
   }
   static void check_bound(const char* what, std::uint32_t value, std::uint32_t bound) {
     if (value > bound) {

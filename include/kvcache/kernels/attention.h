@@ -8,7 +8,8 @@
 // (AVX2 / AVX-512 / scalar). `pool` == nullptr runs on the calling thread.
 // Arguments are validated (InvalidArgument) once per call, never in the loops:
 // row_offsets (shape, non-decreasing, and cache_length(b) + new tokens within
-// the view's max_context_length and its page table), n_q_heads a positive
+// the room the fetch reserved for entry b, reserved_length(b): a kernel never
+// touches a row the batch did not reserve, nor a sentinel page), n_q_heads a positive
 // multiple of n_kv_heads, span sizes, and K/V views of the same shape.
 //
 // attention: every position < cache_length(b) + new tokens of entry b must
@@ -130,20 +131,7 @@ void store_kv_cpu(DType dtype, const LayerCacheDesc<float>& k, const LayerCacheD
 // The descriptors differ only in the element pointer type: reinterpret.
 template <CacheElement T>
 LayerCacheDesc<float> erase(const LayerCacheDesc<T>& d) {
-  LayerCacheDesc<float> e;
-  e.blocks = reinterpret_cast<float*>(d.blocks);
-  e.cache_lengths = d.cache_lengths;
-  e.lookup_table = d.lookup_table;
-  e.lookup_stride = d.lookup_stride;
-  e.batch_size = d.batch_size;
-  e.max_seq_length = d.max_seq_length;
-  e.max_cache_length = d.max_cache_length;
-  e.block_tokens = d.block_tokens;
-  e.n_kv_heads = d.n_kv_heads;
-  e.head_dim = d.head_dim;
-  e.block_stride = d.block_stride;
-  e.layout = d.layout;
-  return e;
+  return retype<float>(d);
 }
 }  // namespace detail
 

@@ -25,7 +25,7 @@ float stream_read(const void* data, std::size_t bytes, ThreadPool* pool);
 // per block, K then V): the bytes decode attention reads, in the order of its
 // pages, without its arithmetic. Blocks are split evenly across the pool's
 // threads. Returns a sum of the data. tokens.size() must be the view's
-// batch size and each count within its max_cache_length and page table
+// batch size and each count within its entry's reserved room and page table
 // (InvalidArgument otherwise); as for attention, every row read must lie in
 // a page the entry holds. element_bytes is one cache element's size (2 or 4).
 // Its bandwidth is the ceiling that the page size and page order leave a

@@ -114,6 +114,25 @@ inline void check_row_offsets(std::span<const std::uint32_t> row_offsets,
   }
 }
 
+// Every entry's cache_length + new rows within the room its fetch reserved
+// (views that know it: reserved_length(b)); InvalidArgument naming the entry.
+template <class Cache>
+void check_reserved_rows(const Cache& c, std::span<const std::uint32_t> row_offsets) {
+  if constexpr (requires(const Cache& x) { x.reserved_length(std::uint32_t{0}); }) {
+    for (std::uint32_t b = 0; b < c.batch_size(); ++b) {
+      const std::uint32_t added = row_offsets[b + 1] - row_offsets[b];
+      const std::uint64_t end = std::uint64_t{c.cache_length(b)} + added;
+      if (end > c.reserved_length(b)) {
+        throw InvalidArgument("row_offsets give entry " + std::to_string(b) + " " +
+                              std::to_string(added) + " new tokens after " +
+                              std::to_string(c.cache_length(b)) +
+                              " cached: " + std::to_string(end) + " exceeds the " +
+                              std::to_string(c.reserved_length(b)) + " tokens its fetch reserved");
+      }
+    }
+  }
+}
+
 inline void check_precision(AttentionPrecision precision) {
   if (precision > AttentionPrecision::bf16) {
     throw InvalidArgument("AttentionOptions::precision value " +
@@ -140,7 +159,8 @@ inline void check_size(const char* what, std::size_t got, std::size_t want) {
 }  // namespace detail
 
 // Writes new K/V rows: token i of entry b goes to position cache_length(b) + i.
-// The fetch that produced the views must have reserved room for them.
+// The fetch that produced the views must have reserved room for them
+// (checked: InvalidArgument when an entry's rows pass reserved_length(b)).
 template <KVCacheT Cache>
 void store_kv_reference(const Cache& k_cache, const Cache& v_cache, std::span<const float> k_new,
                         std::span<const float> v_new, std::span<const std::uint32_t> row_offsets) {
@@ -150,6 +170,7 @@ void store_kv_reference(const Cache& k_cache, const Cache& v_cache, std::span<co
   const std::size_t row = std::size_t{k_cache.n_kv_heads()} * k_cache.head_dim();
   detail::check_size("k_new", k_new.size(), row_offsets[batch] * row);
   detail::check_size("v_new", v_new.size(), row_offsets[batch] * row);
+  detail::check_reserved_rows(k_cache, row_offsets);
   for (std::uint32_t b = 0; b < batch; ++b) {
     for (std::uint32_t r = row_offsets[b]; r < row_offsets[b + 1]; ++r) {
       const std::uint32_t pos = k_cache.cache_length(b) + (r - row_offsets[b]);
@@ -183,6 +204,7 @@ void attention_reference(const Cache& k_cache, const Cache& v_cache, std::span<c
   detail::check_size("out", out.size(), row_offsets[batch] * q_row);
   detail::check_precision(options.precision);
   detail::check_scale(options.scale);
+  detail::check_reserved_rows(k_cache, row_offsets);
   const float scale = options.scale != 0.0f ? options.scale : 1.0f / std::sqrt(float(dim));
   const std::uint32_t group = n_q_heads / n_kv;
   // AttentionPrecision::bf16 on a bf16 cache: q * scale and the probabilities

@@ -62,21 +62,32 @@ void check_same_shape(const LayerCacheDesc<float>& k, const LayerCacheDesc<float
 }
 }  // namespace
 
-// Checks that each entry's new rows fit in the view: cache_length + new
-// tokens within max_context_length and within the page table.
+// Checks that each entry's new rows fit in the room its fetch reserved
+// (reserved_lengths, or the blocks its table row holds) and that every block
+// they need is a real block, never the sentinel.
 void check_rows_fit(const LayerCacheDesc<float>& k, std::span<const std::uint32_t> row_offsets) {
   detail::check_row_offsets(row_offsets, k.batch_size);
+  const LayerCacheBase<float> view(k);
   const std::uint64_t table_tokens = std::uint64_t{k.lookup_stride} * k.block_tokens;
   for (std::uint32_t b = 0; b < k.batch_size; ++b) {
-    const std::uint64_t end =
-        std::uint64_t{k.cache_lengths[b]} + (row_offsets[b + 1] - row_offsets[b]);
-    if (end > k.max_cache_length || end > table_tokens) {
-      throw InvalidArgument(
-          "row_offsets give entry " + std::to_string(b) + " " +
-          std::to_string(row_offsets[b + 1] - row_offsets[b]) + " new tokens after " +
-          std::to_string(k.cache_lengths[b]) + " cached: " + std::to_string(end) +
-          " exceeds the view's limit " +
-          std::to_string(std::min<std::uint64_t>(k.max_cache_length, table_tokens)));
+    const std::uint32_t added = row_offsets[b + 1] - row_offsets[b];
+    const std::uint64_t end = std::uint64_t{k.cache_lengths[b]} + added;
+    const std::uint64_t room = std::min<std::uint64_t>(view.reserved_length(b), table_tokens);
+    if (end > room) {
+      throw InvalidArgument("row_offsets give entry " + std::to_string(b) + " " +
+                            std::to_string(added) + " new tokens after " +
+                            std::to_string(k.cache_lengths[b]) + " cached: " + std::to_string(end) +
+                            " exceeds the " + std::to_string(room) + " tokens its fetch reserved");
+    }
+    const std::uint64_t blocks = (end + k.block_tokens - 1) / k.block_tokens;
+    for (std::uint32_t j = 0; j < blocks; ++j) {
+      if (view.block_id(b, j) >= k.num_blocks && k.num_blocks != 0) {
+        throw InvalidArgument("entry " + std::to_string(b) + " needs block " + std::to_string(j) +
+                              " for " + std::to_string(end) + " tokens but its lookup_table " +
+                              "entry is " + std::to_string(view.block_id(b, j)) +
+                              " (the sentinel or past the " + std::to_string(k.num_blocks) +
+                              " blocks)");
+      }
     }
   }
 }

@@ -103,11 +103,12 @@ float paged_read(const LayerCacheDesc<float>& k, const LayerCacheDesc<float>& v,
     throw InvalidArgument("paged_read: element_bytes " + std::to_string(element_bytes) +
                           " is not 2 or 4");
   }
-  const std::uint64_t limit =
-      std::min<std::uint64_t>(std::uint64_t{k.lookup_stride} * k.block_tokens, k.max_cache_length);
+  const LayerCacheBase<float> view(k);
   // (entry, block index) of every block touched, in page-table order.
   std::vector<std::pair<std::uint32_t, std::uint32_t>> blocks;
   for (std::uint32_t b = 0; b < k.batch_size; ++b) {
+    const std::uint64_t limit = std::min<std::uint64_t>(
+        std::uint64_t{k.lookup_stride} * k.block_tokens, view.reserved_length(b));
     if (tokens[b] > limit) {
       throw InvalidArgument("paged_read: entry " + std::to_string(b) + " asks for " +
                             std::to_string(tokens[b]) + " tokens, the view's limit is " +

@@ -215,7 +215,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnParams p) {
   const std::uint32_t cache_len = p.cache_lengths[b];
   const std::uint32_t split_begin = blockIdx.y * p.split_tokens;
   // The last split takes everything after its start: results never depend on
-  // the view's max_cache_length being exact.
+  // the view's max_full_context_length being exact.
   const std::uint32_t split_end =
       blockIdx.y + 1 == gridDim.y ? UINT32_MAX : split_begin + p.split_tokens;
   for (std::uint32_t m = threadIdx.x; m < m_count; m += blockDim.x) {
@@ -575,7 +575,8 @@ void attention_cuda_tuned(DType dtype, const LayerCacheDesc<float>& k,
     throw InvalidArgument("attention needs " + std::to_string(items) +
                           " thread blocks per split, limit 2^31-1");
   }
-  visit_dtype(dtype, [&](auto tag) { launch<decltype(tag)>(p, items, k.max_cache_length, ctx); });
+  visit_dtype(dtype,
+              [&](auto tag) { launch<decltype(tag)>(p, items, k.max_full_context_length, ctx); });
 }
 
 }  // namespace kvcache::cuda::detail

@@ -162,7 +162,7 @@ __device__ __forceinline__ Item item_of(const DecodeParams& p) {
   it.cache_len = a.cache_lengths[it.b];
   it.begin = blockIdx.y * a.split_tokens;
   // The last split reaches to the end of every context: results never depend
-  // on the view's max_cache_length being exact.
+  // on the view's max_full_context_length being exact.
   it.split_end = blockIdx.y + 1 == gridDim.y ? UINT32_MAX : it.begin + a.split_tokens;
   it.end = min(it.cache_len + it.n_rows, it.split_end);
   return it;
@@ -550,7 +550,7 @@ bool decode_eligible(DType dtype, const LayerCacheDesc<float>& k, const LayerCac
 void launch_decode(DType dtype, AttnParams a, const LayerCacheDesc<float>& k, CallContext& c,
                    const DecodeTuning& t) {
   const std::uint32_t max_new = k.max_seq_length;
-  const std::uint32_t max_context = k.max_cache_length;
+  const std::uint32_t max_context = k.max_full_context_length;
   DecodeParams p{};
   p.rows = max_new;
   p.chunks = a.dim * static_cast<std::uint32_t>(dtype_size(dtype)) / 16;

@@ -75,7 +75,8 @@ bool is_device_pointer(const void* p) {
   return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
 }
 
-void copy_blocks_cuda(void* device_pool, std::size_t block_bytes, std::uint32_t num_blocks,
+void copy_blocks_cuda(void* device_pool, std::size_t chunk_bytes, std::size_t chunks,
+                      std::size_t pitch_bytes, std::uint32_t num_blocks,
                       std::span<const BlockCopy> copies, CUstream_st* stream) {
   if (copies.empty()) return;
   if (!is_device_pointer(device_pool)) {
@@ -93,10 +94,10 @@ void copy_blocks_cuda(void* device_pool, std::size_t block_bytes, std::uint32_t 
   auto* base = static_cast<unsigned char*>(device_pool);
   for (const BlockCopy& c : copies) {
     if (c.src == c.dst) continue;
-    check_cuda(cudaMemcpyAsync(base + std::size_t{c.dst} * block_bytes,
-                               base + std::size_t{c.src} * block_bytes, block_bytes,
-                               cudaMemcpyDeviceToDevice, stream),
-               "cudaMemcpyAsync(copy_blocks)", block_bytes);
+    check_cuda(cudaMemcpy2DAsync(base + std::size_t{c.dst} * chunk_bytes, pitch_bytes,
+                                 base + std::size_t{c.src} * chunk_bytes, pitch_bytes, chunk_bytes,
+                                 chunks, cudaMemcpyDeviceToDevice, stream),
+               "cudaMemcpy2DAsync(copy_blocks)", chunk_bytes * chunks);
   }
 }
 
