@@ -7,7 +7,8 @@
 #   make test     deps + build + ctest
 #   make asan / make tsan   test under AddressSanitizer / ThreadSanitizer (build-asan/, build-tsan/;
 #                           fewer SIMD targets, see ASAN_HWY_DISABLED below)
-#   make fuzz     build the libFuzzer targets (clang, ASan+UBSan) and run each for FUZZ_SECONDS
+#   make fuzz     build the libFuzzer targets (clang, ASan+UBSan+float-cast-overflow) and run
+#                 each for FUZZ_SECONDS
 #   make cuda     the optional CUDA backend's tests and bench into build-cuda/ (nvcc; docs/CUDA.md)
 #   make format   clang-format every C++ file we own
 #   make clean    remove build directories
@@ -81,6 +82,10 @@ tsan: deps
 
 FUZZ_SECONDS ?= 60
 FUZZERS := manager parsers sizes
+# Largest input the parsers fuzzer makes (libFuzzer otherwise guesses from the
+# corpus, 4 KiB at least): nesting that overflowed the stack took a 200 KB
+# config.json (issue 40), so the fuzzer must be able to write such files.
+PARSERS_MAX_LEN ?= 262144
 fuzz: deps
 	CXX=clang++ $(MAKE) build BUILD_DIR=build-fuzz BUILD_TYPE=RelWithDebInfo \
 	  BUILD_TARGET="$(FUZZERS:%=%_fuzzer)" CMAKE_FLAGS="-DKVCACHE_SANITIZE=address -DKVCACHE_FUZZ=ON \
@@ -88,6 +93,7 @@ fuzz: deps
 	for f in $(FUZZERS); do \
 	  mkdir -p build-fuzz/corpus/$$f && \
 	  build-fuzz/bin/$${f}_fuzzer -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+	    $$([ $$f = parsers ] && echo -max_len=$(PARSERS_MAX_LEN)) \
 	    build-fuzz/corpus/$$f fuzz/corpus/$$f || exit 1; \
 	done
 

@@ -62,7 +62,7 @@ std::uint32_t resolve_pages(const KVCacheParams& p, std::uint32_t max_batch,
   }
   if (!total_num_pages.is_none()) return to_u32(total_num_pages, "total_num_pages");
   if (!cache_memory.is_none()) {
-    return PagedKVCacheManager::pages_for_memory(p, cache_memory.cast<std::size_t>());
+    return PagedKVCacheManager::pages_for_memory(p, to_u64(cache_memory, "cache_memory"));
   }
   const std::uint64_t per_seq = (std::uint64_t{max_seq_len} + p.page_size - 1) / p.page_size;
   const std::uint64_t pages = per_seq * max_batch;

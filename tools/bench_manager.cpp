@@ -3,6 +3,11 @@
 // batch 1..1024 (with and without prefix caching, which adds token ids and
 // page hashing), and ns per request of claim + match_prefix + release.
 // Tiny model shape: only bookkeeping is timed, no K/V is written.
+// Flags are range-checked (exit 2 naming the value and the limit): --page-size
+// and --steps in [1, 2^20], --prompt in [0, 2^20] (CLI11), and the pool of the
+// largest batch, 1024 sequences of prompt + steps + 1 tokens rounded up to
+// whole pages, at most kMaxBenchPoolTokens tokens (check_pool), so every
+// length and page count below fits 32 bits and the run fits in memory.
 
 #include <CLI/CLI.hpp>
 #include <chrono>
@@ -14,6 +19,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "kvcache/error.h"
 #include "kvcache/paged_manager.h"
 #include "table.h"
 
@@ -22,6 +28,10 @@ namespace kvcache::tools {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+constexpr std::uint32_t kMaxBenchTokens = 1u << 20;      // --page-size, --steps, --prompt
+constexpr std::uint32_t kMaxBatch = 1024;                // the largest batch timed
+constexpr std::uint64_t kMaxBenchPoolTokens = 1u << 26;  // 512 MiB of f32 K/V, 256 MiB of ids
 
 struct BenchArgs {
   std::uint32_t page_size = 16;
@@ -87,11 +97,27 @@ double match_cost(const BenchArgs& a, std::uint32_t prompt_len) {
   return std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / reps;
 }
 
+// Refuses flags whose largest pool (kMaxBatch sequences) would exceed
+// kMaxBenchPoolTokens, naming the flags and the limit.
+void check_pool(const BenchArgs& a) {
+  const std::uint64_t len = std::uint64_t{a.prompt} + a.steps + 1;
+  const std::uint64_t pages = (len + a.page_size - 1) / a.page_size;
+  const std::uint64_t tokens = kMaxBatch * pages * a.page_size;
+  if (tokens > kMaxBenchPoolTokens) {
+    throw InvalidArgument(
+        "--prompt " + std::to_string(a.prompt) + " + --steps " + std::to_string(a.steps) +
+        " at --page-size " + std::to_string(a.page_size) + " needs a pool of " +
+        std::to_string(tokens) + " tokens for " + std::to_string(kMaxBatch) +
+        " sequences, more than the limit of " + std::to_string(kMaxBenchPoolTokens));
+  }
+}
+
 void run_bench(const BenchArgs& a) {
+  check_pool(a);
   nlohmann::json j;
   Table t({"batch", "ns/seq/step", "ns/seq/step (prefix caching)"});
   char b1[32], b2[32];
-  for (std::uint32_t batch : {1u, 4u, 16u, 64u, 256u, 1024u}) {
+  for (std::uint32_t batch : {1u, 4u, 16u, 64u, 256u, kMaxBatch}) {
     const double plain = decode_cost(a, batch, false), cached = decode_cost(a, batch, true);
     std::snprintf(b1, sizeof b1, "%.1f", plain);
     std::snprintf(b2, sizeof b2, "%.1f", cached);
@@ -124,10 +150,15 @@ void add_bench_manager_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "bench-manager",
       "Time the paged manager's bookkeeping (fetch + step, match_prefix + release)");
-  cmd->add_option("--page-size", args->page_size, "Tokens per page")->capture_default_str();
+  cmd->add_option("--page-size", args->page_size, "Tokens per page")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, kMaxBenchTokens));
   cmd->add_option("--steps", args->steps, "Decode steps timed per batch size")
-      ->capture_default_str();
-  cmd->add_option("--prompt", args->prompt, "Prompt tokens before decoding")->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Range(1u, kMaxBenchTokens));
+  cmd->add_option("--prompt", args->prompt, "Prompt tokens before decoding")
+      ->capture_default_str()
+      ->check(CLI::Range(0u, kMaxBenchTokens));
   cmd->add_flag("--json", args->json, "Print a JSON object");
   cmd->callback([args] { run_bench(*args); });
 }

@@ -5,11 +5,15 @@
 // prints the generated token ids, comma separated: one line per sample
 // (--samples n: the prompt computed once and forked, sample i seeded with
 // seed + i). Weights are seeded from a preset, or loaded with --model DIR
-// (config.json + model.safetensors).
+// (config.json + model.safetensors). Refused (exit 2, naming the value and
+// the limit): an empty prompt, and prompt + max-new-tokens past the model's
+// max_position or past what 2^32 - 1 pages of the cache can index.
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <charconv>
 #include <iostream>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -18,6 +22,7 @@
 #include "kvcache/engine/model.h"
 #include "kvcache/engine/safetensors.h"
 #include "kvcache/engine/scheduler.h"
+#include "kvcache/error.h"
 #include "kvcache/paged_manager.h"
 
 namespace kvcache::tools {
@@ -26,7 +31,7 @@ namespace {
 struct GenerateOptions {
   std::string preset = "tiny";
   std::string model_dir;
-  std::vector<engine::TokenId> prompt;
+  std::string prompt;  // "1,2,3": parse_token_ids
   std::uint32_t max_new_tokens = 16;
   std::optional<engine::TokenId> end_token;
   float temperature = 0.0f, top_p = 1.0f;
@@ -35,12 +40,54 @@ struct GenerateOptions {
   std::uint32_t samples = 1;
 };
 
+// "1,2,3" -> {1, 2, 3}. Every comma-separated field must be a decimal
+// integer in [0, 2^31 - 1]: an empty text or field ("", "1,,2") is refused
+// rather than read as token 0 (the scheduler then checks the vocabulary).
+std::vector<engine::TokenId> parse_token_ids(const std::string& text) {
+  if (text.empty()) throw InvalidArgument("--prompt-tokens is empty: give at least one token id");
+  std::vector<engine::TokenId> ids;
+  for (std::size_t begin = 0; begin <= text.size();) {
+    const std::size_t end = std::min(text.find(',', begin), text.size());
+    const std::string field = text.substr(begin, end - begin);
+    engine::TokenId id = 0;
+    const auto [ptr, ec] = std::from_chars(field.data(), field.data() + field.size(), id);
+    if (field.empty() || ec != std::errc() || ptr != field.data() + field.size() || id < 0) {
+      throw InvalidArgument("--prompt-tokens field " + std::to_string(ids.size() + 1) + " '" +
+                            field + "' is not a token id in [0, " +
+                            std::to_string(std::numeric_limits<engine::TokenId>::max()) + "]");
+    }
+    ids.push_back(id);
+    begin = end + 1;
+  }
+  return ids;
+}
+
+// Pages per sample for the whole request: prompt + max_new_tokens tokens,
+// computed in 64 bits and checked against the model and the cache's 32 bits.
+std::uint32_t pages_per_sample(const GenerateOptions& o, std::size_t prompt_tokens,
+                               const engine::ModelConfig& model) {
+  const std::uint64_t len = std::uint64_t{prompt_tokens} + o.max_new_tokens;
+  if (len > model.max_position) {
+    throw InvalidArgument("prompt " + std::to_string(prompt_tokens) + " + --max-new-tokens " +
+                          std::to_string(o.max_new_tokens) + " = " + std::to_string(len) +
+                          " tokens exceeds the model's max_position " +
+                          std::to_string(model.max_position));
+  }
+  const std::uint64_t pages = (len + o.page_size - 1) / o.page_size;
+  if (pages * o.samples * o.page_size > std::numeric_limits<std::uint32_t>::max()) {
+    throw InvalidArgument(std::to_string(o.samples) + " samples of " + std::to_string(len) +
+                          " tokens in pages of " + std::to_string(o.page_size) +
+                          " need more than 2^32 - 1 cache tokens");
+  }
+  return static_cast<std::uint32_t>(pages);
+}
+
 void run_generate(const GenerateOptions& o) {
+  std::vector<engine::TokenId> prompt = parse_token_ids(o.prompt);
   const engine::Model model = o.model_dir.empty()
                                   ? engine::Model::from_seed(engine::model_preset(o.preset), o.seed)
                                   : engine::load_model(o.model_dir);
-  const std::uint32_t len = static_cast<std::uint32_t>(o.prompt.size()) + o.max_new_tokens;
-  const std::uint32_t pages = (len + o.page_size - 1) / o.page_size;
+  const std::uint32_t pages = pages_per_sample(o, prompt.size(), model.config());
   // Room for every sample at once (fewer would be enough: they share the prompt).
   PagedKVCacheManager manager(model.config().cache_params(CacheStrategy::paged, o.page_size),
                               pages * o.samples, o.samples, pages * o.page_size);
@@ -48,7 +95,7 @@ void run_generate(const GenerateOptions& o) {
   config.max_num_seqs = o.samples;
   engine::Scheduler scheduler(model, manager, config);
   engine::Request r;
-  r.prompt = o.prompt;
+  r.prompt = std::move(prompt);
   r.max_new_tokens = o.max_new_tokens;
   r.end_token = o.end_token;
   r.sampling = {.temperature = o.temperature, .top_p = o.top_p, .seed = o.seed};
@@ -71,9 +118,7 @@ void run_generate(const GenerateOptions& o) {
 void add_generate_command(CLI::App& app) {
   static GenerateOptions o;
   CLI::App* cmd = app.add_subcommand("generate", "Generate tokens for one prompt of token ids");
-  cmd->add_option("--prompt-tokens", o.prompt, "prompt token ids, e.g. 1,2,3")
-      ->required()
-      ->delimiter(',');
+  cmd->add_option("--prompt-tokens", o.prompt, "prompt token ids, e.g. 1,2,3")->required();
   cmd->add_option("--max-new-tokens", o.max_new_tokens)->capture_default_str();
   cmd->add_option("--end-token", o.end_token, "stop after this token id");
   cmd->add_option("--preset", o.preset, "model preset (seeded weights)")->capture_default_str();

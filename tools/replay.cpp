@@ -1,17 +1,20 @@
 // tools/replay.cpp — `kvcache replay`: replay a Mooncake-format JSONL trace
-// against the paged manager's prefix cache and report hit rates.
+// against the paged manager's prefix cache and report hit rates. The trace
+// and --capacity are read with every number checked
+// (kvcache/engine/trace_file.h); the other flags are checked by replay_trace
+// (kvcache/trace_replay.h). Bad input: exit 2 with a message naming it.
 
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "commands.h"
+#include "kvcache/engine/trace_file.h"
 #include "kvcache/error.h"
 #include "kvcache/trace_replay.h"
 #include "table.h"
@@ -34,52 +37,6 @@ struct ReplayArgs {
   std::uint32_t short_output = 32;
   bool json = false;
 };
-
-std::vector<TraceRequest> load_trace(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw InvalidArgument("cannot open trace '" + path + "'");
-  std::vector<TraceRequest> trace;
-  std::string line;
-  std::size_t line_no = 0;
-  while (std::getline(in, line)) {
-    ++line_no;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    try {
-      const nlohmann::json j = nlohmann::json::parse(line);
-      TraceRequest r;
-      r.timestamp_ms = j.at("timestamp").get<double>();
-      r.input_length = j.at("input_length").get<std::uint32_t>();
-      r.output_length = j.at("output_length").get<std::uint32_t>();
-      r.hash_ids = j.at("hash_ids").get<std::vector<std::uint64_t>>();
-      trace.push_back(std::move(r));
-    } catch (const nlohmann::json::exception& e) {
-      throw InvalidArgument(path + ":" + std::to_string(line_no) + ": " + e.what());
-    }
-  }
-  return trace;
-}
-
-// "3M", "1000000", "512K", "0"/"unlimited" -> tokens.
-std::uint64_t parse_tokens(const std::string& text) {
-  if (text == "unlimited" || text == "0") return 0;
-  std::size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  const std::string suffix = text.substr(used);
-  double mult = suffix.empty()                   ? 1
-                : suffix == "K" || suffix == "k" ? 1e3
-                : suffix == "M" || suffix == "m" ? 1e6
-                                                 : 0;
-  if (used == 0 || mult == 0 || v < 0) {
-    throw InvalidArgument("capacity '" + text +
-                          "' is not a token count (examples: 1M, 3000000, 512K, unlimited)");
-  }
-  return static_cast<std::uint64_t>(v * mult);
-}
 
 void print_progress(std::size_t done, std::size_t total) {
   if (done % 64 != 0 && done != total) return;
@@ -112,7 +69,7 @@ nlohmann::json to_json(const ReplayArgs& a, const ReplayResult& r) {
 void run_replay(const ReplayArgs& a) {
   ReplayOptions o;
   o.page_size = a.page_size;
-  o.capacity_tokens = parse_tokens(a.capacity);
+  o.capacity_tokens = engine::parse_token_count(a.capacity);
   o.offline_belady = a.policy == "belady";
   if (!o.offline_belady) o.policy = parse_policy(a.policy);
   o.s3fifo_small_fraction = a.small_fraction;
@@ -123,7 +80,7 @@ void run_replay(const ReplayArgs& a) {
   o.reuse_hints = a.reuse_hints;
   o.short_output = a.short_output;
   if (isatty(STDERR_FILENO)) o.progress = print_progress;
-  const std::vector<TraceRequest> trace = load_trace(a.trace);
+  const std::vector<TraceRequest> trace = engine::read_mooncake_trace(a.trace);
   const ReplayResult r = replay_trace(trace, o);
   if (a.json) {
     std::cout << to_json(a, r).dump(2) << '\n';
@@ -161,7 +118,8 @@ void add_replay_command(CLI::App& app) {
                   "JSONL trace (timestamp, input_length, output_length, hash_ids)")
       ->required();
   cmd->add_option("--page-size", args->page_size, "Tokens per page")->capture_default_str();
-  cmd->add_option("--capacity", args->capacity, "Cache capacity in tokens (1M, 3000000, unlimited)")
+  cmd->add_option("--capacity", args->capacity,
+                  "Cache capacity in tokens (1M, 3000000, 1.5M, unlimited; at most 2^40)")
       ->capture_default_str();
   cmd->add_option("--policy", args->policy,
                   "Eviction policy: lru | s3fifo | tiered | interval | belady (offline optimum, "

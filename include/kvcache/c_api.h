@@ -327,7 +327,9 @@ kvc_status kvc_batch_increment_cache_lengths(kvc_batch* batch, const uint32_t* p
 
 typedef struct kvc_thread_pool kvc_thread_pool;
 
-/* num_threads counts the calling thread (1: no workers; 0: one per core). */
+/* num_threads counts the calling thread (1: no workers; 0: one per core; at most 1024, else
+ * KVC_INVALID_ARGUMENT). KVC_OUT_OF_MEMORY when the system refuses a thread part-way: the
+ * threads already started are joined and *out is left unchanged. */
 kvc_status kvc_thread_pool_create(uint32_t num_threads, kvc_thread_pool** out, kvc_error* err);
 void kvc_thread_pool_destroy(kvc_thread_pool* pool);
 

@@ -24,7 +24,10 @@ namespace kvcache {
 class ThreadPool {
  public:
   // num_threads counts the calling thread: 1 means no workers (runs inline).
-  // 0 means std::thread::hardware_concurrency(). Throws InvalidArgument past 1024.
+  // 0 means std::thread::hardware_concurrency(). Throws InvalidArgument past
+  // 1024, and OutOfMemory when the system refuses a thread part-way (a
+  // process or memory limit): the workers already started are stopped and
+  // joined first, so a failed construction neither hangs nor leaks a thread.
   explicit ThreadPool(std::size_t num_threads = 0);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;

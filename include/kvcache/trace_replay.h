@@ -14,6 +14,7 @@
 // bookkeeping matters. Not thread-safe (one replay per call).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -24,6 +25,17 @@
 namespace kvcache {
 
 inline constexpr std::uint32_t kTraceBlockTokens = 512;
+
+// Limits of what one request may make a replay allocate and run (its prompt's
+// token ids and pages, and in timed mode its decode steps): input_length and
+// output_length each at most 2^20 tokens, so at most 2048 hash ids.
+inline constexpr std::uint32_t kMaxTraceRequestTokens = 1u << 20;
+inline constexpr std::size_t kMaxTraceHashIds = kMaxTraceRequestTokens / kTraceBlockTokens;
+// ReplayOptions limits: page_size at most kMaxTraceRequestTokens, max_batch
+// at most kMaxReplayBatch, capacity_tokens / page_size at most
+// kMaxReplayPages pages.
+inline constexpr std::uint32_t kMaxReplayBatch = 65536;
+inline constexpr std::uint64_t kMaxReplayPages = 0xFFFFFFFEu;
 
 struct TraceRequest {
   double timestamp_ms = 0;
@@ -83,8 +95,14 @@ struct ReplayResult {
   }
 };
 
-// Throws InvalidArgument on bad options or requests (offline_belady without
-// sequential included).
+// Throws InvalidArgument, before any work, on bad options (page_size 0 or
+// past its limit, a capacity of more than kMaxReplayPages pages, max_batch
+// past kMaxReplayBatch, a decode rate that is not a finite positive number in
+// timed mode, offline_belady without sequential, the prefix cache's own
+// limits) and on a bad request, named by its index: a timestamp that is not a
+// finite number >= 0, input_length or output_length past
+// kMaxTraceRequestTokens, or an input_length that does not fit its hash ids
+// (request_tokens).
 ReplayResult replay_trace(std::span<const TraceRequest> trace, const ReplayOptions& options);
 
 }  // namespace kvcache

@@ -43,6 +43,16 @@ void require_positive(const char* field, std::uint32_t value) {
   if (value == 0) throw InvalidArgument(std::string(field) + " is 0: it must be at least 1");
 }
 
+// Decimal digits of a 128-bit count (std::to_string has no overload for it).
+std::string u128_string(unsigned __int128 v) {
+  std::string digits;
+  do {
+    digits.insert(digits.begin(), static_cast<char>('0' + static_cast<int>(v % 10)));
+    v /= 10;
+  } while (v != 0);
+  return digits;
+}
+
 }  // namespace
 
 void KVCacheParams::validate() const {
@@ -86,8 +96,7 @@ void KVCacheParams::validate() const {
   const unsigned __int128 per_token =
       static_cast<unsigned __int128>(2) * num_layers * n_kv_heads * head_dim * dtype_size(dtype);
   if (per_token > (static_cast<unsigned __int128>(1) << 31)) {
-    throw InvalidArgument("one token needs " +
-                          std::to_string(static_cast<std::uint64_t>(per_token)) +
+    throw InvalidArgument("one token needs " + u128_string(per_token) +
                           " bytes of K/V, more than the limit of 2147483648");
   }
 }

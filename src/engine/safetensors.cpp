@@ -12,70 +12,45 @@
 #include <string>
 #include <vector>
 
+#include "engine/json_input.h"
 #include "kvcache/dtype.h"
 #include "kvcache/error.h"
 
 namespace kvcache::engine {
 namespace {
 
+using json_input::excerpt;
+using json_input::printable;
 using nlohmann::json;
 
-// JSON numbers converted with range checks: nlohmann's get<> on an
-// out-of-range or fractional value is an undefined float->int conversion.
-template <class U>
-U json_uint(const json& v, const std::string& field) {
-  if (v.is_number_unsigned() && v.get<std::uint64_t>() <= std::numeric_limits<U>::max()) {
-    return static_cast<U>(v.get<std::uint64_t>());
-  }
-  if (v.is_number_integer() && v.get<std::int64_t>() >= 0 &&
-      static_cast<std::uint64_t>(v.get<std::int64_t>()) <= std::numeric_limits<U>::max()) {
-    return static_cast<U>(v.get<std::int64_t>());
-  }
-  throw InvalidArgument(field + " is " + v.dump() + ": expected an integer in [0, " +
-                        std::to_string(std::numeric_limits<U>::max()) + "]");
-}
+// The safetensors format's own limit on the header (100 MB), and ours on
+// config.json (real ones are a few KiB).
+constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
+constexpr std::uint64_t kMaxConfigBytes = std::uint64_t{16} << 20;
 
 template <class U>
 U json_uint_or(const json& j, const char* field, U fallback) {
-  return j.contains(field) ? json_uint<U>(j.at(field), field) : fallback;
+  return j.contains(field) ? json_input::to_uint<U>(j.at(field), field) : fallback;
 }
 
 float json_float_or(const json& j, const char* field, float fallback) {
   if (!j.contains(field)) return fallback;
-  const json& v = j.at(field);
-  if (!v.is_number() || !std::isfinite(v.get<double>()) ||
-      std::fabs(v.get<double>()) > std::numeric_limits<float>::max()) {
-    throw InvalidArgument(std::string(field) + " is " + v.dump() + ": expected a finite float");
-  }
-  return static_cast<float>(v.get<double>());
-}
-
-std::vector<std::uint64_t> json_uint_list(const json& v, const std::string& field) {
-  if (!v.is_array()) throw InvalidArgument(field + " is " + v.dump() + ": expected an array");
-  std::vector<std::uint64_t> out;
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    out.push_back(json_uint<std::uint64_t>(v[i], field + "[" + std::to_string(i) + "]"));
-  }
-  return out;
+  const double max = std::numeric_limits<float>::max();
+  return static_cast<float>(json_input::to_double(j.at(field), field, -max, max));
 }
 
 [[noreturn]] void fail(const std::string& path, const std::string& what) {
-  throw InvalidArgument("safetensors " + path + ": " + what);
+  throw InvalidArgument("safetensors " + printable(path, json_input::kMaxPathEcho) + ": " + what);
 }
 
-std::string read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InvalidArgument("cannot open '" + path + "'");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+// The deepest tensor accepted (Llama checkpoints use 1 and 2 dimensions).
+constexpr std::size_t kMaxRank = 16;
 
-std::size_t element_size(const std::string& path, const std::string& name,
+std::size_t element_size(const std::string& path, const std::string& label,
                          const std::string& dtype) {
   if (dtype == "F32") return 4;
   if (dtype == "F16" || dtype == "BF16") return 2;
-  fail(path, "tensor '" + name + "' has unsupported dtype '" + dtype + "' (F32, F16, BF16)");
+  fail(path, label + " has unsupported dtype " + printable(dtype) + " (F32, F16, BF16)");
 }
 
 std::vector<float> convert(const char* p, std::size_t n, const std::string& dtype) {
@@ -92,41 +67,70 @@ std::vector<float> convert(const char* p, std::size_t n, const std::string& dtyp
   return out;
 }
 
+// The entry's dtype, shape and data offsets; refusals name the tensor.
+struct TensorEntry {
+  std::string dtype;
+  std::vector<std::uint64_t> shape;
+  std::uint64_t begin = 0, end = 0;
+};
+
+// Runs f, naming the file in the InvalidArgument json_input throws.
+template <class F>
+auto in_file(const std::string& path, F&& f) {
+  try {
+    return f();
+  } catch (const InvalidArgument& e) {
+    fail(path, e.what());
+  }
+}
+
+const json& member(const std::string& path, const std::string& label, const json& info,
+                   const char* key) {
+  const auto it = info.find(key);
+  if (it == info.end()) fail(path, label + " has no " + key);
+  return *it;
+}
+
+TensorEntry read_entry(const std::string& path, const std::string& label, const json& info) {
+  if (!info.is_object()) fail(path, label + " is " + excerpt(info) + ", not an object");
+  TensorEntry e;
+  const json& dtype = member(path, label, info, "dtype");
+  if (!dtype.is_string()) fail(path, label + " dtype is " + excerpt(dtype) + ", not a string");
+  e.dtype = dtype.get<std::string>();
+  e.shape = in_file(path, [&] {
+    return json_input::to_uint_list(member(path, label, info, "shape"), label + " shape", kMaxRank,
+                                    UINT64_MAX);
+  });
+  const auto offs = in_file(path, [&] {
+    return json_input::to_uint_list(member(path, label, info, "data_offsets"),
+                                    label + " data_offsets", 2, UINT64_MAX);
+  });
+  if (offs.size() != 2) fail(path, label + " data_offsets needs 2 values");
+  e.begin = offs[0], e.end = offs[1];
+  return e;
+}
+
 Tensor read_tensor(const std::string& path, const std::string& name, const json& info,
                    const char* data, std::uint64_t data_size,
                    std::vector<std::pair<std::uint64_t, std::uint64_t>>& ranges) {
-  if (!info.is_object()) fail(path, "entry '" + name + "' is not an object");
-  Tensor t;
-  std::string dtype;
-  std::uint64_t begin = 0, end = 0;
-  try {
-    dtype = info.at("dtype").get<std::string>();
-    t.shape = json_uint_list(info.at("shape"), name + " shape");
-    const auto offs = json_uint_list(info.at("data_offsets"), name + " data_offsets");
-    if (offs.size() != 2) fail(path, "tensor '" + name + "' data_offsets needs 2 values");
-    begin = offs[0], end = offs[1];
-  } catch (const json::exception& e) {
-    fail(path, "tensor '" + name + "': " + e.what());
-  }
-  const std::size_t esize = element_size(path, name, dtype);
+  const std::string label = "tensor " + printable(name);
+  const TensorEntry e = read_entry(path, label, info);
+  const std::size_t esize = element_size(path, label, e.dtype);
   std::uint64_t count = 1;
-  for (std::uint64_t d : t.shape) {
-    if (d != 0 && count > (std::uint64_t{1} << 40) / d)
-      fail(path, "tensor '" + name + "' too large");
+  for (std::uint64_t d : e.shape) {
+    if (d != 0 && count > (std::uint64_t{1} << 40) / d) fail(path, label + " too large");
     count *= d;
   }
-  if (begin > end || end > data_size) {
-    fail(path, "tensor '" + name + "' data_offsets [" + std::to_string(begin) + ", " +
-                   std::to_string(end) + ") outside the " + std::to_string(data_size) +
-                   " data bytes");
+  if (e.begin > e.end || e.end > data_size) {
+    fail(path, label + " data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) +
+                   ") outside the " + std::to_string(data_size) + " data bytes");
   }
-  if (end - begin != count * esize) {
-    fail(path, "tensor '" + name + "' has " + std::to_string(end - begin) +
+  if (e.end - e.begin != count * esize) {
+    fail(path, label + " has " + std::to_string(e.end - e.begin) +
                    " bytes, its shape and dtype need " + std::to_string(count * esize));
   }
-  ranges.emplace_back(begin, end);
-  t.data = convert(data + begin, count, dtype);
-  return t;
+  ranges.emplace_back(e.begin, e.end);
+  return Tensor{e.shape, convert(data + e.begin, count, e.dtype)};
 }
 
 void check_overlaps(const std::string& path,
@@ -142,12 +146,13 @@ void check_overlaps(const std::string& path,
 std::vector<float> take(const std::string& path, TensorMap& m, const std::string& name,
                         std::vector<std::uint64_t> shape) {
   auto it = m.find(name);
-  if (it == m.end()) fail(path, "missing tensor '" + name + "'");
+  if (it == m.end()) fail(path, "missing tensor " + printable(name));
   if (it->second.shape != shape) {
     std::string want, got;
     for (auto d : shape) want += std::to_string(d) + ",";
     for (auto d : it->second.shape) got += std::to_string(d) + ",";
-    fail(path, "tensor '" + name + "' has shape [" + got + "], config.json needs [" + want + "]");
+    fail(path, "tensor " + printable(name) + " has shape [" + got + "], config.json needs [" +
+                   want + "]");
   }
   return std::move(it->second.data);
 }
@@ -155,21 +160,27 @@ std::vector<float> take(const std::string& path, TensorMap& m, const std::string
 }  // namespace
 
 TensorMap read_safetensors(const std::string& path) {
-  const std::string bytes = read_all(path);
+  const std::string bytes =
+      in_file(path, [&] { return json_input::read_regular_file(path, UINT64_MAX); });
   if (bytes.size() < 8) fail(path, "file has " + std::to_string(bytes.size()) + " bytes, < 8");
   std::uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[i]);
+  if (n > kMaxHeaderBytes) {
+    fail(path, "header length " + std::to_string(n) + " exceeds the format's limit of " +
+                   std::to_string(kMaxHeaderBytes) + " bytes");
+  }
   if (n > bytes.size() - 8) {
     fail(path, "header length " + std::to_string(n) + " exceeds the " +
                    std::to_string(bytes.size() - 8) + " bytes after it");
   }
-  json header;
-  try {
-    header = json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(n));
-  } catch (const json::exception& e) {
-    fail(path, std::string("header is not valid JSON: ") + e.what());
-  }
-  if (!header.is_object()) fail(path, "header is not a JSON object");
+  const json header = in_file(path, [&] {
+    try {
+      return json_input::parse(std::string_view(bytes).substr(8, n));
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument(std::string("header ") + e.what());
+    }
+  });
+  if (!header.is_object()) fail(path, "header is " + excerpt(header) + ", not a JSON object");
   const char* data = bytes.data() + 8 + n;
   const std::uint64_t data_size = bytes.size() - 8 - n;
   TensorMap out;
@@ -207,16 +218,19 @@ void write_safetensors(const std::string& path, const TensorMap& tensors) {
 }
 
 ModelConfig read_hf_config(const std::string& path) {
-  json j;
   try {
-    j = json::parse(read_all(path));
+    const json j = json_input::parse(json_input::read_regular_file(path, kMaxConfigBytes));
+    if (!j.is_object()) throw InvalidArgument("it is " + excerpt(j) + ", not a JSON object");
     ModelConfig c;
     c.name = j.value("model_type", std::string("llama"));
-    c.vocab_size = json_uint<std::uint32_t>(j.at("vocab_size"), "vocab_size");
-    c.hidden_size = json_uint<std::uint32_t>(j.at("hidden_size"), "hidden_size");
-    c.intermediate_size = json_uint<std::uint32_t>(j.at("intermediate_size"), "intermediate_size");
-    c.num_layers = json_uint<std::uint32_t>(j.at("num_hidden_layers"), "num_hidden_layers");
-    c.num_heads = json_uint<std::uint32_t>(j.at("num_attention_heads"), "num_attention_heads");
+    c.vocab_size = json_input::to_uint<std::uint32_t>(j.at("vocab_size"), "vocab_size");
+    c.hidden_size = json_input::to_uint<std::uint32_t>(j.at("hidden_size"), "hidden_size");
+    c.intermediate_size =
+        json_input::to_uint<std::uint32_t>(j.at("intermediate_size"), "intermediate_size");
+    c.num_layers =
+        json_input::to_uint<std::uint32_t>(j.at("num_hidden_layers"), "num_hidden_layers");
+    c.num_heads =
+        json_input::to_uint<std::uint32_t>(j.at("num_attention_heads"), "num_attention_heads");
     c.num_kv_heads = json_uint_or<std::uint32_t>(j, "num_key_value_heads", c.num_heads);
     c.head_dim =
         json_uint_or<std::uint32_t>(j, "head_dim", c.num_heads ? c.hidden_size / c.num_heads : 0u);
@@ -227,9 +241,10 @@ ModelConfig read_hf_config(const std::string& path) {
     c.validate();
     return c;
   } catch (const json::exception& e) {
-    throw InvalidArgument("config " + path + ": " + e.what());
+    throw InvalidArgument("config " + printable(path, json_input::kMaxPathEcho) + ": " +
+                          json_input::bounded(e.what(), json_input::kMaxParserMessage));
   } catch (const InvalidArgument& e) {
-    throw InvalidArgument("config " + path + ": " + e.what());
+    throw InvalidArgument("config " + printable(path, json_input::kMaxPathEcho) + ": " + e.what());
   }
 }
 

@@ -4,10 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
-#include <nlohmann/json.hpp>
 #include <random>
+#include <string>
 
+#include "kvcache/engine/trace_file.h"
 #include "kvcache/error.h"
 
 namespace kvcache::engine {
@@ -29,8 +29,16 @@ void append_block(std::vector<TokenId>& out, std::uint64_t block_id, std::uint32
 }  // namespace
 
 std::vector<WorkloadRequest> chat_workload(const ChatWorkloadOptions& o) {
-  if (o.vocab_size == 0 || !(o.rate > 0)) {
-    throw InvalidArgument("chat workload: vocab_size and rate must be > 0");
+  if (o.vocab_size == 0 || !(o.rate > 0) || !std::isfinite(o.rate)) {
+    throw InvalidArgument("chat workload: vocab_size " + std::to_string(o.vocab_size) +
+                          " and rate " + std::to_string(o.rate) + " must be > 0 (the rate finite)");
+  }
+  const std::uint64_t per_request = std::uint64_t{o.system_prompt_tokens} + o.user_max;
+  if (per_request != 0 && o.requests > kMaxWorkloadTokens / per_request) {
+    throw InvalidArgument("chat workload: " + std::to_string(o.requests) + " requests x (" +
+                          std::to_string(o.system_prompt_tokens) + " system + up to " +
+                          std::to_string(o.user_max) + " user tokens) exceeds the limit of " +
+                          std::to_string(kMaxWorkloadTokens) + " prompt tokens");
   }
   std::mt19937_64 rng(o.seed);
   std::vector<TokenId> system;
@@ -50,47 +58,58 @@ std::vector<WorkloadRequest> chat_workload(const ChatWorkloadOptions& o) {
   return out;
 }
 
-std::vector<WorkloadRequest> load_mooncake_trace(const std::string& path, const TraceOptions& o) {
-  if (!(o.scale > 0) || o.vocab_size == 0) {
-    throw InvalidArgument("trace: scale and vocab_size must be > 0");
+namespace {
+
+// One trace request as a workload request: lengths scaled (at most 2^20 x 16
+// tokens each, trace_file.h and kMaxTraceScale) and capped by
+// max_total_tokens; the prompt built from the hash ids' blocks, padded with a
+// block of its own when the ids run out.
+WorkloadRequest scaled_request(const TraceRequest& t, std::size_t lineno, std::uint32_t block,
+                               const TraceOptions& o) {
+  WorkloadRequest r;
+  auto in_len = std::max<std::uint32_t>(1, static_cast<std::uint32_t>(t.input_length * o.scale));
+  r.output_tokens =
+      std::max<std::uint32_t>(1, static_cast<std::uint32_t>(t.output_length * o.scale));
+  if (o.max_total_tokens) {
+    r.output_tokens = std::min(r.output_tokens, o.max_total_tokens / 2);
+    in_len = std::min(in_len, o.max_total_tokens - r.output_tokens);
   }
-  std::ifstream in(path);
-  if (!in) throw InvalidArgument("trace: cannot open '" + path + "'");
+  for (const std::uint64_t id : t.hash_ids) {
+    if (r.prompt.size() >= in_len) break;
+    append_block(r.prompt, id, std::min<std::uint32_t>(block, in_len - r.prompt.size()),
+                 o.vocab_size);
+  }
+  if (r.prompt.size() < in_len) {
+    append_block(r.prompt, 0xfeedull + lineno, in_len - r.prompt.size(), o.vocab_size);
+  }
+  return r;
+}
+
+}  // namespace
+
+std::vector<WorkloadRequest> load_mooncake_trace(const std::string& path, const TraceOptions& o) {
+  if (!(o.scale > 0 && o.scale <= kMaxTraceScale) || o.vocab_size == 0) {
+    throw InvalidArgument("trace: scale " + std::to_string(o.scale) + " must be in (0, " +
+                          std::to_string(kMaxTraceScale) + "] and vocab_size " +
+                          std::to_string(o.vocab_size) + " > 0");
+  }
   const auto block = std::max<std::uint32_t>(1, static_cast<std::uint32_t>(512 * o.scale));
   std::vector<WorkloadRequest> out;
-  std::string line;
   double t0 = -1;
-  for (std::size_t lineno = 1; std::getline(in, line); ++lineno) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    if (o.max_requests && out.size() >= o.max_requests) break;
-    WorkloadRequest r;
-    try {
-      const auto j = nlohmann::json::parse(line);
-      const double ts = j.at("timestamp").get<double>();
-      if (t0 < 0) t0 = ts;
-      r.arrival = (ts - t0) / 1000.0;
-      const auto input = j.at("input_length").get<std::uint64_t>();
-      const auto output = j.at("output_length").get<std::uint64_t>();
-      auto in_len = std::max<std::uint32_t>(1, static_cast<std::uint32_t>(input * o.scale));
-      r.output_tokens = std::max<std::uint32_t>(1, static_cast<std::uint32_t>(output * o.scale));
-      if (o.max_total_tokens) {
-        r.output_tokens = std::min(r.output_tokens, o.max_total_tokens / 2);
-        in_len = std::min(in_len, o.max_total_tokens - r.output_tokens);
-      }
-      for (const auto& id : j.at("hash_ids")) {
-        if (r.prompt.size() >= in_len) break;
-        append_block(r.prompt, id.get<std::uint64_t>(),
-                     std::min<std::uint32_t>(block, in_len - r.prompt.size()), o.vocab_size);
-      }
-      if (r.prompt.size() < in_len) {
-        append_block(r.prompt, 0xfeedull + lineno, in_len - r.prompt.size(), o.vocab_size);
-      }
-    } catch (const nlohmann::json::exception& e) {
-      throw InvalidArgument("trace " + path + " line " + std::to_string(lineno) + ": " + e.what());
+  std::uint64_t tokens = 0;
+  for_each_trace_request(path, [&](TraceRequest&& t, std::size_t lineno) {
+    if (t0 < 0) t0 = t.timestamp_ms;
+    WorkloadRequest r = scaled_request(t, lineno, block, o);
+    r.arrival = (t.timestamp_ms - t0) / 1000.0;
+    tokens += r.prompt.size();
+    if (tokens > kMaxWorkloadTokens) {
+      throw InvalidArgument("the prompts up to here hold " + std::to_string(tokens) +
+                            " tokens, more than the limit of " +
+                            std::to_string(kMaxWorkloadTokens));
     }
     out.push_back(std::move(r));
-  }
-  if (out.empty()) throw InvalidArgument("trace: '" + path + "' holds no requests");
+    return o.max_requests == 0 || out.size() < o.max_requests;
+  });
   return out;
 }
 

@@ -23,6 +23,7 @@ RopeTable::RopeTable(const RopeOptions& rope, std::uint32_t head_dim, std::uint3
     : theta_(rope.theta),
       rotary_dim_(rope_rotary_dim(rope, head_dim)),
       max_positions_(max_positions) {
+  if (head_dim == 0) throw InvalidArgument("RopeTable head_dim 0 must be at least 1");
   if (max_positions == 0) throw InvalidArgument("RopeTable max_positions 0 must be at least 1");
   const std::size_t floats = std::size_t{max_positions} * rotary_dim_;
   try {

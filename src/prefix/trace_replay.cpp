@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <deque>
 #include <string>
+#include <utility>
 
 #include "kvcache/error.h"
 #include "kvcache/paged_manager.h"
@@ -23,6 +25,63 @@ std::uint32_t mix32(std::uint64_t x) {
 std::uint64_t pages_for(std::uint64_t tokens, std::uint32_t ps) { return (tokens + ps - 1) / ps; }
 
 using Clock = std::chrono::steady_clock;
+
+std::string num(double v) { return std::to_string(v); }
+std::string num(std::uint64_t v) { return std::to_string(v); }
+
+// input_length must need exactly the request's hash ids (512 tokens each).
+void check_blocks(const TraceRequest& r) {
+  const std::uint64_t blocks = r.hash_ids.size();
+  if (r.input_length > blocks * kTraceBlockTokens ||
+      (blocks > 0 && r.input_length <= (blocks - 1) * kTraceBlockTokens)) {
+    throw InvalidArgument("input_length " + std::to_string(r.input_length) + " does not fit " +
+                          std::to_string(blocks) + " hash ids of " +
+                          std::to_string(kTraceBlockTokens) + " tokens");
+  }
+}
+
+// Each request's numbers against the limits of trace_replay.h, before any
+// allocation is sized by them.
+void check_request(const TraceRequest& r, std::size_t index) {
+  const std::string name = "trace request " + num(std::uint64_t{index}) + ": ";
+  if (!(r.timestamp_ms >= 0) || !std::isfinite(r.timestamp_ms)) {
+    throw InvalidArgument(name + "timestamp " + num(r.timestamp_ms) +
+                          " ms is not a finite number >= 0");
+  }
+  for (const auto& [field, value] :
+       {std::pair{"input_length", r.input_length}, std::pair{"output_length", r.output_length}}) {
+    if (value > kMaxTraceRequestTokens) {
+      throw InvalidArgument(name + field + " " + num(std::uint64_t{value}) +
+                            " exceeds the limit of " + num(std::uint64_t{kMaxTraceRequestTokens}));
+    }
+  }
+  try {
+    check_blocks(r);
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(name + e.what());
+  }
+}
+
+void check_options(const ReplayOptions& o) {
+  if (o.page_size == 0 || o.page_size > kMaxTraceRequestTokens) {
+    throw InvalidArgument("page size " + num(std::uint64_t{o.page_size}) + " is outside [1, " +
+                          num(std::uint64_t{kMaxTraceRequestTokens}) + "]");
+  }
+  if (o.capacity_tokens / o.page_size > kMaxReplayPages) {
+    throw InvalidArgument("capacity " + num(o.capacity_tokens) + " tokens is " +
+                          num(o.capacity_tokens / o.page_size) + " pages of " +
+                          num(std::uint64_t{o.page_size}) + ", more than the limit of " +
+                          num(kMaxReplayPages));
+  }
+  if (o.max_batch > kMaxReplayBatch) {
+    throw InvalidArgument("max_batch " + num(std::uint64_t{o.max_batch}) +
+                          " exceeds the limit of " + num(std::uint64_t{kMaxReplayBatch}));
+  }
+  if (!o.sequential && !(o.decode_tokens_per_s > 0 && std::isfinite(o.decode_tokens_per_s))) {
+    throw InvalidArgument("decode rate " + num(o.decode_tokens_per_s) +
+                          " tokens/s must be a finite positive number");
+  }
+}
 
 // Accumulates the wall time of the manager calls made inside `f`.
 template <class F>
@@ -59,19 +118,19 @@ class Replayer {
  private:
   static PagedKVCacheManager make_manager(std::span<const TraceRequest> trace,
                                           const ReplayOptions& o) {
-    if (o.page_size == 0) throw InvalidArgument("page size is 0: it must be at least 1");
-    if (!o.sequential && !(o.decode_tokens_per_s > 0)) {
-      throw InvalidArgument("decode rate " + std::to_string(o.decode_tokens_per_s) +
-                            " tokens/s must be positive");
-    }
     std::uint64_t max_len = 1, all_pages = 0;
     for (const TraceRequest& r : trace) {
       const std::uint64_t len = std::uint64_t{r.input_length} + r.output_length + 1;
       max_len = std::max(max_len, len);
       all_pages += pages_for(len, o.page_size);
     }
+    if (o.capacity_tokens == 0 && all_pages > kMaxReplayPages) {
+      throw InvalidArgument("the trace needs " + num(all_pages) + " pages of " +
+                            num(std::uint64_t{o.page_size}) + " without a capacity, more than " +
+                            "the limit of " + num(kMaxReplayPages) + ": set a capacity");
+    }
     std::uint64_t pages = o.capacity_tokens == 0 ? all_pages : o.capacity_tokens / o.page_size;
-    pages = std::clamp<std::uint64_t>(pages, 1, UINT32_MAX - 1);
+    pages = std::max<std::uint64_t>(pages, 1);
     KVCacheParams p{.dtype = DType::f32,
                     .num_layers = 1,
                     .n_kv_heads = 1,
@@ -232,13 +291,7 @@ class Replayer {
 }  // namespace
 
 std::vector<std::uint32_t> request_tokens(const TraceRequest& r) {
-  const std::uint64_t blocks = r.hash_ids.size();
-  if (r.input_length > blocks * kTraceBlockTokens ||
-      (blocks > 0 && r.input_length <= (blocks - 1) * kTraceBlockTokens)) {
-    throw InvalidArgument("input_length " + std::to_string(r.input_length) + " does not fit " +
-                          std::to_string(blocks) + " hash ids of " +
-                          std::to_string(kTraceBlockTokens) + " tokens");
-  }
+  check_blocks(r);
   std::vector<std::uint32_t> tokens(r.input_length);
   for (std::uint32_t i = 0; i < r.input_length; ++i) {
     const std::uint64_t k = r.hash_ids[i / kTraceBlockTokens];
@@ -248,6 +301,8 @@ std::vector<std::uint32_t> request_tokens(const TraceRequest& r) {
 }
 
 ReplayResult replay_trace(std::span<const TraceRequest> trace, const ReplayOptions& options) {
+  check_options(options);
+  for (std::size_t i = 0; i < trace.size(); ++i) check_request(trace[i], i);
   if (options.offline_belady) return prefix::replay_offline_belady(trace, options);
   return Replayer(trace, options).run();
 }

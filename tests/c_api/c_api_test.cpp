@@ -819,6 +819,15 @@ TEST(CApi, AttentionPrecisionAndPrefetchOptions) {
         return kvc_attention(hd.batch, 0, q.data(), kQ, ro.data(), out.data(), &bad, nullptr, e);
       },
       KVC_INVALID_ARGUMENT, {"options->prefetch value 5", "(0-4)"});
+  // A NaN or infinite scale is refused by the kernel entry (issue 40, item 10).
+  for (const float scale : {std::nanf(""), HUGE_VALF}) {
+    bad = {scale, KVC_PRECISION_FP32, KVC_PREFETCH_AUTOMATIC};
+    expect_status(
+        [&](kvc_error* e) {
+          return kvc_attention(hd.batch, 0, q.data(), kQ, ro.data(), out.data(), &bad, nullptr, e);
+        },
+        KVC_INVALID_ARGUMENT, {"scale is", "finite"});
+  }
 }
 
 // Manager calls from several threads at once, each thread with its own batch

@@ -77,6 +77,19 @@ TEST(Params, HugeShapesAreRejected) {
   EXPECT_THROW(p.validate(), InvalidArgument);
 }
 
+// The refusal names the true per-token size, computed in 128 bits: three
+// 2^32 - 1 dimensions in f16 need 4 * (2^32 - 1)^3 bytes, which a 64-bit
+// product wrapped to 51539607548 (issue 40, item 10).
+TEST(Params, HugeShapeMessageNamesTheUnwrappedSize) {
+  auto p = make_params(CacheStrategy::paged, 0xffffffffu, 0xffffffffu, 0xffffffffu, 16, DType::f16);
+  KV_EXPECT_THROW(p.validate(), InvalidArgument, "316912649835696421541200789500 bytes",
+                  "limit of 2147483648");
+  p.dtype = DType::f32;
+  KV_EXPECT_THROW(p.validate(), InvalidArgument, "633825299671392843082401579000 bytes");
+  p = make_params(CacheStrategy::paged, 1u << 14, 1u << 8, 1u << 8, 16, DType::f32);  // 2^33
+  KV_EXPECT_THROW(p.validate(), InvalidArgument, "8589934592 bytes");
+}
+
 TEST(Params, BytesPerToken) {
   // Llama-3-8B: 32 layers, 8 KV heads, head_dim 128, bf16.
   auto llama8b = make_params(CacheStrategy::paged, 32, 8, 128, 16, DType::bf16);

@@ -448,6 +448,38 @@ TEST(AttentionFast, PrecisionOutsideTheEnumThrows) {
   for (float x : out) EXPECT_EQ(x, 3.0f);  // nothing written
 }
 
+// A NaN or infinite scale turned every output into NaN; now refused by the
+// kernel entry (so C and Python get it too) and the reference, writing nothing.
+TEST(AttentionFast, ScaleThatIsNotFiniteThrows) {
+  std::mt19937 rng(3);
+  OwnedCache<float> cache({{5, 1}}, true, 16, 1, 64, rng);
+  const auto q = test::random_floats(64, -1, 1, rng);
+  std::vector<float> out(64, 3.0f);
+  test::with_collection(cache, [&](const auto& col) {
+    const auto k = col.get_key_cache(OwnedCache<float>::kLayer);
+    const auto v = col.get_value_cache(OwnedCache<float>::kLayer);
+    std::span<const std::uint32_t> ro(cache.row_offsets);
+    for (const float scale : {std::nanf(""), HUGE_VALF, -HUGE_VALF}) {
+      AttentionOptions bad;
+      bad.scale = scale;
+      for (bool fast : {false, true}) {
+        try {
+          if (fast) {
+            attention(k, v, std::span(q), 1, ro, std::span(out), bad);
+          } else {
+            attention_reference(k, v, std::span(q), 1, ro, std::span(out), bad);
+          }
+          ADD_FAILURE() << "scale " << scale << " accepted (" << (fast ? "fast" : "reference")
+                        << ")";
+        } catch (const InvalidArgument& e) {
+          EXPECT_NE(std::string(e.what()).find("scale is"), std::string::npos) << e.what();
+        }
+      }
+    }
+  });
+  for (float x : out) EXPECT_EQ(x, 3.0f);  // nothing written
+}
+
 // What `automatic` resolves to, per processor and page layout
 // (kvcache/kernels/reference.h): next_step_l1 off AMD and for NHD pages on
 // AMD processors without AVX-512, otherwise the pump: next_tile_l1 from

@@ -135,6 +135,8 @@ TEST(StoreKvRope, TableHoldsRopeCosSin) {
   EXPECT_FALSE(table.matches(RopeOptions{true, 10000.0f, 0}, 64));  // 0 means 64 here
   EXPECT_FALSE(table.matches(RopeOptions{true, 500000.0f, 48}, 64));
   EXPECT_THROW(RopeTable(rope, 64, 0), InvalidArgument);
+  // head_dim 0 (Python's RopeTable(0, 16)) was accepted as an empty table.
+  EXPECT_THROW(RopeTable(RopeOptions{true, 10000.0f, 0}, 0, 16), InvalidArgument);
   EXPECT_THROW(RopeTable(RopeOptions{true, 10000.0f, 7}, 64, 10), InvalidArgument);
   EXPECT_THROW(RopeTable(RopeOptions{true, -1.0f, 0}, 64, 10), InvalidArgument);
   // 2^32 - 1 positions of head dim 2^30: more floats than a vector can hold

@@ -3,6 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <string>
+
 #include "kvcache/error.h"
 
 namespace kvcache {
@@ -132,6 +135,59 @@ TEST(TraceReplay, RejectsBadOptions) {
   o.sequential = false;
   o.decode_tokens_per_s = 0;
   EXPECT_THROW(replay_trace(trace, o), InvalidArgument);
+}
+
+// Requests and options are checked against the documented limits before
+// anything is allocated or run (issue 40, items 7 and 8): an output_length
+// of 2^32 - 1 ended in bad_alloc, 1e8 cost 1 GB; a NaN timestamp never
+// arrives in timed mode (the loop waited for it forever).
+TEST(TraceReplay, RefusesRequestsPastTheLimitsBeforeWork) {
+  ReplayOptions o;
+  o.sequential = false;
+  const auto refused = [&](const TraceRequest& r, const char* needle) {
+    const std::vector<TraceRequest> trace = {req(0, 10, {0}), r};
+    try {
+      replay_trace(trace, o);
+      ADD_FAILURE() << "accepted: " << needle;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  refused(req(1, 10, {0}, 4294967295u), "request 1: output_length 4294967295 exceeds the limit");
+  refused(req(1, 10, {0}, kMaxTraceRequestTokens + 1), "output_length 1048577");
+  refused(req(1, 4294967295u, {0}), "input_length 4294967295 exceeds the limit of 1048576");
+  refused(req(std::nan(""), 10, {0}), "timestamp nan");
+  refused(req(-1, 10, {0}), "timestamp -1");
+  refused(req(HUGE_VAL, 10, {0}), "timestamp inf");
+  refused(req(1, 1100, {1, 2}), "request 1: input_length 1100 does not fit 2 hash ids");
+}
+
+TEST(TraceReplay, RefusesOptionsPastTheLimits) {
+  const std::vector<TraceRequest> trace = {req(0, 10, {0})};
+  const auto refused = [&](const ReplayOptions& o, const char* needle) {
+    try {
+      replay_trace(trace, o);
+      ADD_FAILURE() << "accepted: " << needle;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  ReplayOptions o;
+  o.page_size = kMaxTraceRequestTokens + 1;
+  refused(o, "page size 1048577 is outside [1, 1048576]");
+  o = ReplayOptions{};
+  o.page_size = 1;
+  o.capacity_tokens = std::uint64_t{1} << 40;  // silently clamped to 2^32 - 2 pages before
+  refused(o, "1099511627776 pages of 1, more than the limit of 4294967294");
+  o = ReplayOptions{};
+  o.max_batch = kMaxReplayBatch + 1;
+  refused(o, "max_batch 65537 exceeds the limit of 65536");
+  o = ReplayOptions{};
+  o.sequential = false;
+  o.decode_tokens_per_s = HUGE_VAL;
+  refused(o, "finite positive");
+  o.decode_tokens_per_s = std::nan("");
+  refused(o, "finite positive");
 }
 
 }  // namespace

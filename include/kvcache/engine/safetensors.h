@@ -9,10 +9,16 @@
 // model.layers.{i}.mlp.{gate,up,down}_proj.weight, model.layers.{i}.input_layernorm.weight,
 // model.layers.{i}.post_attention_layernorm.weight, model.norm.weight, lm_head.weight
 // (absent when tie_word_embeddings).
-// Everything malformed — short file, header past the end, bad JSON, unknown
-// dtype, offsets outside the data or not matching the shape, overlapping
+// Everything malformed — a path that is not a regular file (a directory,
+// /dev/zero, a pipe), short file, header past the end or past the format's
+// 100,000,000 bytes, a config.json over 16 MiB, bad JSON or JSON nested more
+// than 64 levels deep (refused while parsing: nothing recurses per level),
+// a number that is not an integer in range, unknown dtype, more than 16
+// dimensions, offsets outside the data or not matching the shape, overlapping
 // tensors, a missing tensor or a shape that disagrees with config.json —
-// throws InvalidArgument naming the file, the tensor and the numbers.
+// throws InvalidArgument naming the file, the tensor and the numbers. Values
+// echoed in a message are described in at most 64 bytes ("an array of 3000000
+// elements") with control characters escaped (a NUL in a name shows as \u0000).
 #pragma once
 
 #include <cstdint>

@@ -6,8 +6,13 @@
 // `load_mooncake_trace`: a Mooncake-format JSONL trace (timestamp in ms,
 // input_length, output_length, hash_ids of 512-token prefix blocks), with
 // lengths multiplied by `scale` to fit a small model; equal hash ids become
-// equal token blocks, so shared prefixes stay shared. Malformed lines throw
-// InvalidArgument naming the line.
+// equal token blocks, so shared prefixes stay shared. The trace is read with
+// every number checked (kvcache/engine/trace_file.h: malformed lines throw
+// InvalidArgument naming the file, the line and the field).
+// Both refuse, with InvalidArgument naming the numbers, a workload whose
+// prompts would hold more than kMaxWorkloadTokens tokens (they are built
+// eagerly), and bad options: vocab_size 0, a rate or scale that is not a
+// finite number in range.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +22,11 @@
 #include "kvcache/engine/model.h"
 
 namespace kvcache::engine {
+
+// The most prompt tokens a workload may hold (1 GiB of token ids).
+inline constexpr std::uint64_t kMaxWorkloadTokens = std::uint64_t{1} << 28;
+// The largest TraceOptions::scale.
+inline constexpr double kMaxTraceScale = 16.0;
 
 struct WorkloadRequest {
   double arrival = 0;  // seconds from the start
@@ -37,7 +47,8 @@ struct ChatWorkloadOptions {
 std::vector<WorkloadRequest> chat_workload(const ChatWorkloadOptions& options);
 
 struct TraceOptions {
-  double scale = 1.0 / 16;             // multiplies input/output lengths and the 512-token block
+  double scale = 1.0 / 16;             // multiplies input/output lengths and the 512-token
+                                       // block; in (0, kMaxTraceScale]
   std::uint32_t max_requests = 0;      // 0 = all
   std::uint32_t max_total_tokens = 0;  // cap prompt + output (0 = none); prompts truncated
   std::uint32_t vocab_size = 256;

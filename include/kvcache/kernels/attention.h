@@ -10,7 +10,7 @@
 // row_offsets (shape, non-decreasing, and cache_length(b) + new tokens within
 // the room the fetch reserved for entry b, reserved_length(b): a kernel never
 // touches a row the batch did not reserve, nor a sentinel page), n_q_heads a positive
-// multiple of n_kv_heads, span sizes, and K/V views of the same shape.
+// multiple of n_kv_heads, span sizes, K/V views of the same shape, a finite scale.
 //
 // attention: every position < cache_length(b) + new tokens of entry b must
 // hold K/V (store_kv the new tokens first). Decode entries (few new tokens)

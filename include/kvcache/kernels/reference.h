@@ -89,7 +89,7 @@ enum class AttentionPrefetch : std::uint8_t {
 enum class AttentionPrecision : std::uint8_t { fp32, bf16 };
 
 struct AttentionOptions {
-  float scale = 0.0f;  // 0 => 1 / sqrt(head_dim)
+  float scale = 0.0f;  // 0 => 1 / sqrt(head_dim); must be finite (InvalidArgument)
   AttentionPrefetch prefetch = AttentionPrefetch::automatic;
   AttentionPrecision precision = AttentionPrecision::fp32;
 };
@@ -137,6 +137,15 @@ inline void check_precision(AttentionPrecision precision) {
   if (precision > AttentionPrecision::bf16) {
     throw InvalidArgument("AttentionOptions::precision value " +
                           std::to_string(static_cast<int>(precision)) + " is not fp32 or bf16");
+  }
+}
+
+// AttentionOptions::scale: any finite value (0 picks 1 / sqrt(head_dim)); a
+// NaN or infinite scale would turn every output into NaN.
+inline void check_scale(float scale) {
+  if (!std::isfinite(scale)) {
+    throw InvalidArgument("AttentionOptions::scale is " + std::to_string(scale) +
+                          ": it must be a finite number (0 means 1 / sqrt(head_dim))");
   }
 }
 
@@ -194,6 +203,7 @@ void attention_reference(const Cache& k_cache, const Cache& v_cache, std::span<c
   detail::check_size("q", q.size(), row_offsets[batch] * q_row);
   detail::check_size("out", out.size(), row_offsets[batch] * q_row);
   detail::check_precision(options.precision);
+  detail::check_scale(options.scale);
   detail::check_reserved_rows(k_cache, row_offsets);
   const float scale = options.scale != 0.0f ? options.scale : 1.0f / std::sqrt(float(dim));
   const std::uint32_t group = n_q_heads / n_kv;

@@ -21,7 +21,8 @@
 // call whose StoreOptions point at it.
 //
 // Throws InvalidArgument for an odd rotary_dim or one larger than head_dim,
-// a theta that is not positive (as rope_rotary_dim does), max_positions 0,
+// a theta that is not positive (as rope_rotary_dim does), head_dim 0 or
+// max_positions 0,
 // and, from cos_sin, a position at or past max_positions; OutOfMemory when
 // the table cannot be allocated.
 #pragma once

@@ -129,6 +129,7 @@ void attention_cpu(DType dtype, const LayerCacheDesc<float>& k, const LayerCache
                    const AttentionOptions& options, ThreadPool* pool) {
   kernels::check_shapes(k, v, row_offsets);
   detail::check_precision(options.precision);
+  detail::check_scale(options.scale);
   if (n_q_heads == 0 || n_q_heads % k.n_kv_heads != 0) {
     throw InvalidArgument("n_q_heads " + std::to_string(n_q_heads) +
                           " must be a positive multiple of n_kv_heads " +

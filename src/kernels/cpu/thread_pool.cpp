@@ -15,11 +15,14 @@
 #include <condition_variable>
 #include <exception>
 #include <mutex>
+#include <new>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "kernels/cpu/thread_pool_start.h"
 #include "kvcache/error.h"
 
 namespace kvcache {
@@ -28,6 +31,8 @@ namespace {
 constexpr std::size_t kMaxThreads = 1024;
 constexpr int kSpinIterations = 4000;
 
+std::atomic<std::size_t> g_fail_start_at{0};  // fail_pool_thread_start_at
+
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -35,13 +40,53 @@ inline void cpu_relax() {
 }
 }  // namespace
 
+namespace detail {
+
+std::thread start_pool_thread(std::size_t index, std::function<void()> fn) {
+  if (index == g_fail_start_at.load(std::memory_order_relaxed)) {
+    throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again),
+                            "thread start refused by fail_pool_thread_start_at");
+  }
+  return std::thread(std::move(fn));
+}
+
+void fail_pool_thread_start_at(std::size_t index) {
+  g_fail_start_at.store(index, std::memory_order_relaxed);
+}
+
+}  // namespace detail
+
 struct ThreadPool::Impl {
+  // Starts n - 1 workers. When the system refuses one (std::system_error from
+  // std::thread, or no memory for the vector), the workers already running
+  // are stopped and joined before OutOfMemory is thrown: none is left
+  // waiting on a condition variable that is about to be destroyed.
   explicit Impl(std::size_t n) : num_threads(n) {
-    workers.reserve(n - 1);
-    for (std::size_t i = 1; i < n; ++i) workers.emplace_back([this] { worker_loop(); });
+    try {
+      workers.reserve(n - 1);
+      for (std::size_t i = 1; i < n; ++i)
+        workers.push_back(detail::start_pool_thread(i, [this] { worker_loop(); }));
+    } catch (const std::system_error& e) {
+      fail(refused(n, e.what()));
+    } catch (const std::bad_alloc&) {
+      fail(refused(n, "out of memory"));
+    }
   }
 
-  ~Impl() {
+  ~Impl() { stop_workers(); }
+
+  [[noreturn]] void fail(const std::string& message) {
+    stop_workers();
+    throw OutOfMemory(message);
+  }
+
+  // Names the worker that could not start (workers 1 .. size() are running).
+  std::string refused(std::size_t n, const char* why) const {
+    return "ThreadPool of " + std::to_string(n) + " threads: the system refused worker " +
+           std::to_string(workers.size() + 1) + " (" + why + ")";
+  }
+
+  void stop_workers() {
     {
       std::lock_guard lock(mu);
       stop = true;
@@ -49,6 +94,7 @@ struct ThreadPool::Impl {
     }
     wake.notify_all();
     for (auto& w : workers) w.join();
+    workers.clear();
   }
 
   // Runs indices until none are left; records the first exception.

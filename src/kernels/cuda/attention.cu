@@ -514,6 +514,7 @@ void attention_cuda_tuned(DType dtype, const LayerCacheDesc<float>& k,
   check_cache_pair(k, v);
   check_row_offsets_span(row_offsets, k.batch_size);
   kvcache::detail::check_precision(options.precision);
+  kvcache::detail::check_scale(options.scale);
   if (options.precision != AttentionPrecision::fp32) {
     throw InvalidArgument(
         "AttentionPrecision::bf16 is not supported by kvcache::cuda::attention "
