@@ -92,3 +92,13 @@ kvcache_cli_refuses(generate_empty_token_id "field 2 '' is not a token id"
   generate --prompt-tokens "1,,2")
 kvcache_cli_refuses(demo_requests "4294967295 requests"
   demo --preset tiny --requests 4294967295)
+
+# bench: --context 4294967295 wrapped into "max_seq_len is 0", --batch 4294967295 ran unbounded.
+kvcache_cli_refuses(bench_context_wraps "--context 4294967295 is past the limit of 16777216"
+  bench attention --context 4294967295)
+kvcache_cli_refuses(bench_batch_unbounded "--batch 4294967295 is past the limit of 65536"
+  bench attention --batch 4294967295)
+kvcache_cli_refuses(bench_store_tokens "--tokens 4294967295 is past the limit of 16777216"
+  bench store --tokens 4294967295)
+kvcache_cli_refuses(bench_set_bytes "is past the limit of 274877906944 bytes"
+  bench attention --batch 65536 --context 16777216)

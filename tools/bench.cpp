@@ -146,6 +146,10 @@ struct Buffer {
 
 // Rounds of kernel / stream / paged-read measurements in bench attention.
 constexpr std::size_t kBenchRounds = 5;
+// Limits of the bench's sizes (each a cache the bench allocates and fills).
+constexpr std::uint32_t kMaxBenchBatch = 65536;
+constexpr std::uint32_t kMaxBenchTokens = 1u << 24;
+constexpr std::uint64_t kMaxBenchSetBytes = std::uint64_t{1} << 38;  // 256 GiB
 
 double fma_peak_gflops(ThreadPool& pool) {
   float sink = 0.0f;
@@ -180,7 +184,29 @@ KVCacheParams make_params(const Common& a) {
   }
   if (a.threads == 0) throw InvalidArgument("--threads must be at least 1");
   if (a.batch == 0) throw InvalidArgument("--batch must be at least 1");
+  if (a.batch > kMaxBenchBatch) {
+    throw InvalidArgument("--batch " + std::to_string(a.batch) + " is past the limit of " +
+                          std::to_string(kMaxBenchBatch));
+  }
   return p;
+}
+
+// Tokens per sequence (`what`: --context or --tokens) within kMaxBenchTokens,
+// and one set of the batch's caches within kMaxBenchSetBytes.
+void check_bench_tokens(const Common& a, const KVCacheParams& p, const char* what,
+                        std::uint32_t tokens) {
+  if (tokens > kMaxBenchTokens) {
+    throw InvalidArgument(std::string(what) + " " + std::to_string(tokens) +
+                          " is past the limit of " + std::to_string(kMaxBenchTokens));
+  }
+  const unsigned __int128 bytes =
+      static_cast<unsigned __int128>(a.batch) * tokens * p.bytes_per_token();
+  if (bytes > kMaxBenchSetBytes) {
+    throw InvalidArgument("--batch " + std::to_string(a.batch) + " x " + what + " " +
+                          std::to_string(tokens) + " x " + std::to_string(p.bytes_per_token()) +
+                          " bytes a token is past the limit of " +
+                          std::to_string(kMaxBenchSetBytes) + " bytes");
+  }
 }
 
 // `sets` sequence sets of `batch` sequences, each with `tokens` tokens of room,
@@ -355,6 +381,7 @@ nlohmann::json bench_attention(const AttentionArgs& a) {
     throw InvalidArgument("--resident must be dram or cache, got '" + a.resident + "'");
   }
   if (a.context < 2) throw InvalidArgument("--context must be at least 2");
+  check_bench_tokens(a, p, "--context", a.context);
   const bool decode = a.mode == "decode";
   const bool huge = huge_on(a);
   const AttentionPrefetch prefetch =
@@ -655,6 +682,7 @@ template <CacheElement T>
 nlohmann::json bench_store(const StoreArgs& a) {
   const KVCacheParams p = make_params(a);
   if (a.tokens == 0) throw InvalidArgument("--tokens must be at least 1");
+  check_bench_tokens(a, p, "--tokens", a.tokens);
   const bool huge = huge_on(a);
   ThreadPool pool(a.threads);
   std::mt19937 rng(7);
