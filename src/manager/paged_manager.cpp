@@ -4,7 +4,6 @@
 #include <cstring>
 #include <mutex>
 #include <new>
-#include <set>
 #include <string>
 #include <unordered_map>
 
@@ -13,8 +12,7 @@
 #include "manager/seq_ids.h"
 #include "memory/block_pool.h"
 #include "memory/host_arena.h"
-#include "prefix/eviction_policy.h"
-#include "prefix/page_index.h"
+#include "prefix/prefix_store.h"
 
 namespace kvcache {
 
@@ -41,40 +39,14 @@ struct PagedKVCacheManager::Impl {
     bool extends_cached = false;  // match_prefix reused at least one page
   };
 
-  // Per-page prefix-cache state.
-  struct PageMeta {
-    std::uint64_t hash = 0;
-    std::uint64_t parent_hash = 0;
-    std::uint64_t extra_key = 0;
-    std::uint32_t parent = 0;      // parent page id, or num_pages for a first page
-    std::uint32_t parent_gen = 0;  // parent's generation when this page was published
-    std::uint32_t gen = 0;         // bumped whenever the page leaves the index
-    std::uint32_t pin = 0;         // pin priority, 0 = unpinned
-    bool published = false;
-  };
-
-  struct MatchedPage {
-    std::uint32_t page;
-    std::uint64_t hash;
-  };
-
   Impl(const KVCacheParams& p, std::uint32_t num_pages, std::uint32_t max_batch,
        std::uint32_t max_seq, PrefixCacheConfig cfg)
-      : params(p),
-        max_batch_size(max_batch),
-        max_seq_len(max_seq),
-        pool(num_pages),
-        config(std::move(cfg)),
-        caching(p.enable_prefix_caching),
-        index(caching ? num_pages : 0) {
+      : params(p), max_batch_size(max_batch), max_seq_len(max_seq), pool(num_pages) {
     page_bytes = std::size_t{p.page_size} * p.bytes_per_token_per_device();
     const std::size_t per_device = estimated_memory_size(p, num_pages) / p.n_devices;
     for (std::uint32_t d = 0; d < p.n_devices; ++d) arenas.emplace_back(per_device);
-    if (!config.hash) config.hash = default_block_hash;
-    if (caching) {
-      meta.resize(num_pages);
-      page_tokens.resize(std::size_t{num_pages} * p.page_size);
-      policy = prefix::make_policy(config, num_pages);
+    if (p.enable_prefix_caching) {
+      store = std::make_unique<prefix::PrefixStore>(pool, p.page_size, std::move(cfg));
     }
   }
 
@@ -83,79 +55,28 @@ struct PagedKVCacheManager::Impl {
   Sequence& find(SeqId id) { return manager::find_sequence(seqs, id); }
   const Sequence& find(SeqId id) const { return manager::find_sequence(seqs, id); }
 
+  bool caching() const { return store != nullptr; }
   std::uint32_t num_pages() const { return pool.num_blocks(); }
-  std::uint32_t num_evictable() const {
-    return caching ? policy->size() + static_cast<std::uint32_t>(pinned.size()) : 0;
-  }
+  std::uint32_t num_evictable() const { return caching() ? store->num_evictable() : 0; }
   std::uint32_t available() const { return pool.num_free() + num_evictable(); }
-  std::span<const std::uint32_t> stored_tokens(std::uint32_t page) const {
-    return {page_tokens.data() + std::size_t{page} * params.page_size, params.page_size};
-  }
+  bool published(std::uint32_t page) const { return caching() && store->published(page); }
 
   void require_caching(const char* what) const {
-    if (!caching) {
+    if (!caching()) {
       throw InvalidArgument(std::string(what) +
                             " needs params.enable_prefix_caching = true (it is false)");
     }
   }
 
-  // ---- events ----------------------------------------------------------------
-  void emit(PageEvent::Kind kind, std::uint32_t page) const noexcept {
-    if (!config.on_event) return;
-    const PageMeta& m = meta[page];
-    config.on_event(PageEvent{kind, page, m.hash, m.parent_hash, m.extra_key, stored_tokens(page)});
-  }
-
-  // ---- evictable set ---------------------------------------------------------
-  void make_evictable(std::uint32_t page, ReuseHint hint = ReuseHint::unknown) {
-    if (meta[page].pin > 0) {
-      pinned.emplace(meta[page].pin, page);
-    } else {
-      policy->insert(page, hint);
-    }
-  }
-  void make_unevictable(std::uint32_t page) {
-    if (meta[page].pin > 0) {
-      pinned.erase({meta[page].pin, page});
-    } else {
-      policy->erase(page);
-    }
-  }
-
-  // Removes a page from the index (it stays wherever its references are).
-  void unpublish(std::uint32_t page) {
-    emit(PageEvent::Kind::removed, page);
-    PageMeta& m = meta[page];
-    index.erase(m.hash);
-    if (m.pin > 0) --num_pinned;
-    m.published = false;
-    m.pin = 0;
-    ++m.gen;
-  }
-
+  // A page with ref count 1: from the free list, else evicted. Precondition: available() > 0.
+  std::uint32_t take_page() { return caching() ? store->take_page() : pool.allocate(); }
   // Drops one reference; a published page at ref 0 becomes evictable.
   void drop_ref(std::uint32_t page, ReuseHint hint = ReuseHint::unknown) {
-    if (caching && meta[page].published) {
-      if (pool.unref(page) == 0) make_evictable(page, hint);
+    if (caching()) {
+      store->drop_ref(page, hint);
     } else {
       pool.release(page);
     }
-  }
-
-  // A page with ref count 1: from the free list, else evicted. Precondition: available() > 0.
-  std::uint32_t take_page() {
-    if (pool.num_free() > 0) return pool.allocate();
-    std::uint32_t page;
-    if (policy->size() > 0) {
-      page = policy->evict();
-    } else {
-      page = pinned.begin()->second;
-      pinned.erase(pinned.begin());
-    }
-    unpublish(page);
-    ++metrics.evictions;
-    pool.retain(page);  // 0 -> 1
-    return page;
   }
 
   // Copies every layer's K and V of page `from` into page `to`, on every
@@ -194,61 +115,23 @@ struct PagedKVCacheManager::Impl {
     return copies;
   }
 
-  // ---- hashing / matching ----------------------------------------------------
-  // The longest chain of index entries for the full pages of tokens (at most
-  // max_pages), each verified against stored tokens, extra key and parent.
-  void walk(std::span<const std::uint32_t> tokens, std::uint64_t extra_key, std::uint32_t max_pages,
-            std::vector<MatchedPage>& out) const {
-    const std::uint32_t ps = params.page_size;
-    std::uint64_t parent_hash = 0;
-    std::uint32_t parent = num_pages();
-    for (std::uint32_t j = 0; j < max_pages; ++j) {
-      const auto page_tokens_j = tokens.subspan(std::size_t{j} * ps, ps);
-      const std::uint64_t h = config.hash(parent_hash, page_tokens_j, extra_key);
-      const auto found = index.find(h);
-      if (!found) return;
-      const PageMeta& m = meta[*found];
-      const bool same_parent =
-          m.parent == parent && (parent == num_pages() || m.parent_gen == meta[parent].gen);
-      if (!same_parent || m.extra_key != extra_key || m.parent_hash != parent_hash ||
-          !std::equal(page_tokens_j.begin(), page_tokens_j.end(), stored_tokens(*found).begin())) {
-        return;  // hash collision: never trust it
-      }
-      out.push_back({*found, h});
-      parent_hash = h;
-      parent = *found;
-    }
-  }
-
   // Hashes full page j of s (j == s.hashes.size()) and publishes it if its
-  // parent is published and no entry holds the hash. Needs s.hashes capacity.
+  // parent is published under the chain's previous hash. Needs s.hashes capacity.
   void hash_and_publish(Sequence& s, std::uint32_t j) {
     const std::uint32_t ps = params.page_size;
     const std::uint64_t parent_hash = j == 0 ? 0 : s.hashes[j - 1];
     const auto toks = std::span<const std::uint32_t>(s.tokens).subspan(std::size_t{j} * ps, ps);
-    const std::uint64_t h = config.hash(parent_hash, toks, s.extra_key);
+    const std::uint64_t h = store->hash(parent_hash, toks, s.extra_key);
     s.hashes.push_back(h);
     const std::uint32_t page = s.pages[j];
-    PageMeta& m = meta[page];
-    if (m.published) return;
+    if (store->published(page)) return;
     const std::uint32_t parent = j == 0 ? num_pages() : s.pages[j - 1];
-    if (j > 0 && !(meta[parent].published && meta[parent].hash == parent_hash)) return;
-    if (!index.insert(h, page)) return;  // duplicate content or a collision: stays private
-    m.hash = h;
-    m.parent_hash = parent_hash;
-    m.extra_key = s.extra_key;
-    m.parent = parent;
-    m.parent_gen = j == 0 ? 0 : meta[parent].gen;
-    m.pin = 0;
-    m.published = true;
-    std::copy(toks.begin(), toks.end(), page_tokens.begin() + std::size_t{page} * ps);
-    policy->on_publish(page, h, s.extends_cached);
-    ++metrics.pages_published;
-    emit(PageEvent::Kind::stored, page);
+    if (j > 0 && !(store->published(parent) && store->hash_of(parent) == parent_hash)) return;
+    store->publish(page, parent, h, parent_hash, s.extra_key, toks, s.extends_cached);
   }
 
   void publish_full_pages(Sequence& s) {
-    if (!caching || !s.tokens_known) return;
+    if (!caching() || !s.tokens_known) return;
     const std::uint32_t full = s.length / params.page_size;
     while (s.hashes.size() < full) hash_and_publish(s, static_cast<std::uint32_t>(s.hashes.size()));
   }
@@ -262,17 +145,9 @@ struct PagedKVCacheManager::Impl {
   std::unordered_map<SeqId, Sequence> seqs;
   manager::SeqIdAllocator ids{SeqIdPolicy::never_reuse};  // set by the constructor
   std::uint64_t epoch = 0;
-  // Prefix cache.
-  PrefixCacheConfig config;
-  bool caching;
-  prefix::PageIndex index;
-  std::vector<PageMeta> meta;
-  std::vector<std::uint32_t> page_tokens;
-  std::unique_ptr<prefix::EvictionPolicy> policy;
-  std::set<std::pair<std::uint32_t, std::uint32_t>> pinned;  // evictable pinned pages
-  std::uint32_t num_pinned = 0;                              // published pages with pin > 0
-  PrefixCacheMetrics metrics;
-  std::vector<MatchedPage> scratch;
+  std::unique_ptr<prefix::PrefixStore> store;  // prefix caching only
+  PrefixCacheMetrics metrics;  // the manager's counters (match calls, tokens, copies)
+  std::vector<prefix::PrefixStore::Match> scratch;
   std::vector<std::uint32_t> shared_writes;  // fetch's scratch: see count_copies
   mutable std::mutex mu;
 };
@@ -328,11 +203,9 @@ std::size_t PagedKVCacheManager::estimated_bookkeeping_size(const KVCacheParams&
   const std::uint64_t n = total_num_pages;
   std::uint64_t bytes = n * 2 * sizeof(std::uint32_t);  // ref counts, free list
   if (params.enable_prefix_caching) {
-    bytes += n * sizeof(Impl::PageMeta);
-    bytes += detail::checked_product(
+    (void)detail::checked_product(
         "stored token ids", {{"total_num_pages", n}, {"page_size", params.page_size}, {"4", 4}});
-    bytes += prefix::PageIndex::bytes_for(total_num_pages);
-    bytes += prefix::policy_bytes(config, total_num_pages);
+    bytes += prefix::PrefixStore::bytes_for(total_num_pages, params.page_size, config);
   }
   return bytes;
 }
@@ -435,8 +308,8 @@ void PagedKVCacheManager::fetch_into(KVCacheBatch& out, std::span<const SeqId> s
           next.block_copies_.push_back({page, copy});
           im.pool.unref(page);  // still >= 1: another sequence holds it
           s.pages[j] = copy;
-        } else if (im.caching && im.meta[page].published) {
-          im.unpublish(page);  // about to change: leave the index
+        } else if (im.published(page)) {
+          im.store->unpublish(page);  // about to change: leave the index
         }
       }
     }
@@ -462,7 +335,7 @@ void PagedKVCacheManager::step(std::span<const SeqId> seqs,
   for (std::size_t b = 0; b < seqs.size(); ++b) {
     Impl::Sequence& s = im.seqs.find(seqs[b])->second;
     s.length += valid_lengths[b];
-    if (im.caching && valid_lengths[b] > 0 && s.tokens_known) {
+    if (im.caching() && valid_lengths[b] > 0 && s.tokens_known) {
       s.tokens_known = false;  // ids unknown from here on: nothing more to publish
       s.tokens.clear();
     }
@@ -487,7 +360,7 @@ void PagedKVCacheManager::step(std::span<const SeqId> seqs,
     const Impl::Sequence& s = im.seqs.find(seqs[b])->second;
     manager::check_step_room(seqs[b], s.length, valid_lengths[b], s.reserved);
   }
-  if (im.caching) {  // grow vectors first (strong guarantee)
+  if (im.caching()) {  // grow vectors first (strong guarantee)
     for (std::size_t b = 0; b < seqs.size(); ++b) {
       Impl::Sequence& s = im.seqs.find(seqs[b])->second;
       if (!s.tokens_known) continue;
@@ -498,7 +371,7 @@ void PagedKVCacheManager::step(std::span<const SeqId> seqs,
   std::size_t offset = 0;
   for (std::size_t b = 0; b < seqs.size(); ++b) {
     Impl::Sequence& s = im.seqs.find(seqs[b])->second;
-    if (im.caching && s.tokens_known) {
+    if (im.caching() && s.tokens_known) {
       s.tokens.insert(s.tokens.end(), token_ids.begin() + offset,
                       token_ids.begin() + offset + valid_lengths[b]);
     }
@@ -543,17 +416,15 @@ std::uint32_t PagedKVCacheManager::match_prefix(SeqId seq,
       std::min<std::uint64_t>(prompt_tokens.empty() ? 0 : prompt_tokens.size() - 1, im.max_seq_len);
   im.scratch.clear();
   im.scratch.reserve(usable / ps);
-  im.walk(prompt_tokens, extra_key, static_cast<std::uint32_t>(usable / ps), im.scratch);
+  im.store->walk(prompt_tokens, extra_key, static_cast<std::uint32_t>(usable / ps), im.scratch);
   const std::uint32_t n = static_cast<std::uint32_t>(im.scratch.size());
   const std::uint32_t reused = n * ps;
   s.pages.reserve(n);
   s.hashes.reserve(n);
   s.tokens.reserve(prompt_tokens.size());
   // Commit.
-  for (const Impl::MatchedPage& m : im.scratch) {
-    if (im.pool.ref_count(m.page) == 0) im.make_unevictable(m.page);
-    im.pool.retain(m.page);
-    im.policy->on_hit(m.page);
+  for (const prefix::PrefixStore::Match& m : im.scratch) {
+    im.store->attach(m.page);
     s.pages.push_back(m.page);
     s.hashes.push_back(m.hash);
   }
@@ -609,9 +480,9 @@ void PagedKVCacheManager::truncate(SeqId seq, std::uint32_t new_length) {
     s.pages.pop_back();
   }
   const std::uint32_t full = new_length / ps;
-  if (new_length % ps != 0 && im.caching) {
+  if (new_length % ps != 0) {
     const std::uint32_t page = s.pages[full];
-    if (im.meta[page].published && im.pool.ref_count(page) == 1) im.unpublish(page);
+    if (im.published(page) && im.pool.ref_count(page) == 1) im.store->unpublish(page);
   }
   if (s.hashes.size() > full) s.hashes.resize(full);
   if (s.tokens.size() > new_length) s.tokens.resize(new_length);
@@ -625,47 +496,38 @@ std::uint32_t PagedKVCacheManager::pin_prefix(std::span<const std::uint32_t> tok
   im.require_caching("pin_prefix");
   im.scratch.clear();
   im.scratch.reserve(tokens.size() / im.params.page_size);
-  im.walk(tokens, extra_key, static_cast<std::uint32_t>(tokens.size() / im.params.page_size),
-          im.scratch);
-  for (const Impl::MatchedPage& m : im.scratch) {
-    const bool evictable = im.pool.ref_count(m.page) == 0;
-    if (evictable) im.make_unevictable(m.page);
-    Impl::PageMeta& meta = im.meta[m.page];
-    im.num_pinned += (priority > 0) - (meta.pin > 0);
-    meta.pin = priority;
-    if (evictable) im.make_evictable(m.page);
-  }
+  im.store->walk(tokens, extra_key,
+                 static_cast<std::uint32_t>(tokens.size() / im.params.page_size), im.scratch);
+  for (const prefix::PrefixStore::Match& m : im.scratch) im.store->set_pin(m.page, priority);
   return static_cast<std::uint32_t>(im.scratch.size()) * im.params.page_size;
 }
 
 void PagedKVCacheManager::reset_prefix_cache() {
   Impl& im = *impl_;
   std::lock_guard lock(im.mu);
-  if (!im.caching) return;
-  for (std::uint32_t page = 0; page < im.num_pages(); ++page) {
-    if (!im.meta[page].published) continue;
-    const bool evictable = im.pool.ref_count(page) == 0;
-    if (evictable) im.make_unevictable(page);
-    im.unpublish(page);
-    if (evictable) im.pool.free_unreferenced(page);
-  }
+  if (im.caching()) im.store->reset();
 }
 
 PrefixCacheMetrics PagedKVCacheManager::metrics() const {
   const Impl& im = *impl_;
   std::lock_guard lock(im.mu);
   PrefixCacheMetrics m = im.metrics;
+  if (im.caching()) {
+    m.pages_published = im.store->counters().pages_published;
+    m.evictions = im.store->counters().evictions;
+  }
   m.pages_total = im.num_pages();
   m.pages_free = im.pool.num_free();
   m.pages_cached = im.num_evictable();
   m.pages_used = m.pages_total - m.pages_free - m.pages_cached;
-  m.pages_pinned = im.num_pinned;
+  m.pages_pinned = im.caching() ? im.store->num_pinned() : 0;
   return m;
 }
 
 void PagedKVCacheManager::reset_metrics() {
   std::lock_guard lock(impl_->mu);
   impl_->metrics = PrefixCacheMetrics{};
+  if (impl_->caching()) impl_->store->reset_counters();
 }
 
 std::uint32_t PagedKVCacheManager::cache_length(SeqId seq) const {
@@ -705,13 +567,7 @@ ManagerSnapshot PagedKVCacheManager::snapshot() const {
   std::sort(snap.free_blocks.begin(), snap.free_blocks.end());
   snap.ref_counts = im.pool.ref_counts();
   snap.next_seq_id = im.ids.next_id();
-  if (im.caching) {
-    for (std::uint32_t p = 0; p < im.num_pages(); ++p) {
-      if (!im.meta[p].published) continue;
-      snap.cached_blocks.push_back(p);
-      snap.cached_priorities.push_back(im.meta[p].pin);
-    }
-  }
+  if (im.caching()) im.store->snapshot(snap);
   return snap;
 }
 
@@ -737,7 +593,7 @@ void PagedKVCacheManager::check_invariants() const {
       if (p >= n) throw Error(seq_name(id) + " holds page " + str(p) + " >= " + str(n));
       ++refs[p];
     }
-    if (!im.caching) continue;
+    if (!im.caching()) continue;
     if (s.tokens_known && s.tokens.size() != s.length) {
       throw Error(seq_name(id) + " keeps " + str(s.tokens.size()) + " token ids for length " +
                   str(s.length));
@@ -745,18 +601,17 @@ void PagedKVCacheManager::check_invariants() const {
     if (s.hashes.size() > s.length / ps)
       throw Error(seq_name(id) + " hashed a page that is not full");
     for (std::size_t j = 0; j < s.pages.size(); ++j) {
-      const Impl::PageMeta& m = im.meta[s.pages[j]];
-      if (!m.published) continue;
+      if (!im.store->published(s.pages[j])) continue;
       // A published page is a verified full page of the sequence, or (after
       // truncate) the partial page it writes next, shared and copied on write.
-      const bool hashed = j < s.hashes.size() && s.hashes[j] == m.hash;
+      const bool hashed = j < s.hashes.size() && s.hashes[j] == im.store->hash_of(s.pages[j]);
       const bool cut = j >= s.hashes.size() && j == s.length / ps && s.length % ps != 0;
       if (!hashed && !cut) {
         throw Error(seq_name(id) + " page " + str(j) + " (id " + str(s.pages[j]) +
                     ") is published but not a verified full page of it");
       }
       const std::size_t mine = hashed ? ps : s.length % ps;
-      const auto stored = im.stored_tokens(s.pages[j]);
+      const auto stored = im.store->stored_tokens(s.pages[j]);
       if (s.tokens_known &&
           !std::equal(stored.begin(), stored.begin() + mine, s.tokens.begin() + j * ps)) {
         throw Error(seq_name(id) + " page " + str(j) + " stored tokens differ from its own");
@@ -768,50 +623,17 @@ void PagedKVCacheManager::check_invariants() const {
     if (p >= n || free[p]++ != 0)
       throw Error("page " + str(p) + " is on the free list twice or out of range");
   }
-  std::uint32_t cached = 0, pinned = 0, published = 0;
   for (std::uint32_t p = 0; p < n; ++p) {
     if (refs[p] != im.pool.ref_count(p)) {
       throw Error("page " + str(p) + " has ref count " + str(im.pool.ref_count(p)) + " but " +
                   str(refs[p]) + " page-table references");
     }
-    const bool pub = im.caching && im.meta[p].published;
-    if (pub && free[p]) throw Error("page " + str(p) + " is both free and cached");
+    const bool pub = im.published(p);
     if (refs[p] == 0 && !pub && !free[p])
       throw Error("page " + str(p) + " is leaked: unreferenced, not free, not cached");
     if (refs[p] != 0 && free[p]) throw Error("page " + str(p) + " is referenced and free");
-    if (!pub) continue;
-    const Impl::PageMeta& m = im.meta[p];
-    ++published;
-    pinned += m.pin > 0;
-    const auto found = im.index.find(m.hash);
-    if (!found || *found != p)
-      throw Error("published page " + str(p) + " is not indexed under its hash");
-    if (im.config.hash(m.parent_hash, im.stored_tokens(p), m.extra_key) != m.hash) {
-      throw Error("page " + str(p) + " hash does not match its stored tokens");
-    }
-    const bool in_policy = im.policy->contains(p);
-    const bool in_pinned = im.pinned.count({m.pin, p}) != 0;
-    if (refs[p] == 0 && (m.pin > 0 ? !in_pinned || in_policy : !in_policy || in_pinned)) {
-      throw Error("cached page " + str(p) + " is not evictable exactly once");
-    }
-    if (refs[p] != 0 && (in_policy || in_pinned))
-      throw Error("page " + str(p) + " is in use and evictable");
-    cached += refs[p] == 0;
   }
-  if (im.caching) {
-    if (im.index.size() != published) {
-      throw Error("hash index holds " + str(im.index.size()) + " entries for " + str(published) +
-                  " published pages");
-    }
-    im.index.for_each([&](std::uint64_t, std::uint32_t p) {
-      if (p >= n || !im.meta[p].published) throw Error("hash index maps to invalid page " + str(p));
-    });
-    if (im.num_evictable() != cached) {
-      throw Error("evictable set holds " + str(im.num_evictable()) + " pages, " + str(cached) +
-                  " are cached with ref 0");
-    }
-    if (pinned != im.num_pinned) throw Error("pinned page count is off");
-  }
+  if (im.caching()) im.store->check(refs, free);
 }
 
 }  // namespace kvcache
