@@ -3,10 +3,10 @@
 # Installs, under the prefix:
 #   include/kvcache/**                      the public headers (engine/ with the engine,
 #                                           cuda/ with the CUDA backend only)
-#   lib/libkvcache.a, lib/libkvcache_engine.a
+#   lib/libkvcache.a, lib/libkvcache_replay.a, lib/libkvcache_engine.a
 #   lib/libkvcache_c.so*                    the C interface alone, as a shared library
 #   lib/cmake/kvcache/                      the CMake package: find_package(kvcache CONFIG)
-#                                           gives kvcache::kvcache (and kvcache::c,
+#                                           gives kvcache::kvcache, kvcache::replay (and kvcache::c,
 #                                           kvcache::engine, kvcache::cuda where built)
 #   lib/pkgconfig/kvcache.pc, kvcache-c.pc  for other build systems (cargo, meson, make)
 #   bin/kvcache                             the command line, where it was built
@@ -27,7 +27,7 @@ install(DIRECTORY "${PROJECT_SOURCE_DIR}/include/kvcache"
   DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}" COMPONENT devel
   FILES_MATCHING PATTERN "*.h" ${_kvcache_header_excludes})
 
-set(_kvcache_exported kvcache)
+set(_kvcache_exported kvcache kvcache_replay)
 foreach(_target kvcache_c kvcache_engine kvcache_cuda)
   if(TARGET ${_target})
     list(APPEND _kvcache_exported ${_target})

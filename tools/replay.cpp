@@ -2,7 +2,7 @@
 // against the paged manager's prefix cache and report hit rates. The trace
 // and --capacity are read with every number checked
 // (kvcache/engine/trace_file.h); the other flags are checked by replay_trace
-// (kvcache/trace_replay.h). Bad input: exit 2 with a message naming it.
+// (kvcache/replay/trace_replay.h). Bad input: exit 2 with a message naming it.
 
 #include <unistd.h>
 
@@ -16,7 +16,7 @@
 #include "commands.h"
 #include "kvcache/engine/trace_file.h"
 #include "kvcache/error.h"
-#include "kvcache/trace_replay.h"
+#include "kvcache/replay/trace_replay.h"
 #include "table.h"
 
 namespace kvcache::tools {

@@ -7,7 +7,7 @@
 //    "hash_ids": [46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59]}
 // Checked before anything is sized by it:
 //   timestamp      a finite number of ms in [0, kMaxTraceTimestampMs]
-//   input_length   a JSON integer in [0, kMaxTraceRequestTokens] (kvcache/trace_replay.h)
+//   input_length   a JSON integer in [0, kMaxTraceRequestTokens] (kvcache/replay/trace.h)
 //   output_length  a JSON integer in [0, kMaxTraceRequestTokens]
 //   hash_ids       an array of at most kMaxTraceHashIds JSON integers in [0, 2^64 - 1]
 //   a line         at most kMaxTraceLineBytes bytes, arrays / objects nested
@@ -28,7 +28,7 @@
 #include <string_view>
 #include <vector>
 
-#include "kvcache/trace_replay.h"
+#include "kvcache/replay/trace.h"
 
 namespace kvcache::engine {
 

@@ -14,12 +14,12 @@
 
 #include <span>
 
-#include "kvcache/trace_replay.h"
+#include "kvcache/replay/trace_replay.h"
 
-namespace kvcache::prefix {
+namespace kvcache::replay {
 
 // Precondition: options.sequential. Throws InvalidArgument on bad requests.
 ReplayResult replay_offline_belady(std::span<const TraceRequest> trace,
                                    const ReplayOptions& options);
 
-}  // namespace kvcache::prefix
+}  // namespace kvcache::replay

@@ -1,4 +1,4 @@
-#include "prefix/offline_belady.h"
+#include "replay/offline_belady.h"
 
 #include <algorithm>
 #include <limits>
@@ -9,7 +9,7 @@
 
 #include "kvcache/error.h"
 
-namespace kvcache::prefix {
+namespace kvcache::replay {
 
 namespace {
 
@@ -175,4 +175,4 @@ ReplayResult replay_offline_belady(std::span<const TraceRequest> trace,
   return Belady(trace, options).run(options);
 }
 
-}  // namespace kvcache::prefix
+}  // namespace kvcache::replay

@@ -1,4 +1,4 @@
-#include "kvcache/trace_replay.h"
+#include "kvcache/replay/trace_replay.h"
 
 #include <algorithm>
 #include <chrono>
@@ -9,7 +9,7 @@
 
 #include "kvcache/error.h"
 #include "kvcache/paged_manager.h"
-#include "prefix/offline_belady.h"
+#include "replay/offline_belady.h"
 
 namespace kvcache {
 
@@ -303,7 +303,7 @@ std::vector<std::uint32_t> request_tokens(const TraceRequest& r) {
 ReplayResult replay_trace(std::span<const TraceRequest> trace, const ReplayOptions& options) {
   check_options(options);
   for (std::size_t i = 0; i < trace.size(); ++i) check_request(trace[i], i);
-  if (options.offline_belady) return prefix::replay_offline_belady(trace, options);
+  if (options.offline_belady) return replay::replay_offline_belady(trace, options);
   return Replayer(trace, options).run();
 }
 

@@ -1,5 +1,5 @@
 // replay_trace on small generated traces with hit rates known by hand.
-#include "kvcache/trace_replay.h"
+#include "kvcache/replay/trace_replay.h"
 
 #include <gtest/gtest.h>
 

@@ -1,10 +1,11 @@
-// kvcache/trace_replay.h — replays a Mooncake-format request trace against a PagedKVCacheManager
+// kvcache/replay/trace_replay.h — replays a Mooncake-format request trace against a PagedKVCacheManager
 // with prefix caching, measuring how much of the trace the cache serves.
+// A layer above the manager: the target kvcache_replay (src/replay/), which
+// the command line (`kvcache replay`) and the tests link; not in libkvcache.
 //
-// Trace format (one request; the CLI parses JSONL into these): hash_ids are
-// 512-token blocks, equal ids = equal content (and, as Mooncake generates
-// them, equal prefixes). Block id k expands to 512 token ids determined by k;
-// the last block holds the remainder of input_length.
+// Trace format: TraceRequest (kvcache/replay/trace.h; the CLI parses JSONL
+// into these with kvcache/engine/trace_file.h). Block id k expands to 512
+// token ids determined by k; the last block holds the remainder of input_length.
 //
 // Modes: sequential (one request at a time: match, compute the rest,
 // release) and timed (arrivals at their timestamps; each admitted request
@@ -21,28 +22,15 @@
 #include <vector>
 
 #include "kvcache/prefix_cache.h"
+#include "kvcache/replay/trace.h"
 
 namespace kvcache {
 
-inline constexpr std::uint32_t kTraceBlockTokens = 512;
-
-// Limits of what one request may make a replay allocate and run (its prompt's
-// token ids and pages, and in timed mode its decode steps): input_length and
-// output_length each at most 2^20 tokens, so at most 2048 hash ids.
-inline constexpr std::uint32_t kMaxTraceRequestTokens = 1u << 20;
-inline constexpr std::size_t kMaxTraceHashIds = kMaxTraceRequestTokens / kTraceBlockTokens;
 // ReplayOptions limits: page_size at most kMaxTraceRequestTokens, max_batch
 // at most kMaxReplayBatch, capacity_tokens / page_size at most
 // kMaxReplayPages pages.
 inline constexpr std::uint32_t kMaxReplayBatch = 65536;
 inline constexpr std::uint64_t kMaxReplayPages = 0xFFFFFFFEu;
-
-struct TraceRequest {
-  double timestamp_ms = 0;
-  std::uint32_t input_length = 0;
-  std::uint32_t output_length = 0;
-  std::vector<std::uint64_t> hash_ids;
-};
 
 // The prompt's token ids. Throws InvalidArgument if input_length does not fit
 // the blocks (more than 512 per id, or fewer than the ids need).
