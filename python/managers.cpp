@@ -268,8 +268,17 @@ void bind_lifecycle(py::class_<Manager>& cls) {
         py::arg("token_ids") = py::none(),
         "Commits valid_lengths[b] tokens for seq_ids[b] (or step({seq_id: n})). token_ids: "
         "the committed tokens' ids, flat in batch order or one list per sequence; with "
-        "prefix caching, pages that became full are published. Without token_ids the "
-        "sequence's later pages are never published.");
+        "prefix caching, pages that became full are published, and a step without token_ids "
+        "raises InvalidArgument (see step_without_token_ids).");
+    cls.def(
+        "step_without_token_ids",
+        [](Manager& m, const py::handle& seqs, const py::handle& valid) {
+          const StepArgs a = step_args(seqs, valid);
+          unlocked([&] { m.step_without_token_ids(a.seqs, a.valid); });
+        },
+        py::arg("seq_ids"), py::arg("valid_lengths") = py::none(),
+        "step without the tokens' ids, on purpose: with prefix caching these sequences stop "
+        "publishing (their later pages stay private).");
   } else {
     cls.def(
         "step",

@@ -147,7 +147,9 @@ kvc_status kvc_fetch(kvc_manager* manager, kvc_batch* batch, const uint64_t* seq
 
 /* cache_length += valid_lengths[b] for seq_ids[b]. token_ids: NULL, or the
  * committed tokens' ids, sum(valid_lengths) of them in batch order (paged
- * with prefix caching publishes the pages they fill). */
+ * with prefix caching publishes the pages they fill; there, NULL token_ids
+ * for a sequence that commits tokens is KVC_INVALID_ARGUMENT: it would stop
+ * publishing the sequence's pages). */
 kvc_status kvc_step(kvc_manager* manager, const uint64_t* seq_ids, const uint32_t* valid_lengths,
                     uint32_t n, const uint32_t* token_ids, kvc_error* err);
 

@@ -63,6 +63,8 @@ enum class SeqIdPolicy : std::uint8_t {
   lowest_free,  // the lowest ids not in use, all in [0, max_batch_size) (MAX)
 };
 
+class PagedKVCacheManager;
+
 class KVCacheManager {
  public:
   virtual ~KVCacheManager() = default;
@@ -118,6 +120,12 @@ class KVCacheManager {
                                std::span<const std::uint32_t> prev_row_offsets) const {
     batch.increment_cache_lengths(prev_row_offsets);
   }
+
+  // The paged manager behind this interface, or nullptr for a continuous
+  // one: the capability to fork, truncate, match and pin prefixes, and to
+  // commit token ids (kvcache/paged_manager.h), without a downcast.
+  virtual PagedKVCacheManager* paged() noexcept { return nullptr; }
+  virtual const PagedKVCacheManager* paged() const noexcept { return nullptr; }
 
   virtual ManagerSnapshot snapshot() const = 0;
   // Audits ref counts, free list, tables and lengths; throws kvcache::Error

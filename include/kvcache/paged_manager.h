@@ -82,13 +82,23 @@ class PagedKVCacheManager final : public KVCacheManager {
   void fetch_into(KVCacheBatch& out, std::span<const SeqId> seqs,
                   std::span<const std::uint32_t> num_new_tokens,
                   std::uint32_t num_steps = 1) override;
+  // Without prefix caching: commits valid_lengths[b] tokens for seqs[b].
+  // With prefix caching it would leave the manager without the tokens' ids
+  // (so it could never publish the sequence's later pages): it throws
+  // InvalidArgument, changing nothing, when it would commit tokens to a
+  // sequence whose ids the manager still knows; use the token_ids overload,
+  // or step_without_token_ids to give that up on purpose.
   void step(std::span<const SeqId> seqs, std::span<const std::uint32_t> valid_lengths) override;
   // step that also commits the tokens' ids (flat, sum(valid_lengths) long,
   // in batch order); with prefix caching, pages that became full are
-  // published. The two-argument step forgets a sequence's tokens: its later
-  // pages are never published. Throws InvalidArgument on a size mismatch.
+  // published. Throws InvalidArgument on a size mismatch.
   void step(std::span<const SeqId> seqs, std::span<const std::uint32_t> valid_lengths,
             std::span<const std::uint32_t> token_ids);
+  // step without the ids, on purpose: with prefix caching the sequences that
+  // commit tokens stop publishing (their later pages stay private; pages
+  // already published stay cached).
+  void step_without_token_ids(std::span<const SeqId> seqs,
+                              std::span<const std::uint32_t> valid_lengths);
   void release(SeqId seq) override;
   // release that tells the eviction policy whether a later request is
   // expected to start with this sequence's tokens (kvcache/prefix_cache.h;
@@ -139,10 +149,14 @@ class PagedKVCacheManager final : public KVCacheManager {
   std::uint32_t total_blocks() const override;
   std::uint32_t free_blocks() const override;
   std::vector<std::size_t> block_shape(std::uint32_t n) const override;
+  PagedKVCacheManager* paged() noexcept override { return this; }
+  const PagedKVCacheManager* paged() const noexcept override { return this; }
   ManagerSnapshot snapshot() const override;
   void check_invariants() const override;
 
  private:
+  void step_ids_unknown(std::span<const SeqId> seqs, std::span<const std::uint32_t> valid_lengths,
+                        bool on_purpose);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -28,7 +28,6 @@
 
 struct kvc_manager {
   std::unique_ptr<kvcache::KVCacheManager> impl;
-  kvcache::PagedKVCacheManager* paged = nullptr;  // impl, when the strategy is paged
 };
 
 struct kvc_batch {
@@ -158,7 +157,6 @@ kvcache::KVCacheParams to_params(const kvc_params* p) {
 // A handle owning a paged manager.
 kvc_manager* wrap(std::unique_ptr<kvcache::PagedKVCacheManager> paged) {
   auto m = std::make_unique<kvc_manager>();
-  m->paged = paged.get();
   m->impl = std::move(paged);
   return m.release();
 }
@@ -174,11 +172,12 @@ const kvcache::KVCacheManager& manager_of(const kvc_manager* m) {
 
 kvcache::PagedKVCacheManager& paged_of(kvc_manager* m, const char* what) {
   require(m, "manager");
-  if (m->paged == nullptr) {
+  kvcache::PagedKVCacheManager* paged = manager_of(m).paged();
+  if (paged == nullptr) {
     throw InvalidArgument(std::string(what) + " needs the paged strategy; this manager is " +
                           "continuous");
   }
-  return *m->paged;
+  return *paged;
 }
 
 const kvcache::KVCacheBatch& fetched(const kvc_batch* b) {
@@ -440,8 +439,8 @@ kvc_status kvc_manager_stats_get(const kvc_manager* manager, kvc_manager_stats* 
     s.total_blocks = m.total_blocks();
     s.free_blocks = m.free_blocks();
     s.active_sequences = m.num_active_sequences();
-    if (manager->paged != nullptr) {
-      const kvcache::PrefixCacheMetrics x = manager->paged->metrics();
+    if (const kvcache::PagedKVCacheManager* paged = manager_of(manager).paged()) {
+      const kvcache::PrefixCacheMetrics x = paged->metrics();
       s.pages_cached = x.pages_cached;
       s.pages_pinned = x.pages_pinned;
       s.match_calls = x.match_calls;

@@ -17,7 +17,7 @@ std::span<const std::uint32_t> as_unsigned(std::span<const TokenId> tokens) {
 }
 
 PagedKVCacheManager* prefix_manager(KVCacheManager& m) {
-  return available(m) ? static_cast<PagedKVCacheManager*>(&m) : nullptr;
+  return available(m) ? m.paged() : nullptr;
 }
 
 }  // namespace
@@ -32,7 +32,7 @@ std::uint32_t match(KVCacheManager& m, SeqId seq, std::span<const TokenId> token
 }
 
 std::uint32_t cached_pages(const KVCacheManager& m) {
-  return available(m) ? static_cast<const PagedKVCacheManager&>(m).metrics().pages_cached : 0;
+  return available(m) ? m.paged()->metrics().pages_cached : 0;
 }
 
 void release(KVCacheManager& m, SeqId seq, ReuseHint hint) {
@@ -44,10 +44,9 @@ void release(KVCacheManager& m, SeqId seq, ReuseHint hint) {
 }
 
 SeqId fork(KVCacheManager& m, SeqId seq) {
-  if (m.params().cache_strategy != CacheStrategy::paged) {
-    throw InvalidArgument("fork needs a paged manager");
-  }
-  return static_cast<PagedKVCacheManager&>(m).fork(seq);
+  PagedKVCacheManager* paged = m.paged();
+  if (paged == nullptr) throw InvalidArgument("fork needs a paged manager");
+  return paged->fork(seq);
 }
 
 void step(KVCacheManager& m, std::span<const SeqId> seqs, std::span<const std::uint32_t> valid,

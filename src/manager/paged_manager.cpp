@@ -323,6 +323,17 @@ void PagedKVCacheManager::fetch_into(KVCacheBatch& out, std::span<const SeqId> s
 
 void PagedKVCacheManager::step(std::span<const SeqId> seqs,
                                std::span<const std::uint32_t> valid_lengths) {
+  step_ids_unknown(seqs, valid_lengths, /*on_purpose=*/false);
+}
+
+void PagedKVCacheManager::step_without_token_ids(std::span<const SeqId> seqs,
+                                                 std::span<const std::uint32_t> valid_lengths) {
+  step_ids_unknown(seqs, valid_lengths, /*on_purpose=*/true);
+}
+
+void PagedKVCacheManager::step_ids_unknown(std::span<const SeqId> seqs,
+                                           std::span<const std::uint32_t> valid_lengths,
+                                           bool on_purpose) {
   Impl& im = *impl_;
   std::lock_guard lock(im.mu);
   manager::check_batch_spans(seqs, valid_lengths.size(), "valid_lengths");
@@ -331,6 +342,12 @@ void PagedKVCacheManager::step(std::span<const SeqId> seqs,
   for (std::size_t b = 0; b < seqs.size(); ++b) {
     const Impl::Sequence& s = im.seqs.find(seqs[b])->second;
     manager::check_step_room(seqs[b], s.length, valid_lengths[b], s.reserved);
+    if (im.caching() && !on_purpose && valid_lengths[b] > 0 && s.tokens_known) {
+      throw InvalidArgument(seq_name(seqs[b]) +
+                            ": step without token_ids on a prefix-caching manager would stop "
+                            "publishing its pages; pass the token ids (step(seqs, "
+                            "valid_lengths, token_ids)) or call step_without_token_ids");
+    }
   }
   for (std::size_t b = 0; b < seqs.size(); ++b) {
     Impl::Sequence& s = im.seqs.find(seqs[b])->second;
@@ -496,8 +513,8 @@ std::uint32_t PagedKVCacheManager::pin_prefix(std::span<const std::uint32_t> tok
   im.require_caching("pin_prefix");
   im.scratch.clear();
   im.scratch.reserve(tokens.size() / im.params.page_size);
-  im.store->walk(tokens, extra_key,
-                 static_cast<std::uint32_t>(tokens.size() / im.params.page_size), im.scratch);
+  im.store->walk(tokens, extra_key, static_cast<std::uint32_t>(tokens.size() / im.params.page_size),
+                 im.scratch);
   for (const prefix::PrefixStore::Match& m : im.scratch) im.store->set_pin(m.page, priority);
   return static_cast<std::uint32_t>(im.scratch.size()) * im.params.page_size;
 }

@@ -165,3 +165,40 @@ TEST(ReservedRoom, CopyOnWriteCopiesEveryLayerInBothArrangements) {
 }
 
 }  // namespace
+
+namespace {
+
+// With prefix caching, the two-argument step would leave the manager without
+// the tokens' ids and silently stop publishing the sequence's later pages: it
+// is refused, changing nothing; step_without_token_ids does it on purpose.
+TEST(PrefixStep, WithoutTokenIdsIsRefusedUnlessOnPurpose) {
+  KVCacheParams p = params();
+  p.enable_prefix_caching = true;
+  PagedKVCacheManager m(p, 8, 2, 64);
+  const SeqId s = m.claim(1)[0];
+  m.fetch(Ids{s}, U32{20});
+  const auto before = m.snapshot();
+  KV_EXPECT_THROW(m.step(Ids{s}, U32{20}), InvalidArgument, "step_without_token_ids");
+  EXPECT_EQ(m.snapshot(), before);
+  std::vector<std::uint32_t> tokens(20);
+  for (std::uint32_t i = 0; i < 20; ++i) tokens[i] = 100 + i;
+  m.step(Ids{s}, U32{16}, std::span<const std::uint32_t>(tokens).first(16));
+  EXPECT_EQ(m.metrics().pages_published, 1u);
+  m.step_without_token_ids(Ids{s}, U32{4});  // on purpose: no more publishing
+  EXPECT_EQ(m.cache_length(s), 20u);
+  m.step(Ids{s}, U32{0});  // nothing committed: allowed
+  m.check_invariants();
+  // A manager without prefix caching keeps the plain step.
+  PagedKVCacheManager plain(params(), 8, 2, 64);
+  const SeqId t = plain.claim(1)[0];
+  plain.fetch(Ids{t}, U32{5});
+  plain.step(Ids{t}, U32{5});
+  EXPECT_EQ(plain.cache_length(t), 5u);
+  // The capability instead of a downcast.
+  KVCacheManager& base = m;
+  EXPECT_EQ(base.paged(), &m);
+  ContinuousBatchingKVCacheManager c(kvtest::make_params(CacheStrategy::continuous, 1, 1, 8), 1, 8);
+  EXPECT_EQ(static_cast<KVCacheManager&>(c).paged(), nullptr);
+}
+
+}  // namespace

@@ -81,7 +81,12 @@ def test_step_without_token_ids_publishes_nothing():
     m = make()
     a, = m.claim(1)
     m.fetch([a], [8])
-    m.step([a], [8])
+    # By accident (no token ids on a prefix-caching manager): refused, nothing changed.
+    with pytest.raises(kvcache.InvalidArgument, match="step_without_token_ids"):
+        m.step([a], [8])
+    assert m.cache_length(a) == 0
+    m.step_without_token_ids([a], [8])  # on purpose
+    assert m.cache_length(a) == 8
     assert m.metrics().pages_published == 0
     assert m.snapshot()["cached_blocks"] == []
 
