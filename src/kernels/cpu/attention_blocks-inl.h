@@ -54,8 +54,8 @@ constexpr std::size_t kC = 2 * kN;
 static_assert(kTile % kN == 0, "a tile must hold whole score vectors");
 
 // 64-byte cache lines a chunk of kC elements of T spans (at least 1): what the
-// prefetch pump is told each time the loops consume one chunk of a row.
-// Lines the loops read between reports to the pump, at least.
+// prefetch stream is told each time the loops consume one chunk of a row.
+// Lines the loops read between reports to the stream, at least.
 constexpr std::uint32_t kStreamReportLines = 16;
 
 template <class T>
@@ -81,7 +81,7 @@ HWY_INLINE std::size_t LayoutPos(std::size_t e) {
 // dst[0, dim rounded up to kC) = src[0, dim) * scale in the layout of T,
 // zero padded. Whole chunks are plain loops over the even / odd elements
 // (vectorized by the compiler: with the LayoutPos index table this scatter
-// was a third of a short decode call, docs/PERFORMANCE.md session 6).
+// was a third of a short decode call).
 template <class T>
 HWY_INLINE void ToLayout(const float* src, std::size_t dim, float scale, float* dst) {
   const std::size_t full = dim / kC * kC;
@@ -121,7 +121,7 @@ HWY_INLINE void FromLayout(const float* acc, std::size_t dim, float scale, float
 // GCC 12 stored a loaded bf16 chunk to the stack and read it back twice (as
 // the memory operands of the shift and the mask) in every unrolled PV and
 // score loop; an empty asm that takes the vector in a register keeps it
-// there (MHA decode from L2 +11 %, docs/PERFORMANCE.md session 7).
+// there (MHA decode from L2 +11 %).
 template <class V>
 HWY_INLINE void KeepInRegister(V& v) {
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_SSSE3 && (HWY_COMPILER_GCC || HWY_COMPILER_CLANG)
@@ -142,7 +142,7 @@ HWY_INLINE void LoadChunk(DF df, const hwy::float16_t* p, VF& lo, VF& hi) {
 // On AVX-512 the bf16 chunk is loaded by an asm statement: with
 // KeepInRegister GCC still stored every loaded chunk to the stack (a dead
 // store per chunk). From L2, 1 thread: MHA 1.02-1.03x, GQA 4 1.035-1.04x;
-// DRAM 0.99-1.01x, noise there (docs/PERFORMANCE.md, session 18).
+// DRAM 0.99-1.01x, noise there.
 // Sanitizer builds keep the intrinsic load, which they can check.
 HWY_INLINE void LoadChunk(DF df, const hwy::bfloat16_t* p, VF& lo, VF& hi) {
   const hn::RebindToUnsigned<DF> du;

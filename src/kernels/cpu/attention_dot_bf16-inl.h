@@ -30,7 +30,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 // against two tokens' V chunks merged into (even element, odd element) pairs,
 // so that the accumulators keep the even/odd layout of the f32 path. Used
 // where the processor has the instruction, dim is whole chunks, and the item
-// has 2 or more query vectors per KV head and is not pumped (ItemRunner::dot_);
+// has 2 or more query vectors per KV head and is not streamed (ItemRunner::run sets dot_);
 // elsewhere the f32 loops run on the rounded values.
 
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3 && (HWY_COMPILER_GCC || HWY_COMPILER_CLANG)

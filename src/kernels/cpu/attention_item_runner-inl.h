@@ -55,9 +55,9 @@ class ItemRunner : private TileRunner<T> {
   explicit ItemRunner(const AttentionCtx& c)
       : Base(c), dot_capable_(kDotT && c.bf16_inputs && c.dim % kC == 0 && cpu_has_avx512_bf16()) {}
 
-  // Runs one item. `claim_next()` is called at most once, when the pump
+  // Runs one item. `claim_next()` is called at most once, when the stream
   // runs out of the item's tiles: it returns the item this runner will run
-  // next, or null, and the pump goes on into that item's first tiles so that
+  // next, or null, and the stream goes on into that item's first tiles so that
   // memory does not idle across the boundary (only decode items over the
   // same heads qualify).
   template <class ClaimNext>
@@ -77,11 +77,11 @@ class ItemRunner : private TileRunner<T> {
     // NHD rows hold only the item's heads when it has them all (decode).
     stream_.set_pairs(heads_contiguous() && std::size_t{nh} * dim != c_.token_stride);
     // The pair products only where each K/V row serves several query vectors
-    // and the loops are not pumping rows in from memory; the f32 loops
+    // and the loops are not streaming rows in from memory; the f32 loops
     // compute the same rounded products. Cached, 2 threads: GQA 2 1.09-1.12x,
-    // GQA 4 1.13-1.18x, GQA 8 1.15x, but MHA 0.95-0.97x; pumped from DRAM
+    // GQA 4 1.13-1.18x, GQA 8 1.15x, but MHA 0.95-0.97x; streamed from DRAM
     // they only made the wait longer (HND GQA 4 0.92-0.94x in the slow
-    // memory state; docs/PERFORMANCE.md, session 21).
+    // memory state).
     dot_ = dot_capable_ && m_per_head >= 2 && (!stream_chosen() || resident);
     s.ensure(total, dim);
     probs_ = s.probs.get();
@@ -141,7 +141,7 @@ class ItemRunner : private TileRunner<T> {
   }
 
  private:
-  // Whether the pump may run on from item `it` into `following`: a decode
+  // Whether the stream may run on from item `it` into `following`: a decode
   // item over the same heads, so that the walk's unit is the same.
   static bool continues_stream(const WorkItem& it, const WorkItem& following) {
     return !following.prefill && following.h0 == it.h0 && following.h1 == it.h1;
@@ -151,7 +151,7 @@ class ItemRunner : private TileRunner<T> {
   // rows in the caches: the first line of kProbeRows K and V rows spread
   // over its tokens (never its last token, which a store has just written).
   // Items under kProbeMinTiles tiles and prefill items are not probed (they
-  // pump). Once a probe finds rows outside the caches, the runner pumps the
+  // stream). Once a probe finds rows outside the caches, the runner streams the
   // call's later items without probing them: a probe of rows in DRAM stalls
   // for about one memory latency, one of cached rows takes ~0.1 us.
   bool rows_resident(const WorkItem& it, std::uint32_t tiles) {

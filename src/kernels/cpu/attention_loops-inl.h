@@ -27,7 +27,7 @@ template <int kQ, int kT, bool kTail, class T, class Query, class Stream>
 HWY_INLINE void ScoreChunks(DF df, const Query& q, std::size_t dimp, const T* const* kr,
                             std::size_t d0, std::size_t d1, std::size_t dim, VF* a,
                             const Stream& stream) {
-  // Report the lines read about kStreamReportLines at a time (the pump's per-call
+  // Report the lines read about kStreamReportLines at a time (the stream's per-call
   // cost is ~20 instructions).
   constexpr std::uint32_t kLines = kT * kChunkLines<T>;
   constexpr std::uint32_t kEvery = kLines >= kStreamReportLines ? 1 : kStreamReportLines / kLines;
@@ -56,8 +56,7 @@ HWY_INLINE void ScoreChunks(DF df, const Query& q, std::size_t dimp, const T* co
 // NHD page, so the loads walk it in address order. Against chunk-major order
 // (chunk c of all kT rows, then c + 1): MHA from L2 +10-17 %, DRAM on one
 // thread 0.49-0.64 -> 0.60-0.65 of stream, two threads unchanged
-// (docs/PERFORMANCE.md session 7; session 6's row-major attempt, which also
-// unrolled the row, lost on one thread).
+// (a variant that also unrolled the row lost on one thread).
 template <int kT, bool kTail, class T, class Query, class Stream>
 HWY_INLINE void ScoreRows(DF df, const Query& q, const T* const* kr, std::size_t d0, std::size_t d1,
                           std::size_t dim, VF* a, const Stream& stream) {
@@ -73,7 +72,7 @@ HWY_INLINE void ScoreRows(DF df, const Query& q, const T* const* kr, std::size_t
       b = hn::MulAdd(hn::Load(df, qu + d + kN), hi, b);
     }
     a[u] = hn::Add(a[u], b);
-    stream(row_lines);  // every row: DRAM 1.11x of every 4 rows for HND MHA (session 10)
+    stream(row_lines);  // every row: DRAM 1.11x of every 4 rows for HND MHA
   }
 }
 
@@ -84,7 +83,7 @@ HWY_INLINE void ScoreRows(DF df, const Query& q, const T* const* kr, std::size_t
 // from L2, 1 thread: HND 1.15x, NHD (head-major when cached) 1.13x; from L3,
 // 2 threads: 1.055-1.07x; DRAM HND MHA (same binary, switched by an
 // environment hook): 0.975x by gbps, 0.814 against 0.812 of stream, inside
-// this VM's noise (docs/PERFORMANCE.md, session 19). AVX2 (head dims 32-64
+// this VM's noise. AVX2 (head dims 32-64
 // there): dim 64 1.21x from L2; SSE4 and others keep ScoreRows.
 constexpr bool kQueryInRegisters = HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2;
 template <int kT, int kChunks, class T, class Stream>
@@ -123,7 +122,7 @@ HWY_INLINE VF ScoreBlock(DF df, const Query& q, std::size_t dimp, const T* const
   if constexpr (kQ == 1 && kQueryInRegisters && std::is_same_v<Query, SharedQuery>) {
     // Each case reduces on its own: the same code as an if-chain with one
     // ReduceTokens after it compiled slower under GCC 12 (HND MHA from L2,
-    // 1 thread, 0.87-0.89x; session 20; not examined further).
+    // 1 thread, 0.87-0.89x; not examined further).
     if (full == dim) {
       switch (dim / kC) {
         case 2:
@@ -156,7 +155,7 @@ template <int kR, int kCh, bool kTail, std::uint32_t kEvery, class T, class Stre
 HWY_INLINE void PvChunks(DF df, const float* const* p, float* const* acc, const T* const* vr,
                          std::uint32_t nt, std::size_t d0, std::size_t d1, std::size_t dim,
                          const Stream& stream) {
-  // The pump hears of the rows read every kEvery rows, however many query
+  // The stream hears of the rows read every kEvery rows, however many query
   // vectors share them (told once per block of tokens, 32-token groups had
   // read 0.93 of 4-token ones for GQA 4 in DRAM; docs/PERFORMANCE.md,
   // sessions 9 and 10; kEvery: see kPvRowsPerReportMany).
@@ -250,18 +249,18 @@ HWY_INLINE std::size_t PvBlocks(DF df, const float* const* p, float* const* acc,
   return end;
 }
 
-// V rows read between the PV loop's reports to the pump where an HND head
+// V rows read between the PV loop's reports to the stream where an HND head
 // has at least kPvManyQueries query vectors (its first block of 4 reports;
 // every row elsewhere). Against every row, HND GQA 8: from L2 1.06-1.08x,
 // DRAM 1.04-1.06x; the same read 0.95-0.97x for NHD GQA 8 and 0.96-0.98x
 // for GQA 4 in DRAM (though 1.03-1.05x from L2), and every 4 rows cost MHA
-// 0.94-0.96x in DRAM (docs/PERFORMANCE.md, session 14).
+// 0.94-0.96x in DRAM.
 constexpr std::uint32_t kPvManyQueries = 8;
 constexpr std::uint32_t kPvRowsPerReportMany = 4;
 
 // Register blocks as wide as the accumulator budget allows, then narrower
 // ones for what is left (enough independent FMA chains even for one query);
-// the pump is told every kEvery rows.
+// the stream is told every kEvery rows.
 template <int kR, std::uint32_t kEvery, class T, class Stream>
 HWY_INLINE void PvRows(DF df, const float* const* p, float* const* acc, const T* const* vr,
                        std::uint32_t nt, std::size_t dim, const Stream& stream) {

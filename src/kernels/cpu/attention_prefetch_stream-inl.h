@@ -83,7 +83,7 @@ class PrefetchStream {
   // tile took MHA from L2 to 0.94x).
   bool time_this_tile() { return active_ && ++tiles_ % kTimedTileEvery == 0; }
 
-  // Starts pumping the tile `rows` (heads [h0, h0 + nh)) while the current
+  // Starts streaming the tile `rows` (heads [h0, h0 + nh)) while the current
   // tile runs with `softmax_calls` softmax updates.
   void start(const TileRows<T>& rows, std::uint32_t h0, std::uint32_t nh,
              std::uint32_t softmax_calls) {
@@ -112,7 +112,7 @@ class PrefetchStream {
     softmax_share_ = std::min(kSoftmaxShareMax, 0.5f * (softmax_share_ + share));
   }
 
-  // Lines the pump issues for a tile: each range rounded up to whole lines.
+  // Lines the stream issues for a tile: each range rounded up to whole lines.
   std::uint32_t tile_lines(const TileRows<T>& rows, std::size_t unit_bytes,
                            std::uint32_t units) const {
     std::size_t lines = 0;
@@ -147,15 +147,15 @@ class PrefetchStream {
 
   // Up to `lines` prefetches from the current range on. Inlined into the
   // loops: per call a compare or two and the prefetches; finding the next
-  // range happens once per range. The pump that found its place anew on
+  // range happens once per range. The stream that found its place anew on
   // every call (out of line) took 27 % of MHA's time from L2 with
   // head-major loops, and cost token-major MHA 17-26 % there
-  // (docs/PERFORMANCE.md, session 9). Finding the next range is inlined
+  //. Finding the next range is inlined
   // too: a call in the loops clobbers every vector register, and GCC 12
   // saved and restored the PV loop's accumulators around every report
-  // (per token for MHA). Inlined, from L2, 1 thread: pumped HND MHA 1.28x,
-  // NHD MHA 1.09x, GQA 4 1.05-1.09x; unpumped GQA 4 1.05-1.085x; DRAM in
-  // the slow memory state 0.97-1.01x (docs/PERFORMANCE.md, session 20).
+  // (per token for MHA). Inlined, from L2, 1 thread: streamed HND MHA 1.28x,
+  // NHD MHA 1.09x, GQA 4 1.05-1.09x; unstreamed GQA 4 1.05-1.085x; DRAM in
+  // the slow memory state 0.97-1.01x.
   HWY_INLINE void issue(std::uint32_t lines) {
     if (pairs_) {
       if (l1_) return issue_ranges<true, true>(lines);
@@ -183,9 +183,9 @@ class PrefetchStream {
   // at 32k 1.055x; prefetchnta 0.99-1.07x, prefetcht2 0.91-1.02x. In the
   // fast state it cost the compute-bound GQA 4 6 % until the range walk
   // below was inlined (then 1.00x); with it, prefetcht1 read 0.91x for NHD
-  // MHA (docs/PERFORMANCE.md, session 20). The lines still land in L2; most
+  // MHA. The lines still land in L2; most
   // have left L1 by the time the loops read them. On Zen 4 prefetcht0 barely
-  // got ahead of memory and prefetcht1 read 1.3-2.0x of it (session 30).
+  // got ahead of memory and prefetcht1 read 1.3-2.0x of it.
   template <bool kPair, bool kL1>
   HWY_INLINE void issue_ranges(std::uint32_t lines) {
     while (range_.p != nullptr) {

@@ -67,7 +67,7 @@ struct Scratch {
 // any other. It takes the horizontal max (and with it the scalar exp and the
 // branch on its result) off the path from the scores to the PV loop in every
 // tile but the first and those that raise the maximum by more than this.
-// From L2, 1 thread: GQA 4 1.04-1.05x, MHA 1.005-1.02x (session 19). The
+// From L2, 1 thread: GQA 4 1.04-1.05x, MHA 1.005-1.02x. The
 // denominator is kept as kN partial sums (Scratch::lv) until the item ends:
 // the horizontal sum per tile had been half the softmax's samples (GQA 4
 // 1.025-1.04x, MHA 1.024x).

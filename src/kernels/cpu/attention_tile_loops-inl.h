@@ -30,17 +30,16 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 // Tokens per PV step of the token-major (NHD) loops: each head's (or head
 // pair's) accumulators are loaded once per this many tokens of V rows, read
-// token by token across the heads. Against 4, with the L2 pump from L2 (1
+// token by token across the heads. Against 4, with the L2 stream from L2 (1
 // thread): NHD MHA 1.09x, GQA 4 1.13x. In DRAM (2 threads) the A/B read
-// 1.00-1.085x, inside the +-5 % that builds with identical DRAM loops differ
-// by on this VM (docs/PERFORMANCE.md, session 18).
+// 1.00-1.085x, inside the build-to-build noise.
 // With next_step_l1 the steps are kPvTokensStepL1 tokens, the next step's V
 // rows prefetched into L1, and the last step prefetches as many tokens of
 // the next tile's K rows. Each step's prefetches go out at once, and a
 // burst larger than the core's misses in flight stalls it: on Zen 3 (DRAM,
 // 2 threads, NHD, 8 heads) 2 tokens (64 lines) read 1.26x of 4 tokens for
 // MHA and 1.06x for GQA 4, with the next tile's first 2 tokens instead of 8
-// another 1.12x for GQA 4 (docs/PERFORMANCE.md, session 25).
+// another 1.12x for GQA 4.
 constexpr std::uint32_t kPvTokens = 16;
 constexpr std::uint32_t kPvTokensStepL1 = 2;
 // With next_step_l1 and several query vectors per head (GQA on NHD pages,
@@ -50,13 +49,13 @@ constexpr std::uint32_t kPvTokensStepL1 = 2;
 // prefetches). These items take kPvTokensStepL1Gqa-token steps instead, and
 // each head's prefetches go out just before that head's part of the step,
 // kPrefetchTokensGqa tokens ahead, so that no burst is larger than one
-// head's rows of one step (docs/PERFORMANCE.md, session 26).
+// head's rows of one step.
 constexpr std::uint32_t kPvTokensStepL1Gqa = 4;
 constexpr std::uint32_t kPrefetchTokensGqa = 8;
 // On NHD pages, query vectors per head from which the tile loops go head by
 // head (a head's rows 256 bytes apart in a page, but its queries and
 // accumulators stay in L1). DRAM, 2 threads, against token-major: GQA 8
-// 1.09x, GQA 4 0.93-1.05x, MHA 0.93x (docs/PERFORMANCE.md, session 11).
+// 1.09x, GQA 4 0.93-1.05x, MHA 0.93x.
 constexpr std::uint32_t kNhdHeadMajorVectors = 8;
 
 // The tile loops of the decode item runner: one tile of an item's KV tokens
@@ -79,7 +78,7 @@ class TileRunner {
   // made them out-of-line clones): from L2, 1 thread, GQA 4 1.12x (HND) and
   // 1.10x (NHD), MHA 1.02-1.05x; DRAM, 2 threads, slow memory state, HND
   // GQA 4 0.975x, NHD GQA 4 0.99x, MHA 1.00x, inside the build-to-build
-  // noise there (docs/PERFORMANCE.md, session 18).
+  // noise there.
   template <int kR, std::uint32_t kEvery = 1>
   HWY_INLINE void pv_rows(DF df, float* pr, float* acc, std::size_t dimp, const T* const* vp,
                           std::uint32_t nt, bool first_pass) const {
@@ -109,12 +108,12 @@ class TileRunner {
   // read straight from the cache rows, token by token across the heads (a
   // few tokens' rows of every head before the next tokens), so the reads
   // walk each page in address order: on Zen 4 that let the hardware
-  // prefetchers work beside the pump (docs/PERFORMANCE.md, session 5).
+  // prefetchers work beside the prefetch stream.
   void tile(const TileRows<T>& rows, const TileRows<T>* next, std::uint32_t ta, std::uint32_t h0,
             std::uint32_t nh, std::uint32_t m, std::uint32_t first_limit, Scratch& s) const {
     const DF df;
     const std::uint32_t nt = rows.n;
-    // One pumping tile in kTimedTileEvery is timed (the TSC costs ~40 cycles
+    // One streaming tile in kTimedTileEvery is timed (the TSC costs ~40 cycles
     // a read; timing every tile took MHA from L2 to 0.94x).
     const bool timed = stream_.time_this_tile();
     if (step_l1_ && next != nullptr) prefetch_segment_starts_l2(*next, h0);
@@ -219,7 +218,7 @@ class TileRunner {
       }
       if (!dot_) {
         const SharedQuery q{s.qs.get() + idx * dimp};
-        // Unswitched on the pump (NoLinesRead): with the flag tested
+        // Unswitched on the stream (NoLinesRead): with the flag tested
         // inside, GCC 12 kept the AVX2 4-query loop's counter and query
         // vectors on the stack (8 stores and 5 stack operands a chunk).
         if (j == 0 && stream_.active()) {
@@ -391,7 +390,7 @@ class TileRunner {
       // registers over the whole tile, each block reading the tile's V rows
       // (from L1 after the first). From L2, against 4-token groups: GQA 4
       // 1.12x; GQA 8 1.23x of 8 query vectors per V load (DRAM, 2 threads:
-      // HND 1.15x, NHD 1.07x; docs/PERFORMANCE.md, session 11).
+      // HND 1.15x, NHD 1.07x).
       pv_head(df, s.probs.get() + std::size_t{hl} * m * kTile,
               s.acc.get() + std::size_t{hl} * m * dimp, dimp, vp, nt, m);
     }
@@ -403,7 +402,7 @@ class TileRunner {
   void pv_head(DF df, float* pr, float* acc, std::size_t dimp, const T* const* vp, std::uint32_t n,
                std::uint32_t m) const {
     std::uint32_t i = 0;
-    // The first block is the one that drives the pump (first_pass); on HND
+    // The first block is the one that drives the stream (first_pass); on HND
     // heads with many query vectors it reports every kPvRowsPerReportMany rows.
     if (m >= kPvManyQueries && !heads_contiguous()) {
       pv_rows<4, kPvRowsPerReportMany>(df, pr, acc, dimp, vp, n, true);
@@ -458,7 +457,7 @@ class TileRunner {
   // waiting a full memory latency. At most 16 lines of K and of V a tile.
   // Zen 3, DRAM, 2 threads, NHD, 10 alternated rounds: paged over
   // continuous 0.954 -> 0.968 (MHA), 0.963 -> 0.977 (GQA 4); fraction of
-  // stream 0.605 -> 0.625, 0.47 -> 0.48 (docs/PERFORMANCE.md, session 25).
+  // stream 0.605 -> 0.625, 0.47 -> 0.48.
   void prefetch_segment_starts_l2(const TileRows<T>& rows, std::uint32_t h0) const {
     const std::uint32_t lines = std::max<std::uint32_t>(1, 16 / rows.nseg);
     for (std::uint32_t j = 0; j < rows.nseg; ++j) {
