@@ -95,7 +95,7 @@ BENCHMARK_TEMPLATE(BM_DecodeAttention, BFloat16)
     ->UseRealTime();
 BENCHMARK_TEMPLATE(BM_DecodeAttention, Half)->Args({32, 32768, 2})->UseRealTime();
 // Batch 1 with a short context on 2 threads: split evenly over the threads
-// (session 31; against the 1-thread rows below).
+// (against the 1-thread rows below).
 BENCHMARK_TEMPLATE(BM_DecodeAttention, BFloat16)
     ->ArgsProduct({{8, 32}, {256, 512}, {2}})
     ->UseRealTime();

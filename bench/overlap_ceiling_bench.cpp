@@ -14,9 +14,9 @@
 // S > 1 interleaves S far-apart page streams line by line (more independent
 // misses in flight per core). P > 0 (with S = 1) prefetches the K and V
 // pages P positions ahead, one line per line read, spread over the page as
-// the attention kernel's pump does: with prefetcht1, or with H = 0
+// the attention kernel's prefetch stream does: with prefetcht1, or with H = 0
 // prefetcht0 (AttentionPrefetch::next_tile_l2 against next_tile_l1; on the
-// Zen 4 VM of session 30, 2 threads, prefetcht0 read 0.69x of prefetcht1
+// a Zen 4 VM, 2 threads, prefetcht0 read 0.69x of prefetcht1
 // with MHA's arithmetic, 0.94x with GQA 4's, which bounds that loop). AVX-512 only; skipped
 // elsewhere. BM_PagedReadWithFmaAvx2<C, D> is the same ceiling for AVX2
 // processors (each 16-lane FMA counted as two 8-lane ones; D = prefetcht0
@@ -129,12 +129,12 @@ __attribute__((target("avx512f,fma"))) float read_pages(const Pages& p, std::siz
 #endif
 
 #if defined(__x86_64__)
-// AVX2 form of read_pages for processors without AVX-512 (session 28, Zen 3):
+// AVX2 form of read_pages for processors without AVX-512 (Zen 3):
 // C counts 16-lane FMAs per 128 bytes as above (each is two 8-lane FMAs
 // here), 12 FMA accumulators (four FMAs of latency 4 issue two a cycle, so 8 are
 // the least that keeps both units busy), and with D > 0 a prefetcht0 D lines
 // ahead in the page order, one per line read, as the kernel's AVX2 decode
-// loops prefetch into L1 (session 26).
+// loops prefetch into L1.
 __attribute__((target("avx2,fma"))) float sum_lanes_avx2(const __m256* a, int n) {
   __m256 s = a[0];
   for (int i = 1; i < n; ++i) s = _mm256_add_ps(s, a[i]);
@@ -185,12 +185,12 @@ __attribute__((target("avx2,fma"))) float read_pages_avx2(const Pages& p, std::s
 #endif
 
 #if defined(__x86_64__)
-// The decode kernel's access order, modelled (session 5): tiles of 32 tokens
+// The decode kernel's access order, modelled: tiles of 32 tokens
 // (two 32 KiB pages of 16 tokens x 8 heads x 256 bytes, K and V), 2 FMAs per
 // 64-byte line, the rows of the tile two ahead prefetched (prefetcht1) as
 // fast as the current tile's lines are read. kTokenMajor = false: head by
 // head, K rows in blocks of 16 tokens read column-wise (line l of every row,
-// then l + 1), then that head's V rows (the kernel before session 5);
+// then l + 1), then that head's V rows (the kernel's former order);
 // true: K in blocks of 2 tokens x 8 heads read column-wise, V rows 4 tokens
 // at a time across the heads (the kernel since).
 template <bool kTokenMajor>
@@ -215,7 +215,7 @@ __attribute__((target("avx512f,fma"))) float read_tiles(const Pages& p, std::siz
       }
     }
     std::size_t next = 0;  // line pairs (K, V) of the tile ahead issued
-    const auto pump = [&](std::size_t lines) {
+    const auto stream = [&](std::size_t lines) {
       for (std::size_t i = 0; i < lines / 2 && kf[0] != nullptr && next < 1024; ++i, ++next) {
         const std::size_t j = next / 512, o = next % 512 * 64;
         _mm_prefetch(kf[j] + o, _MM_HINT_T1);
@@ -234,7 +234,7 @@ __attribute__((target("avx512f,fma"))) float read_tiles(const Pages& p, std::siz
           a[u % 8] = _mm512_fmadd_ps(x, m, a[u % 8]);
           a[(u + 1) % 8] = _mm512_fmadd_ps(x, m, a[(u + 1) % 8]);
         }
-        pump(16);
+        stream(16);
       }
     };
     const auto whole_row = [&](const char* r) __attribute__((target("avx512f,fma"))) {
@@ -244,7 +244,7 @@ __attribute__((target("avx512f,fma"))) float read_tiles(const Pages& p, std::siz
         a[l] = _mm512_fmadd_ps(x, m, a[l]);
         a[l + 4] = _mm512_fmadd_ps(x, m, a[l + 4]);
       }
-      pump(4);
+      stream(4);
     };
     const char* r[16];
     if constexpr (kTokenMajor) {
@@ -264,7 +264,7 @@ __attribute__((target("avx512f,fma"))) float read_tiles(const Pages& p, std::siz
         for (int tok = 0; tok < 32; ++tok) whole_row(row(v, tok, h));
       }
     }
-    pump(2048);
+    stream(2048);
   }
   return sum_lanes(a);
 }
@@ -326,10 +326,10 @@ void BM_TileReadOrder(benchmark::State& state) {
 // (C FMAs per 128 bytes, prefetcht1 of every line P pages ahead), on
 // state.range(0) threads: `shuffled_over_sequential` is the mean of the
 // per-iteration ratios, so both orders meet the same memory state. On the
-// Zen 4 VM of session 32 the memory bandwidth left to the VM came and went
+// Zen 4 VM the memory bandwidth left to the VM came and went
 // in windows of seconds (a stream of ~34 or of ~56 GB/s); shuffled 32 KiB
 // pages read at ~0.9 of address order in the first and ~0.72 in the
-// second, with or without arithmetic (docs/PERFORMANCE.md, session 32).
+// second, with or without arithmetic.
 // Timed: the shuffled read.
 template <int C, int P>
 void BM_ShuffledOverSequential(benchmark::State& state) {
@@ -418,7 +418,7 @@ BENCHMARK_TEMPLATE(BM_PagedReadWithFma, 32, 4)
     ->Arg(2)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
-// AVX2 (session 28): no arithmetic, MHA's (4), GQA 4's (16); each without a
+// AVX2: no arithmetic, MHA's (4), GQA 4's (16); each without a
 // software prefetch and with one 32 lines ahead.
 template <int C, int D, bool kBf16 = false>
 void BM_PagedReadWithFmaAvx2(benchmark::State& state) {
@@ -460,7 +460,7 @@ BENCHMARK_TEMPLATE(BM_PagedReadWithFmaAvx2, 16, 32, true)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
-// Prefetching two pages ahead (session 4: what the kernel's pump models).
+// Prefetching two pages ahead (what the kernel's prefetch stream models).
 BENCHMARK_TEMPLATE(BM_PagedReadWithFma, 0, 1, 2)
     ->Arg(1)
     ->Arg(2)
@@ -476,7 +476,7 @@ BENCHMARK_TEMPLATE(BM_PagedReadWithFma, 16, 1, 2)
     ->Arg(2)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
-// The same with prefetcht0 (session 30).
+// The same with prefetcht0.
 BENCHMARK_TEMPLATE(BM_PagedReadWithFma, 4, 1, 2, 0)
     ->Arg(1)
     ->Arg(2)
@@ -488,7 +488,7 @@ BENCHMARK_TEMPLATE(BM_PagedReadWithFma, 16, 1, 2, 0)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
-// Head-major vs token-major tile reads (session 5).
+// Head-major vs token-major tile reads.
 BENCHMARK_TEMPLATE(BM_TileReadOrder, false)
     ->Arg(1)
     ->Arg(2)

@@ -56,10 +56,9 @@ inline constexpr std::size_t kStoreStreamingBytes = std::size_t{8} << 20;
 
 // Whether store_kv prefetches its input ahead into L1: with next_row_l1 the
 // conversion loops prefetch 2 KiB ahead of what they read, one line per line
-// read, running on into the next token's K and V rows (until session 27 it
-// was one burst of the whole next row per row, which the L1's miss buffers
-// cannot take at once). Results never depend on it. automatic picks, from
-// measurements (docs/PERFORMANCE.md):
+// read, running on into the next token's K and V rows (one burst of the
+// whole next row per row is more than the L1's miss buffers take at once). Results never depend on
+// it. automatic picks, from measurements (docs/PERFORMANCE.md):
 // - next_row_l1 with RoPE on K, on every processor: the rotation reads each
 //   K row in a pass of its own, whose loads the hardware prefetchers alone
 //   leave waiting on DRAM (Zen 5 with a RopeTable, burst form: bf16 1.55x,

@@ -31,7 +31,7 @@ float stream_read(const void* data, std::size_t bytes, ThreadPool* pool);
 // Its bandwidth is the ceiling that the page size and page order leave a
 // paged kernel. On the Zen 4 VM, shuffled 32 KiB pages read at 0.84-0.88 of
 // a sequential stream while the VM gets ~34 GB/s, and at 0.56-0.73 in the
-// windows where it gets ~55 GB/s (docs/PERFORMANCE.md, session 32).
+// windows where it gets ~55 GB/s.
 float paged_read(const LayerCacheDesc<float>& k, const LayerCacheDesc<float>& v,
                  std::size_t element_bytes, std::span<const std::uint32_t> tokens,
                  ThreadPool* pool);

@@ -36,27 +36,24 @@ namespace kvcache {
 //                processors without AVX-512 (Zen 3 and older) for NHD pages;
 //                on other AMD processors and pages next_tile_l1 from Zen 5
 //                (CPUID family 1Ah) on and next_tile_l2 before it (what
-//                measured fastest on each; docs/PERFORMANCE.md, "Prefetch"
-//                and sessions 20, 25 and 30). On AMD processors each worker first
-//                times loads of the first line of 16
-//                K/V rows spread over each decode item; items whose lines all
-//                answer from a cache run as `none` (from cache the pump is
-//                pure cost: MHA 1.4x on one thread, docs/PERFORMANCE.md
-//                session 16). After one probe finds rows in memory, the
-//                worker pumps the call's later items without probing.
+//                measured fastest on each; docs/PERFORMANCE.md, "Prefetch"). On AMD processors each
+//                worker first times loads of the first line of 16 K/V rows spread over each decode
+//                item; items whose lines all answer from a cache run as `none` (from cache the
+//                prefetch stream is pure cost: MHA 1.4x on one thread). After one probe finds rows
+//                in memory, the worker streams the call's later items without probing.
 //  next_step_l1: the rows of the next block of tokens (all the item's KV
 //                heads) into L1, one block ahead (best on a Sapphire Rapids
 //                Xeon when the kernel still walked a tile head by head; not
-//                re-measured there since the token-major order of session 5;
-//                best on a Zen 3 with NHD pages in session 25).
+//                re-measured there since the token-major order; best on a
+//                Zen 3 with NHD pages).
 //  next_tile_l2: whole rows (all heads) of the next tile into L2
 //                (prefetcht1), in address order, issued as fast as the loops
 //                read the current tile (best on Zen 4: DRAM decode 1.3-2.0x
-//                of next_tile_l1 there, docs/PERFORMANCE.md session 30).
+//                of next_tile_l1 there).
 //  none:         hardware prefetchers only.
 //  next_tile_l1: next_tile_l2's walk issued as prefetcht0 (into L1 and L2;
 //                most lines leave L1 again before use): best on Zen 5
-//                (1.02-1.10x of next_tile_l2 in DRAM, session 20), slow on
+//                (1.02-1.10x of next_tile_l2 in DRAM), slow on
 //                Zen 4, where prefetcht0 barely gets ahead of memory.
 // (next_tile_l1 comes last so that the earlier values keep their numbers.)
 enum class AttentionPrefetch : std::uint8_t {
@@ -79,7 +76,7 @@ enum class AttentionPrefetch : std::uint8_t {
 //        (vdpbf16ps: 32 products an instruction, fp32 FMAs do 16) in decode
 //        with several query heads per KV head over rows in the caches and in
 //        prefill's score loop, the compute-bound cases (decode 1.1-1.2x,
-//        prefill 1.3x; docs/PERFORMANCE.md, session 21); elsewhere it
+//        prefill 1.3x); elsewhere it
 //        computes the same values with fp32 FMAs, at the speed of `fp32`
 //        (within 1-2 %). Query rounding is
 //        exact and reproducible; a probability is rounded against the running

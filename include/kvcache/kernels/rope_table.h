@@ -4,7 +4,7 @@
 // store_kv with StoreOptions::rope_k computes rotary_dim/2 cos/sin pairs in
 // double precision for every token it writes (rope_cos_sin in
 // kernels/rope.h). That trigonometry costs more than moving the token's
-// rows does (docs/PERFORMANCE.md, session 15). A RopeTable computes the pairs
+// rows does. A RopeTable computes the pairs
 // of positions [0, max_positions) once, with the same function, so a store
 // given one (StoreOptions::rope_table) writes bit-identical results without
 // the trigonometry. Positions at or past max_positions are computed per

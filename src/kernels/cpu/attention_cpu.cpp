@@ -109,13 +109,13 @@ AttentionPrefetch resolve_attention_prefetch(AttentionPrefetch requested, PageLa
   if (!kernels::running_on_amd()) return AttentionPrefetch::next_step_l1;
   // AMD without AVX-512 (Zen 3 and older) on NHD pages: next_step_l1 read
   // 1.23x (MHA) and 1.11x (GQA 4) of next_tile_l2 in DRAM on a Zen 3; on HND
-  // pages next_tile_l2 stayed ahead (docs/PERFORMANCE.md, session 25).
+  // pages next_tile_l2 stayed ahead.
   if (layout == PageLayout::nhd && !kernels::cpu_has_avx512()) {
     return AttentionPrefetch::next_step_l1;
   }
-  // The pump's instruction: prefetcht0 read 1.02-1.10x of prefetcht1 on a
-  // Zen 5 (docs/PERFORMANCE.md, session 20), but 0.50-0.79x on a Zen 4
-  // (session 30). Zen 3 (family 19h too, HND pages here) is taken to be
+  // The prefetch stream's instruction: prefetcht0 read 1.02-1.10x of prefetcht1 on a
+  // Zen 5, but 0.50-0.79x on a Zen 4
+  //. Zen 3 (family 19h too, HND pages here) is taken to be
   // like Zen 4; not measured.
   return kernels::cpu_family() >= 0x1A ? AttentionPrefetch::next_tile_l1
                                        : AttentionPrefetch::next_tile_l2;

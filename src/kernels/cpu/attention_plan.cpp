@@ -15,7 +15,7 @@ constexpr std::uint32_t kItemsPerThread = 8;
 // into no more pieces than kMinFewSplitTokens-token ones would make (a
 // context of kMinFewSplitTokens or fewer stays whole): cache-resident, 2
 // threads, batch 1, bf16, 8 KV heads, ctx 512 1.8x of one unsplit item
-// (docs/PERFORMANCE.md, session 31).
+//.
 constexpr std::uint32_t kMinFewSplitTokens = 128;
 
 std::uint64_t round_up(std::uint64_t n, std::uint64_t m) { return (n + m - 1) / m * m; }
@@ -48,7 +48,7 @@ std::uint32_t split_tokens(std::span<const std::uint32_t> contexts, std::size_t 
 // as many pieces as chunks (rounded up to a multiple of the threads where
 // that leaves pieces of kMinFewSplitTokens or more and the pieces are few),
 // of even length, page aligned. 512 + 88 tokens on 2 threads took as long as
-// 512 (docs/PERFORMANCE.md, session 31).
+// 512.
 std::uint64_t piece_tokens(std::uint32_t ctx, std::uint64_t chunk, std::size_t threads,
                            std::uint32_t page) {
   std::uint64_t pieces = (ctx + chunk - 1) / chunk;

@@ -24,7 +24,7 @@
 // sets, so the dim blocks of accumulate() would miss on every row read in
 // place). f16 rows and odd head dims are converted to f32 once per tile
 // (kTileTokens tokens) instead. On Zen 3 (AVX2) the packed bf16 path
-// measured 1.26x the converting one (docs/PERFORMANCE.md, session 24).
+// measured 1.26x the converting one.
 #if defined(KVCACHE_KERNELS_CPU_ATTENTION_PREFILL_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef KVCACHE_KERNELS_CPU_ATTENTION_PREFILL_INL_H_
 #undef KVCACHE_KERNELS_CPU_ATTENTION_PREFILL_INL_H_

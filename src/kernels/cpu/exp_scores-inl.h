@@ -10,8 +10,7 @@
 //    ulp of exp over every float in [-87, 9] (a one-off exhaustive check
 //    against std::exp in double). Decode from L2, 1 thread: GQA 4
 //    1.03-1.04x, MHA 1.026x; prefill (2048 tokens, GQA 4, 2 threads):
-//    1.04x, 0.65 -> 0.67-0.68 of the FMA peak (docs/PERFORMANCE.md, session
-//    19).
+//    1.04x, 0.65 -> 0.67-0.68 of the FMA peak.
 //  - AVX2: n << 23 added to the exponent field of the polynomial (an
 //    integer add), 16 operations. Results whose exponent that would take
 //    below the normal range (n < -125, x below about -86.99) are 0 instead

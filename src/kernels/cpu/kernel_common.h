@@ -58,7 +58,7 @@ inline std::uint64_t ticks() {
 
 // Nanoseconds that loads of lines issued together may take beyond an empty
 // timed interval for the lines to count as cache-resident, and the longest
-// empty interval trusted. On the Zen 5 VM (docs/PERFORMANCE.md, session 16):
+// empty interval trusted. On the Zen 5 VM:
 // 16 lines hit in a warm L3 in 40-70 ns; from DRAM they took 150-350 ns with
 // their TLB entries warm, and 300 ns to over 1 us without.
 inline constexpr std::int64_t kResidentProbeNs = 90;
@@ -158,7 +158,7 @@ inline bool cpu_has_avx512_bf16() {
 }
 
 // Whether this is an AMD processor: the automatic prefetch choices depend on
-// it (docs/PERFORMANCE.md, session 3: what is fastest on Zen 4 is slowest on
+// it (docs/PERFORMANCE.md: what is fastest on Zen 4 is slowest on
 // a Sapphire Rapids Xeon and the other way round).
 inline bool running_on_amd() {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -199,8 +199,8 @@ inline bool cpu_has_avx512() {
 }
 
 // Tiles ahead that AttentionPrefetch::next_tile_l2 prefetches. Zen 4
-// (session 5): 2 beat 1 and 3 for MHA, all equal for GQA 4. Zen 5 with the
-// pump told of every row read (session 10): 1 is 1.04x of 2 for HND MHA and
+//: 2 beat 1 and 3 for MHA, all equal for GQA 4. Zen 5 with the
+// prefetch stream told of every row read: 1 is 1.04x of 2 for HND MHA and
 // GQA 4 in DRAM, NHD 0.95-1.03x; 3 is 0.96x.
 inline constexpr std::uint32_t kPrefetchTilesAhead = 1;
 

@@ -51,8 +51,7 @@ HWY_INLINE void PutVec(V v, D d, hn::TFromD<D>* dst) {
 // whole next row (2 x 4 KiB at head dim 128 x 8 heads) at each row's start,
 // which the L1's miss buffers cannot take at once: alternated rounds on the
 // Zen 3 VM (DRAM, 16 x 4,096 tokens, 2 threads), bf16 1.13x (8 rounds, every
-// one faster), f16 1.10x over no prefetch, f32 0.94x (docs/PERFORMANCE.md,
-// session 27).
+// one faster), f16 1.10x over no prefetch, f32 0.94x.
 constexpr std::size_t kPrefetchAheadFloats = 2048 / sizeof(float);
 constexpr std::size_t kFloatsPerLine = 64 / sizeof(float);
 
@@ -245,7 +244,7 @@ void RopeRow(const StoreCtx& c, const float* src, float* dst, std::uint32_t pos,
 // vector pairs; elsewhere RopeRow writes the rotated row to a buffer first.
 // The fused form skips that buffer's store and reload: with a RopeTable,
 // DRAM, fast memory state, bf16 1.07-1.13x, f16 1.09-1.14x, f32 1.09-1.13x
-// (docs/PERFORMANCE.md, session 15).
+//.
 constexpr bool kFusedRope = HWY_NATIVE_FMA && HWY_TARGET != HWY_SCALAR;
 
 // Head vector x rotated (pairs (i, i + half), half a multiple of 2 * lanes)
@@ -415,7 +414,7 @@ StorePrefetch resolve_store_prefetch(const StoreOptions& options, DType dtype) {
   }
   if (requested != StorePrefetch::automatic) return requested;
   // f32 on AMD without AVX-512 (Zen 3): 0.94x with the running prefetch
-  // (session 27), none. On Zen 4 it read 1.15x (session 30).
+  //, none. On Zen 4 it read 1.15x.
   const bool prefetch = options.rope_k.enabled || dtype != DType::f32 ||
                         !kernels::running_on_amd() || kernels::cpu_has_avx512();
   return prefetch ? StorePrefetch::next_row_l1 : StorePrefetch::none;

@@ -7,7 +7,7 @@
 // it (entered before the close). A worker asleep on the condition variable
 // (after ~100 us idle) takes 20-90 us to wake on a 2-vCPU VM; the caller that
 // waited for it paid that on every call after an idle gap, even when it had
-// run every index itself (docs/PERFORMANCE.md, session 31).
+// run every index itself.
 #include "kvcache/thread_pool.h"
 
 #include <algorithm>
