@@ -34,7 +34,7 @@ CacheStrategy parse_strategy(std::string_view name);
 //  hnd: [n_kv_heads][tokens][head_dim]: one head's tokens are contiguous, so
 //       the CPU attention goes head by head and reads each page in address
 //       order; measured faster for decode than NHD on the Zen 5 machine of
-//       docs/PERFORMANCE.md for MHA and GQA 8 (session 11, 16-token pages,
+//       docs/PERFORMANCE.md for MHA and GQA 8 (16-token pages,
 //       from DRAM: MHA 1.12x, GQA 4 0.96x, GQA 8 1.13x of NHD). The views,
 //       kernels, managers and Python arrays follow the layout; code that uses
 //       view.ptr() / load() / store() works for both.
