@@ -367,6 +367,20 @@ void bind_paged(py::module_& m) {
            return M::pages_for_memory(params, bytes);
          },
          py::arg("params"), py::arg("memory_bytes"))
+      .def_static(
+          "estimated_bookkeeping_size",
+          [](const KVCacheParams& params, const py::handle& pages, const py::object& policy,
+             const py::object& small_fraction, const py::object& ghost_factor) {
+            const PrefixCacheConfig c =
+                prefix_config(params, policy, py::none(), small_fraction, ghost_factor);
+            return M::estimated_bookkeeping_size(params, to_u32(pages, "total_num_pages"), c);
+          },
+          py::arg("params"), py::arg("total_num_pages"), py::kw_only(),
+          py::arg("eviction_policy") = py::none(), py::arg("s3fifo_small_fraction") = py::none(),
+          py::arg("ghost_factor") = py::none(),
+          "Host bytes of the per-page bookkeeping beside the pool (ref counts and free list; "
+          "with prefix caching the page metadata, stored token ids, hash index and the "
+          "eviction policy's arrays and ghost), which estimated_memory_size does not include.")
       .def_property_readonly("page_size", &M::page_size)
       .def_property_readonly("total_num_pages", &M::total_blocks);
   bind_lifecycle(cls);

@@ -63,3 +63,19 @@ def test_per_layer_blocks_are_layer_major():
     # token 5 = page 1 of the table, row 1; head 1
     assert np.array_equal(blocks[2, 0, page1, 1, 1], k[5, 1])
     assert np.array_equal(blocks[2, 1, page1, 1, 1], v[5, 1])
+
+
+def test_bookkeeping_is_counted_beside_the_pool():
+    plain = kvcache.KVCacheParams(dtype="f16", n_kv_heads=2, head_dim=8, num_layers=2,
+                                  cache_strategy="paged", page_size=16)
+    assert kvcache.PagedKVCacheManager.estimated_bookkeeping_size(plain, 1 << 20) == 8 << 20
+    cached = kvcache.KVCacheParams(dtype="f16", n_kv_heads=2, head_dim=8, num_layers=2,
+                                   cache_strategy="paged", page_size=16,
+                                   enable_prefix_caching=True)
+    lru = kvcache.PagedKVCacheManager.estimated_bookkeeping_size(cached, 4096)
+    s3 = kvcache.PagedKVCacheManager.estimated_bookkeeping_size(
+        cached, 4096, eviction_policy="s3fifo", ghost_factor=16)
+    assert lru > 4096 * (8 + 16 * 4)  # at least ref counts, free list and stored tokens
+    assert s3 > lru                    # the ghost of evicted hashes
+    with pytest.raises(kvcache.InvalidArgument, match="ghost_factor"):
+        kvcache.PagedKVCacheManager.estimated_bookkeeping_size(cached, 16, ghost_factor=100)
