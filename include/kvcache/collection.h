@@ -172,7 +172,6 @@ class KVCacheCollectionBase {
   const std::uint32_t* cache_lengths() const { return d_.cache_lengths; }
   const std::uint32_t* lookup_table() const { return d_.lookup_table; }
   const CollectionDesc<T>& desc() const { return d_; }
-
  private:
   CacheType layer_cache(std::uint32_t layer, std::uint32_t kv) const {
     return CacheType(layer_cache_desc(d_, layer, kv));
@@ -202,6 +201,9 @@ class PagedKVCacheCollection : public KVCacheCollectionBase<T, PagedKVCache<T>> 
   }
   // Value of unused lookup_table entries.
   std::uint32_t sentinel() const { return this->desc().num_blocks; }
+  // MAX's copy(): "Explicitly construct a copy of self" (a view: no cache
+  // memory is copied).
+  PagedKVCacheCollection copy() const { return *this; }
 };
 
 template <CacheElement T>
@@ -210,6 +212,9 @@ class ContinuousBatchingKVCacheCollection
  public:
   using KVCacheCollectionBase<T, ContinuousBatchingKVCache<T>>::KVCacheCollectionBase;
   std::uint32_t max_seq_len() const { return this->desc().block_tokens; }
+  // MAX's copy(): "Explicitly construct a copy of self" (a view: no cache
+  // memory is copied).
+  ContinuousBatchingKVCacheCollection copy() const { return *this; }
 };
 
 // The seeds' KVCollectionT trait.

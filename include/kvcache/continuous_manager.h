@@ -40,6 +40,7 @@ class ContinuousBatchingKVCacheManager final : public KVCacheManager {
   void fetch_into(KVCacheBatch& out, std::span<const SeqId> seqs,
                   std::span<const std::uint32_t> num_new_tokens,
                   std::uint32_t num_steps = 1) override;
+  using KVCacheManager::step;  // the seed's step(valid_lengths, inflight_batch)
   void step(std::span<const SeqId> seqs, std::span<const std::uint32_t> valid_lengths) override;
   void release(SeqId seq) override;
   std::uint32_t cache_length(SeqId seq) const override;

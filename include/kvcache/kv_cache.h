@@ -149,6 +149,10 @@ class LayerCacheBase {
   // Tokens already committed for batch entry b (excludes this step's new ones).
   std::uint32_t cache_length(std::uint32_t b) const { return d_.cache_lengths[b]; }
   const std::uint32_t* cache_lengths() const { return d_.cache_lengths; }
+  // MAX's cache_lengths_nd(): the batch's committed lengths as a 1-D span.
+  std::span<const std::uint32_t> cache_lengths_nd() const {
+    return {d_.cache_lengths, d_.batch_size};
+  }
   // True when every cache_length is 0 (pure context encoding).
   bool empty_cache() const {
     for (std::uint32_t b = 0; b < d_.batch_size; ++b)
@@ -274,6 +278,12 @@ class PagedKVCache : public LayerCacheBase<T, kPageSize> {
 
   // "Returns the maximum tile size for the KVCache": one page.
   static constexpr std::uint32_t max_tile_size() { return kPageSize; }
+  // MAX's get_type_name() / get_device_type_name().
+  static std::string get_type_name() {
+    return "PagedKVCache<" + std::string(dtype_name(dtype_of_v<T>)) + ", " +
+           std::to_string(kPageSize) + ">";
+  }
+  static std::string get_device_type_name() { return get_type_name(); }
 };
 
 template <CacheElement T>
@@ -282,6 +292,10 @@ class PagedKVCache<T, dynamic_page_size> : public LayerCacheBase<T> {
   using LayerCacheBase<T>::LayerCacheBase;
   static constexpr bool is_paged = true;
   static constexpr std::uint32_t page_size_ = dynamic_page_size;
+  static std::string get_type_name() {
+    return "PagedKVCache<" + std::string(dtype_name(dtype_of_v<T>)) + ">";
+  }
+  static std::string get_device_type_name() { return get_type_name(); }
 };
 
 // One layer's K or V of a continuous-batching cache (MAX
@@ -291,6 +305,9 @@ class ContinuousBatchingKVCache : public LayerCacheBase<T> {
  public:
   using LayerCacheBase<T>::LayerCacheBase;
   static constexpr bool is_paged = false;
+  static std::string get_type_name() {
+    return "ContinuousBatchingKVCache<" + std::string(dtype_name(dtype_of_v<T>)) + ">";
+  }
 };
 
 // The seeds' KVCacheT trait: what every kernel may use of a per-layer view.

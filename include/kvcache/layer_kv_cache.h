@@ -83,6 +83,10 @@ struct LayerKvCache {
   }
 };
 
+// ferrum's name for it.
+template <CacheElement T>
+using KvCache = LayerKvCache<T>;
+
 // The ferrum-style view of batch entry `b`, layer `layer` of a collection.
 template <class Collection>
 auto make_layer_kv_cache(const Collection& c, std::uint32_t layer, std::uint32_t b) {

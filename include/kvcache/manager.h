@@ -25,6 +25,7 @@
 // step or release a sequence while another thread still uses its batch.
 #pragma once
 
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -87,6 +88,10 @@ class KVCacheManager {
   // (max_seq_len), OutOfPages (paged pool exhausted).
   KVCacheBatch fetch(std::span<const SeqId> seqs, std::span<const std::uint32_t> num_new_tokens,
                      std::uint32_t num_steps = 1);
+  // The seeds' fetch(seq_ids): no new tokens named. A continuous slot is
+  // reserved whole (any step that fits the slot commits); a paged sequence
+  // gets room for what it holds, so name the tokens to write new ones.
+  KVCacheBatch fetch(std::span<const SeqId> seqs);
   // Same, reusing `out`'s buffers (no allocation once they are large enough).
   // On throw `out` is unchanged.
   virtual void fetch_into(KVCacheBatch& out, std::span<const SeqId> seqs,
@@ -96,6 +101,14 @@ class KVCacheManager {
   // Commit valid_lengths[b] tokens for seqs[b]. Throws InvalidArgument,
   // UnknownSequence, CapacityExceeded (more than fetch reserved).
   virtual void step(std::span<const SeqId> seqs, std::span<const std::uint32_t> valid_lengths) = 0;
+  // The Mojo seed's step(valid_lengths, inflight_cache): commits
+  // valid_lengths[b] tokens for the batch's entry b (its seq_ids()). A
+  // template so that braced calls step({...}, {...}) still mean the overload
+  // above.
+  template <std::same_as<KVCacheBatch> Batch>
+  void step(std::span<const std::uint32_t> valid_lengths, const Batch& inflight_cache) {
+    step(inflight_cache.seq_ids(), valid_lengths);
+  }
 
   // Throws UnknownSequence if seq is not claimed (never, or already released).
   virtual void release(SeqId seq) = 0;

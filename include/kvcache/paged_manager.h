@@ -88,6 +88,7 @@ class PagedKVCacheManager final : public KVCacheManager {
   // InvalidArgument, changing nothing, when it would commit tokens to a
   // sequence whose ids the manager still knows; use the token_ids overload,
   // or step_without_token_ids to give that up on purpose.
+  using KVCacheManager::step;  // the seed's step(valid_lengths, inflight_batch)
   void step(std::span<const SeqId> seqs, std::span<const std::uint32_t> valid_lengths) override;
   // step that also commits the tokens' ids (flat, sum(valid_lengths) long,
   // in batch order); with prefix caching, pages that became full are

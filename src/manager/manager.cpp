@@ -1,5 +1,7 @@
 #include "kvcache/manager.h"
 
+#include <vector>
+
 #include <string>
 
 #include "kvcache/error.h"
@@ -27,6 +29,11 @@ KVCacheBatch KVCacheManager::fetch(std::span<const SeqId> seqs,
   KVCacheBatch out;
   fetch_into(out, seqs, num_new_tokens, num_steps);
   return out;
+}
+
+KVCacheBatch KVCacheManager::fetch(std::span<const SeqId> seqs) {
+  const std::vector<std::uint32_t> none(seqs.size(), 0);
+  return fetch(seqs, none);
 }
 
 }  // namespace kvcache

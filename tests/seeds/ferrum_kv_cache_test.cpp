@@ -103,7 +103,7 @@ TEST(SeedFerrumKvCache, PagedBlockIndicesMirrorTheBlocksOwned) {
   PagedKVCacheManager m(ferrum_params(CacheStrategy::paged), 16, 4, 64);
   const auto ids = m.claim(1);
   const KVCacheBatch batch = m.fetch(ids, U32{9});
-  const LayerKvCache<float> c = make_layer_kv_cache(batch.paged<float>(), 0, 0);
+  const KvCache<float> c = make_layer_kv_cache(batch.paged<float>(), 0, 0);  // ferrum's name
   const auto snap = m.snapshot();
   ASSERT_EQ(snap.sequences.size(), 1u);
   EXPECT_EQ(std::vector<std::uint32_t>(c.paged_block_indices.begin(), c.paged_block_indices.end()),

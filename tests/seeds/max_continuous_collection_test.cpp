@@ -133,7 +133,7 @@ TEST(SeedContinuousCollection, CopyViewsTheSameCache) {
   ContinuousBatchingKVCacheManager m(continuous_params(1, 1, 4), 1, 8);
   const auto batch = m.fetch(m.claim(1), U32{3});
   const auto coll = batch.continuous<float>();
-  const ContinuousBatchingKVCacheCollection<float> copy(coll);
+  const ContinuousBatchingKVCacheCollection<float> copy = coll.copy();
   EXPECT_EQ(copy.blocks(), coll.blocks());
   EXPECT_EQ(copy.cache_lengths(), coll.cache_lengths());
   EXPECT_EQ(copy.max_seq_length(), coll.max_seq_length());

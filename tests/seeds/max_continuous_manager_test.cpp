@@ -57,8 +57,10 @@ TEST(SeedContinuousManager, FetchRaisesForInvalidIds) {
 TEST(SeedContinuousManager, StepUpdatesTheValidLength) {
   auto m = make_manager();
   const auto ids = m.claim(2);
-  m.fetch(ids, U32{0, 0});  // a slot needs no token counts: it holds max_seq_len
-  m.step(ids, U32{7, 3});   // context encoding
+  // fetch(seq_ids) and step(valid_lengths, inflight_cache), as the page has them:
+  // a slot needs no token counts, it holds max_seq_len.
+  const KVCacheBatch inflight = m.fetch(ids);
+  m.step(U32{7, 3}, inflight);  // context encoding
   EXPECT_EQ(m.cache_length(ids[0]), 7u);
   EXPECT_EQ(m.cache_length(ids[1]), 3u);
   for (int t = 0; t < 4; ++t) {  // "foreach token generated: fetch, step"

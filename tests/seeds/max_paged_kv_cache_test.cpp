@@ -63,6 +63,9 @@ TEST_P(SeedPagedKVCache, PageSizeIsATemplateParameterWithStaticMaxTileSize) {
   for (std::uint32_t tok = 0; tok < 11; ++tok)
     for (std::uint32_t h = 0; h < kHeads; ++h) EXPECT_EQ(k.ptr(0, h, tok, 3), runtime.ptr(0, h, tok, 3));
   EXPECT_THROW((void)coll.get_key_cache<8>(1), InvalidArgument);  // the cache's pages are 4
+  // "static get_type_name() -> String", "static get_device_type_name() -> String"
+  EXPECT_EQ((PagedKVCache<float, 16>::get_type_name()), "PagedKVCache<f32, 16>");
+  EXPECT_EQ(PagedKVCache<BFloat16>::get_device_type_name(), "PagedKVCache<bf16>");
   EXPECT_THROW((PagedKVCache<float, 8>(runtime)), InvalidArgument);
 }
 
@@ -73,6 +76,9 @@ TEST_P(SeedPagedKVCache, CacheLengthAndEmptyCache) {
   PagedKVCacheManager m = make_manager(GetParam());
   const Batch b = mixed_batch(m);
   const auto v = b.batch.paged<float>().get_value_cache(2);
+  // "cache_lengths_nd(self) -> LayoutTensor[DType.uint32, Layout(IntTuple(-1))]"
+  ASSERT_EQ(v.cache_lengths_nd().size(), 2u);
+  EXPECT_EQ(v.cache_lengths_nd()[0], 9u);
   EXPECT_EQ(v.cache_length(0), 9u);
   EXPECT_EQ(v.cache_length(1), 0u);
   EXPECT_FALSE(v.empty_cache());
