@@ -68,16 +68,16 @@ void check_same_shape(const LayerCacheDesc<float>& k, const LayerCacheDesc<float
 void check_rows_fit(const LayerCacheDesc<float>& k, std::span<const std::uint32_t> row_offsets) {
   detail::check_row_offsets(row_offsets, k.batch_size);
   const LayerCacheBase<float> view(k);
+  detail::check_reserved_rows(view, row_offsets);  // the references' check, one message
+  // A view built by hand may reserve more than its table holds: the rows'
+  // blocks must lie in the table and be real blocks.
   const std::uint64_t table_tokens = std::uint64_t{k.lookup_stride} * k.block_tokens;
   for (std::uint32_t b = 0; b < k.batch_size; ++b) {
-    const std::uint32_t added = row_offsets[b + 1] - row_offsets[b];
-    const std::uint64_t end = std::uint64_t{k.cache_lengths[b]} + added;
-    const std::uint64_t room = std::min<std::uint64_t>(view.reserved_length(b), table_tokens);
-    if (end > room) {
-      throw InvalidArgument("row_offsets give entry " + std::to_string(b) + " " +
-                            std::to_string(added) + " new tokens after " +
-                            std::to_string(k.cache_lengths[b]) + " cached: " + std::to_string(end) +
-                            " exceeds the " + std::to_string(room) + " tokens its fetch reserved");
+    const std::uint64_t end =
+        std::uint64_t{k.cache_lengths[b]} + (row_offsets[b + 1] - row_offsets[b]);
+    if (end > table_tokens) {
+      throw InvalidArgument("entry " + std::to_string(b) + " needs " + std::to_string(end) +
+                            " tokens but the lookup table holds " + std::to_string(table_tokens));
     }
     const std::uint64_t blocks = (end + k.block_tokens - 1) / k.block_tokens;
     for (std::uint32_t j = 0; j < blocks; ++j) {
