@@ -24,7 +24,7 @@ template <CacheElement T>
 struct Cache {
   std::vector<T> blocks;
   std::vector<std::uint32_t> lengths, lookup, ro;
-  CollectionDesc<T> d;
+  CacheDesc d;
   Cache(std::uint32_t batch, std::uint32_t history, std::uint32_t fresh) {
     const std::uint32_t per = (history + fresh + kPage - 1) / kPage;
     std::vector<std::uint32_t> ids(batch * per);
@@ -46,10 +46,11 @@ struct Cache {
     d.max_cache_length = history;
     d.max_full_context_length = history + fresh;
     d.num_layers = 1;
-    d.block_tokens = kPage;
+    d.page_size = kPage;
     d.n_kv_heads = kKv;
     d.head_dim = kDim;
     d.num_blocks = batch * per;
+    d.dtype = dtype_of_v<T>;
   }
 };
 

@@ -45,16 +45,13 @@ py::array blocks_view(const py::handle& self, std::uint32_t device) {
   void* const data = b.blocks(device);  // throws InvalidArgument for a bad device
   // [blocks][2][layers] (interleaved) or [layers][2][blocks] (per_layer),
   // then [tokens][heads] (NHD) or [heads][tokens] (HND).
-  const py::ssize_t tokens = b.block_tokens(), heads = p.n_kv_heads_per_device();
+  const py::ssize_t tokens = b.page_size(), heads = p.n_kv_heads_per_device();
   const bool hnd = p.page_layout == PageLayout::hnd;
   const bool per_layer = p.pool_arrangement == PoolArrangement::per_layer;
   const py::ssize_t blocks = b.num_blocks(), layers = p.num_layers;
-  std::vector<py::ssize_t> shape = {per_layer ? layers : blocks,
-                                    2,
-                                    per_layer ? blocks : layers,
-                                    hnd ? heads : tokens,
-                                    hnd ? tokens : heads,
-                                    p.head_dim};
+  std::vector<py::ssize_t> shape = {per_layer ? layers : blocks, 2,
+                                    per_layer ? blocks : layers, hnd ? heads : tokens,
+                                    hnd ? tokens : heads,        p.head_dim};
   return py::array(numpy_dtype(p.dtype), std::move(shape), data, self);
 }
 

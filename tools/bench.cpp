@@ -463,8 +463,7 @@ nlohmann::json bench_attention(const AttentionArgs& a) {
   Subject& main = subjects[0];
   auto read_pages = [&](std::size_t i) {
     with_layer<T>(caches[main.cache].c.batches[i % sets], [&](const auto& k, const auto& v) {
-      sink += kernels::paged_read(detail::erase(k.desc()), detail::erase(v.desc()), sizeof(T),
-                                  tokens, &pool);
+      sink += kernels::paged_read(k.desc(), v.desc(), tokens, &pool);
     });
   };
   for (Subject& s : subjects) {  // warm-up

@@ -168,7 +168,7 @@ template <CacheElement T>
 struct Setup {
   kc::DeviceBuffer<T> pool;
   std::vector<std::uint32_t> lengths, lookup, offsets;
-  kvcache::CollectionDesc<T> desc;
+  kvcache::CacheDesc desc;
   Setup(std::uint32_t batch, std::uint32_t history, std::uint32_t new_tokens, std::uint32_t page,
         std::uint32_t n_kv, std::uint32_t dim, std::uint32_t copies) {
     const std::uint32_t tokens = history + new_tokens;
@@ -176,7 +176,7 @@ struct Setup {
     const std::uint32_t blocks = batch * per_seq;
     desc.num_blocks = blocks;
     desc.num_layers = copies;
-    desc.block_tokens = page;
+    desc.page_size = page;
     desc.n_kv_heads = n_kv;
     desc.head_dim = dim;
     desc.batch_size = batch;
@@ -184,7 +184,9 @@ struct Setup {
     desc.max_seq_length = new_tokens;
     desc.max_cache_length = tokens;
     desc.max_full_context_length = tokens;
-    pool = kc::DeviceBuffer<T>(kc::pool_elements(desc));
+    desc.dtype = kvcache::dtype_of_v<T>;
+    desc = desc.with_strides();
+    pool = kc::DeviceBuffer<T>(desc.pool_elements());
     fill(pool.data(), pool.size(), 7);
     lookup.resize(blocks);
     std::iota(lookup.begin(), lookup.end(), 0u);
@@ -268,8 +270,7 @@ Record bench_prefill(const Env& env, std::uint32_t batch, std::uint32_t tokens, 
   t.generic = generic;
   r.median_s = median_time(2, std::max(3, env.repeats / 2), [&](int) {
     kc::detail::attention_cuda_tuned(
-        kvcache::dtype_of_v<T>, kvcache::detail::erase(dev.key(0)),
-        kvcache::detail::erase(dev.value(0)), std::span<const float>(q.span()), n_q,
+        kvcache::dtype_of_v<T>, dev.key(0), dev.value(0), std::span<const float>(q.span()), n_q,
         std::span<const std::uint32_t>(offsets.span()), out.span(), {}, nullptr, &ws, t);
   });
   const double pairs = double(batch) * tokens * (tokens + 1) / 2;
@@ -433,8 +434,7 @@ struct DecodeRig {
     fill(q.data(), q.size(), 11);
   }
   void call(std::uint32_t layer, const kc::detail::DecodeTuning& t, bool use_ws = true) {
-    kc::detail::attention_cuda_tuned(kvcache::dtype_of_v<T>, kvcache::detail::erase(dev.key(layer)),
-                                     kvcache::detail::erase(dev.value(layer)),
+    kc::detail::attention_cuda_tuned(kvcache::dtype_of_v<T>, dev.key(layer), dev.value(layer),
                                      std::span<const float>(q.span()), n_q,
                                      std::span<const std::uint32_t>(offsets.span()), out.span(), {},
                                      nullptr, use_ws ? &ws : nullptr, t);

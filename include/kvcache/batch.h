@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "kvcache/cache_desc.h"
 #include "kvcache/collection.h"
 #include "kvcache/error.h"
 #include "kvcache/params.h"
@@ -72,8 +73,8 @@ class KVCacheBatch {
 
   const KVCacheParams& params() const { return params_; }
   CacheStrategy strategy() const { return params_.cache_strategy; }
-  std::uint32_t num_blocks() const { return num_blocks_; }      // pages or slots
-  std::uint32_t block_tokens() const { return block_tokens_; }  // page_size or max_seq_len
+  std::uint32_t num_blocks() const { return num_blocks_; }  // pages or slots
+  std::uint32_t page_size() const { return page_size_; }  // page_size, or max_seq_len (continuous)
   // Raw start of device `device`'s block buffer.
   void* blocks(std::uint32_t device = 0) const;
 
@@ -82,36 +83,18 @@ class KVCacheBatch {
   template <CacheElement T>
   PagedKVCacheCollection<T> paged(std::uint32_t device = 0) const {
     check_view(dtype_of_v<T>, CacheStrategy::paged, device);
-    return PagedKVCacheCollection<T>(desc<T>(device));
+    return PagedKVCacheCollection<T>(desc(device));
   }
   template <CacheElement T>
   ContinuousBatchingKVCacheCollection<T> continuous(std::uint32_t device = 0) const {
     check_view(dtype_of_v<T>, CacheStrategy::continuous, device);
-    return ContinuousBatchingKVCacheCollection<T>(desc<T>(device));
+    return ContinuousBatchingKVCacheCollection<T>(desc(device));
   }
 
-  // The plain description behind both views.
-  template <CacheElement T>
-  CollectionDesc<T> desc(std::uint32_t device = 0) const {
-    CollectionDesc<T> d;
-    d.blocks = static_cast<T*>(blocks(device));
-    d.cache_lengths = cache_lengths_.data();
-    d.lookup_table = lookup_table_.data();
-    d.reserved_lengths = reserved_lengths_.data();
-    d.lookup_stride = lookup_stride_;
-    d.batch_size = batch_size();
-    d.max_seq_length = max_seq_length_;
-    d.max_cache_length = max_cache_length_;
-    d.max_full_context_length = max_full_context_length_;
-    d.num_layers = params_.num_layers;
-    d.block_tokens = block_tokens_;
-    d.n_kv_heads = params_.n_kv_heads_per_device();
-    d.head_dim = params_.head_dim;
-    d.num_blocks = num_blocks_;
-    d.layout = params_.page_layout;
-    d.arrangement = params_.pool_arrangement;
-    return d;
-  }
+  // The whole-cache descriptor behind both views (strides resolved), for
+  // device `device`; what the kernels, the C API and the CUDA path take.
+  // Throws InvalidArgument for device >= n_devices.
+  CacheDesc desc(std::uint32_t device = 0) const;
 
   // Multistep decoding (MAX increment_cache_lengths): advance every entry's
   // cache_length by the tokens it processed in the previous step, given as
@@ -145,7 +128,7 @@ class KVCacheBatch {
   std::uint32_t max_full_context_length_ = 0;
   bool is_cache_empty_ = true;
   std::uint32_t num_blocks_ = 0;
-  std::uint32_t block_tokens_ = 0;
+  std::uint32_t page_size_ = 0;
   std::vector<void*> device_blocks_;
   std::vector<BlockCopy> block_copies_;
 };

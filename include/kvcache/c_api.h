@@ -37,14 +37,14 @@
  *
  * Memory layout of the cache (kvc_cache_desc.blocks), per block (a page, or
  * a sequence's slot with the continuous strategy), elements of `dtype`:
- *   [num_blocks][2 (K, V)][num_layers][block_tokens][n_kv_heads][head_dim]
+ *   [num_blocks][2 (K, V)][num_layers][page_size][n_kv_heads][head_dim]
  * with KVC_ARRANGEMENT_INTERLEAVED (the default) and KVC_LAYOUT_NHD;
- *   [num_layers][2 (K, V)][num_blocks][block_tokens][n_kv_heads][head_dim]
+ *   [num_layers][2 (K, V)][num_blocks][page_size][n_kv_heads][head_dim]
  * with KVC_ARRANGEMENT_PER_LAYER (each layer's K and V an array of its own);
- * KVC_LAYOUT_HND swaps [block_tokens][n_kv_heads] to [n_kv_heads][block_tokens].
+ * KVC_LAYOUT_HND swaps [page_size][n_kv_heads] to [n_kv_heads][page_size].
  * Token t of batch entry b lives in block
- * lookup_table[b * lookup_stride + t / block_tokens] at position
- * t % block_tokens. kvc_store_kv and kvc_attention refuse rows past an
+ * lookup_table[b * lookup_stride + t / page_size] at position
+ * t % page_size. kvc_store_kv and kvc_attention refuse rows past an
  * entry's reserved_lengths (KVC_INVALID_ARGUMENT, nothing written).
  */
 #ifndef KVCACHE_C_API_H_
@@ -270,8 +270,12 @@ kvc_status kvc_batch_create(kvc_batch** out, kvc_error* err);
 void kvc_batch_destroy(kvc_batch* batch);
 
 /* A fetched batch as plain data (FlashInfer's paged_kv_t, MAX's collection):
- * everything a kernel of the caller's own needs. Pointers stay valid as the
- * header comment says. */
+ * everything a kernel of the caller's own needs, field for field the C++
+ * kvcache::CacheDesc (kvcache/cache_desc.h) plus seq_ids and strategy.
+ * Pointers stay valid as the header comment says. Strides are in elements:
+ * element (layer, kv, block, row, head, d) is at
+ *   blocks + layer * layer_stride + kv * kv_stride + block * block_stride
+ *          + row * token_stride + head * head_stride + d. */
 typedef struct kvc_cache_desc {
   void* blocks;                  /* the whole block buffer (layout above) */
   const uint32_t* cache_lengths; /* [batch_size] committed tokens */
@@ -283,7 +287,7 @@ typedef struct kvc_cache_desc {
   uint32_t max_seq_length;   /* most new tokens of an entry this step */
   uint32_t max_cache_length; /* most committed tokens of an entry (MAX) */
   uint32_t num_layers;
-  uint32_t block_tokens; /* page_size, or max_seq_len (continuous) */
+  uint32_t page_size; /* tokens per block: page_size, or max_seq_len (continuous) */
   uint32_t n_kv_heads;
   uint32_t head_dim;
   uint32_t num_blocks;
@@ -295,6 +299,11 @@ typedef struct kvc_cache_desc {
   const uint32_t* reserved_lengths;
   uint32_t max_full_context_length; /* most cache_length + new tokens of an entry */
   int32_t arrangement;              /* kvc_pool_arrangement */
+  uint64_t block_stride;            /* block j to j + 1 of one layer's K (or V) */
+  uint64_t layer_stride;            /* layer l to l + 1 */
+  uint64_t kv_stride;               /* a layer's K to its V */
+  uint64_t token_stride;            /* row r to r + 1 of one head in a block */
+  uint64_t head_stride;             /* head h to h + 1 of one row */
 } kvc_cache_desc;
 
 /* KVC_INVALID_ARGUMENT for a batch never fetched into. */
@@ -348,7 +357,7 @@ kvc_status kvc_store_kv(const kvc_batch* batch, uint32_t layer, const float* k_n
                         const float* v_new, const uint32_t* row_offsets,
                         const kvc_store_options* options, kvc_thread_pool* pool, kvc_error* err);
 
-/* kvcache::AttentionPrecision (kvcache/kernels/reference.h): KVC_PRECISION_BF16
+/* kvcache::AttentionPrecision (kvcache/kernels/options.h): KVC_PRECISION_BF16
  * rounds the scaled query and the probabilities to bf16 on a bf16 cache (as
  * GPU kernels do; multiplied as bf16 pairs where the CPU has AVX512-BF16). */
 enum { KVC_PRECISION_FP32 = 0, KVC_PRECISION_BF16 = 1 };

@@ -37,80 +37,12 @@
 #include <span>
 #include <string>
 
+#include "kvcache/cache_desc.h"
 #include "kvcache/dtype.h"
 #include "kvcache/error.h"
 #include "kvcache/params.h"
 
 namespace kvcache {
-
-// Fields shared by both per-layer views. Plain data, trivially copyable.
-template <CacheElement T>
-struct LayerCacheDesc {
-  T* blocks = nullptr;                           // block 0 of this layer's K or V
-  const std::uint32_t* cache_lengths = nullptr;  // [batch_size] committed tokens
-  // [batch_size] tokens the fetch reserved room for per entry (cache_length +
-  // new tokens + num_steps - 1): no kernel reads or writes a row at or past
-  // it. nullptr: the room is what the entry's lookup_table row holds before
-  // its first sentinel (paged) or the slot (continuous).
-  const std::uint32_t* reserved_lengths = nullptr;
-  const std::uint32_t* lookup_table = nullptr;  // [batch_size][lookup_stride]
-  std::uint32_t lookup_stride = 0;              // entries per batch row
-  std::uint32_t batch_size = 0;
-  std::uint32_t max_seq_length = 0;           // max new tokens in the batch this step
-  std::uint32_t max_cache_length = 0;         // max cache_length (history) in the batch (MAX)
-  std::uint32_t max_full_context_length = 0;  // max cache_length + new tokens in the batch
-  std::uint32_t block_tokens = 0;             // page_size (paged) or max_seq_len (continuous)
-  std::uint32_t n_kv_heads = 0;               // heads in this device's shard
-  std::uint32_t head_dim = 0;
-  std::uint32_t num_blocks = 0;         // blocks (pages / slots) in the pool; the lookup sentinel
-  std::size_t block_stride = 0;         // elements between consecutive blocks (pages / slots)
-  PageLayout layout = PageLayout::nhd;  // order of tokens and heads inside a block
-};
-
-// The same descriptor with another element type (the kernels' type-erased
-// entry points take LayerCacheDesc<float>; the pointers are reinterpreted).
-template <CacheElement U, CacheElement T>
-LayerCacheDesc<U> retype(const LayerCacheDesc<T>& d) {
-  return LayerCacheDesc<U>{reinterpret_cast<U*>(d.blocks),
-                           d.cache_lengths,
-                           d.reserved_lengths,
-                           d.lookup_table,
-                           d.lookup_stride,
-                           d.batch_size,
-                           d.max_seq_length,
-                           d.max_cache_length,
-                           d.max_full_context_length,
-                           d.block_tokens,
-                           d.n_kv_heads,
-                           d.head_dim,
-                           d.num_blocks,
-                           d.block_stride,
-                           d.layout};
-}
-
-// Rows of the matrix view between consecutive blocks of one layer's K (or
-// V): block_stride / (n_kv_heads * head_dim); 2 * num_layers * page_size
-// with the interleaved arrangement, page_size with per_layer.
-template <CacheElement T>
-constexpr std::size_t rows_per_block(const LayerCacheDesc<T>& d) {
-  return d.block_stride / (std::size_t{d.n_kv_heads} * d.head_dim);
-}
-
-// Elements between consecutive tokens of one head in a block:
-// n_kv_heads * head_dim (NHD) or head_dim (HND).
-template <CacheElement T>
-constexpr std::size_t token_stride(const LayerCacheDesc<T>& d) {
-  return d.layout == PageLayout::hnd ? std::size_t{d.head_dim}
-                                     : std::size_t{d.n_kv_heads} * d.head_dim;
-}
-
-// Elements between consecutive heads of one token in a block: head_dim (NHD)
-// or page_size * head_dim (HND).
-template <CacheElement T>
-constexpr std::size_t head_stride(const LayerCacheDesc<T>& d) {
-  return d.layout == PageLayout::hnd ? std::size_t{d.block_tokens} * d.head_dim
-                                     : std::size_t{d.head_dim};
-}
 
 // A page size known only at run time (the default of the views' template
 // parameter); any other value fixes it at compile time.
@@ -118,7 +50,7 @@ inline constexpr std::uint32_t dynamic_page_size = 0;
 
 // Behaviour common to both views; the derived types only add naming.
 // kPageSize != dynamic_page_size fixes the block's tokens at compile time
-// (the descriptor's block_tokens must equal it), so token -> block
+// (the descriptor's page_size must equal it), so token -> block
 // arithmetic divides by a constant.
 template <CacheElement T, std::uint32_t kPageSize = dynamic_page_size>
 class LayerCacheBase {
@@ -126,7 +58,15 @@ class LayerCacheBase {
   using element_type = T;
 
   LayerCacheBase() = default;
-  explicit LayerCacheBase(const LayerCacheDesc<T>& d) : d_(d) {}
+  // A per-layer descriptor (CacheDesc::layer()). Throws InvalidArgument when
+  // its dtype is not T's; nothing else is checked (the collection or the
+  // kernel validates the descriptor).
+  explicit LayerCacheBase(const CacheDesc& d) : d_(d) {
+    if (d.dtype != dtype_of_v<T>) {
+      throw InvalidArgument("a view of " + std::string(dtype_name(dtype_of_v<T>)) +
+                            " was given a cache of dtype " + std::string(dtype_name(d.dtype)));
+    }
+  }
 
   std::uint32_t batch_size() const { return d_.batch_size; }
   std::uint32_t n_kv_heads() const { return d_.n_kv_heads; }
@@ -136,15 +76,16 @@ class LayerCacheBase {
     if constexpr (kPageSize != dynamic_page_size) {
       return kPageSize;
     } else {
-      return d_.block_tokens;
+      return d_.page_size;
     }
   }
   PageLayout layout() const { return d_.layout; }
-  // Elements between consecutive tokens of one head in a block (see the free
-  // functions above).
-  std::size_t token_stride() const { return kvcache::token_stride(d_); }
-  // Elements between consecutive heads of one token in a block.
-  std::size_t head_stride() const { return kvcache::head_stride(d_); }
+  // Elements between consecutive tokens of one head in a block: n_kv_heads *
+  // head_dim (NHD) or head_dim (HND).
+  std::size_t token_stride() const { return d_.token_stride; }
+  // Elements between consecutive heads of one token in a block: head_dim
+  // (NHD) or page_size * head_dim (HND).
+  std::size_t head_stride() const { return d_.head_stride; }
 
   // Tokens already committed for batch entry b (excludes this step's new ones).
   std::uint32_t cache_length(std::uint32_t b) const { return d_.cache_lengths[b]; }
@@ -160,7 +101,7 @@ class LayerCacheBase {
     return true;
   }
   // Tokens the fetch reserved room for, entry b: the kernels' limit (see
-  // LayerCacheDesc::reserved_lengths; without them, the blocks the entry's
+  // CacheDesc::reserved_lengths; without them, the blocks the entry's
   // table row holds).
   std::uint32_t reserved_length(std::uint32_t b) const {
     if (d_.reserved_lengths != nullptr) return d_.reserved_lengths[b];
@@ -190,7 +131,7 @@ class LayerCacheBase {
   }
   // Start (head 0, dim 0) of the j-th block of entry b.
   T* page_ptr(std::uint32_t b, std::uint32_t j) const {
-    return d_.blocks + std::size_t{block_id(b, j)} * d_.block_stride;
+    return blocks() + std::size_t{block_id(b, j)} * d_.block_stride;
   }
   // Element (b, head, tok, d).
   T* ptr(std::uint32_t b, std::uint32_t head, std::uint32_t tok, std::uint32_t d = 0) const {
@@ -214,11 +155,13 @@ class LayerCacheBase {
     return std::uint64_t{block_id(b, tok / page_size())} * rows_per_block() + tok % page_size();
   }
   std::uint32_t col_idx(std::uint32_t head) const { return head * d_.head_dim; }
-  std::size_t rows_per_block() const { return kvcache::rows_per_block(d_); }
+  std::size_t rows_per_block() const {
+    return d_.block_stride / (std::size_t{d_.n_kv_heads} * d_.head_dim);
+  }
   // Address of (row, col) of that matrix view.
   T* matrix_ptr(std::uint64_t row, std::uint32_t col) const {
     const std::size_t rows = rows_per_block();
-    return d_.blocks + std::size_t{row / rows} * d_.block_stride +
+    return blocks() + std::size_t{row / rows} * d_.block_stride +
            std::size_t{row % rows} * token_stride() +
            std::size_t{col / d_.head_dim} * head_stride() + col % d_.head_dim;
   }
@@ -248,10 +191,13 @@ class LayerCacheBase {
     return ptr(b, head, start_tok, d);
   }
 
-  const LayerCacheDesc<T>& desc() const { return d_; }
+  // Block 0 of this layer's K (or V).
+  T* blocks() const { return static_cast<T*>(d_.blocks); }
+  // The descriptor this view wraps (what the kernels take).
+  const CacheDesc& desc() const { return d_; }
 
  private:
-  LayerCacheDesc<T> d_{};
+  CacheDesc d_{};
 };
 
 // One layer's K or V of a paged cache (MAX PagedKVCache). PagedKVCache<T>
@@ -265,11 +211,12 @@ class PagedKVCache : public LayerCacheBase<T, kPageSize> {
   static constexpr std::uint32_t page_size_ = kPageSize;
 
   PagedKVCache() = default;
-  // Throws InvalidArgument when d.block_tokens is not kPageSize.
-  explicit PagedKVCache(const LayerCacheDesc<T>& d) : LayerCacheBase<T, kPageSize>(d) {
-    if (d.block_tokens != kPageSize) {
+  // Throws InvalidArgument when d.page_size is not kPageSize (or the dtype
+  // is not T's).
+  explicit PagedKVCache(const CacheDesc& d) : LayerCacheBase<T, kPageSize>(d) {
+    if (d.page_size != kPageSize) {
       throw InvalidArgument("PagedKVCache<" + std::to_string(kPageSize) +
-                            "> was given a cache of page_size " + std::to_string(d.block_tokens));
+                            "> was given a cache of page_size " + std::to_string(d.page_size));
     }
   }
   // The same layer with the page size fixed at compile time; throws

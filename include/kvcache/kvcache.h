@@ -2,10 +2,12 @@
 #pragma once
 
 #include "kvcache/batch.h"
+#include "kvcache/cache_desc.h"
 #include "kvcache/collection.h"
 #include "kvcache/continuous_manager.h"
 #include "kvcache/dtype.h"
 #include "kvcache/error.h"
+#include "kvcache/kernels/options.h"
 #include "kvcache/kernels/reference.h"
 #include "kvcache/kv_cache.h"
 #include "kvcache/layer_kv_cache.h"

@@ -107,19 +107,19 @@ auto make_layer_kv_cache(const Collection& c, std::uint32_t layer, std::uint32_t
     const std::uint32_t* row = d.lookup_table + std::size_t{b} * d.lookup_stride;
     std::uint32_t blocks = 0;
     while (blocks < d.lookup_stride && row[blocks] < c.desc().num_blocks) ++blocks;
-    out.k = d.blocks;
-    out.v = vc.desc().blocks;
-    out.block_size = d.block_tokens;
+    out.k = kc.blocks();
+    out.v = vc.blocks();
+    out.block_size = d.page_size;
     out.block_table = std::span<const std::uint32_t>(row, blocks);
     out.paged_block_indices = out.block_table;
     out.context_lens = std::span<const std::uint32_t>(d.cache_lengths + b, 1);
     out.block_stride = d.block_stride;
     out.capacity = static_cast<std::uint32_t>(
-        std::min<std::uint64_t>(std::uint64_t{blocks} * d.block_tokens, kc.reserved_length(b)));
+        std::min<std::uint64_t>(std::uint64_t{blocks} * d.page_size, kc.reserved_length(b)));
   } else {
     out.k = kc.page_ptr(b, 0);
     out.v = vc.page_ptr(b, 0);
-    out.capacity = d.block_tokens;
+    out.capacity = d.page_size;
   }
   return out;
 }

@@ -54,8 +54,8 @@ PageLayout parse_layout(std::string_view name);
 //               `[num_blocks][page_size][n_kv_heads][head_dim]` (NHD) or
 //               `[num_blocks][n_kv_heads][page_size][head_dim]` (HND, ferrum's
 //               `[num_blocks, num_kv_heads, block_size, head_dim]`).
-// `block` is one layer's K (or V) of one block: [block_tokens][n_kv_heads][head_dim]
-// in NHD, [n_kv_heads][block_tokens][head_dim] in HND.
+// `block` is one layer's K (or V) of one block: [page_size][n_kv_heads][head_dim]
+// in NHD, [n_kv_heads][page_size][head_dim] in HND.
 enum class PoolArrangement : std::uint8_t { interleaved, per_layer };
 
 std::string_view arrangement_name(PoolArrangement a);

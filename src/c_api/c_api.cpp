@@ -479,29 +479,35 @@ kvc_status kvc_batch_describe(const kvc_batch* batch, kvc_cache_desc* out, kvc_e
   return guarded(err, [&] {
     const kvcache::KVCacheBatch& b = fetched(batch);
     require(out, "out");
+    const kvcache::CacheDesc c = b.desc();
     kvc_cache_desc d{};
-    d.blocks = b.blocks();
-    d.cache_lengths = b.cache_lengths().data();
-    d.lookup_table = b.lookup_table().data();
+    d.blocks = c.blocks;
+    d.cache_lengths = c.cache_lengths;
+    d.lookup_table = c.lookup_table;
     d.seq_ids = b.seq_ids().data();
-    d.lookup_stride = b.lookup_stride();
-    d.batch_size = b.batch_size();
-    d.max_seq_length = b.max_seq_length();
-    d.max_cache_length = b.max_cache_length();
-    d.num_layers = b.params().num_layers;
-    d.block_tokens = b.block_tokens();
-    d.n_kv_heads = b.params().n_kv_heads_per_device();
-    d.head_dim = b.params().head_dim;
-    d.num_blocks = b.num_blocks();
-    d.dtype = static_cast<std::int32_t>(b.params().dtype);
+    d.lookup_stride = c.lookup_stride;
+    d.batch_size = c.batch_size;
+    d.max_seq_length = c.max_seq_length;
+    d.max_cache_length = c.max_cache_length;
+    d.num_layers = c.num_layers;
+    d.page_size = c.page_size;
+    d.n_kv_heads = c.n_kv_heads;
+    d.head_dim = c.head_dim;
+    d.num_blocks = c.num_blocks;
+    d.dtype = static_cast<std::int32_t>(c.dtype);
     d.strategy = b.strategy() == kvcache::CacheStrategy::paged ? KVC_STRATEGY_PAGED
                                                                : KVC_STRATEGY_CONTINUOUS;
-    d.layout = b.params().page_layout == kvcache::PageLayout::hnd ? KVC_LAYOUT_HND : KVC_LAYOUT_NHD;
-    d.reserved_lengths = b.reserved_lengths().data();
-    d.max_full_context_length = b.max_full_context_length();
-    d.arrangement = b.params().pool_arrangement == kvcache::PoolArrangement::per_layer
+    d.layout = c.layout == kvcache::PageLayout::hnd ? KVC_LAYOUT_HND : KVC_LAYOUT_NHD;
+    d.reserved_lengths = c.reserved_lengths;
+    d.max_full_context_length = c.max_full_context_length;
+    d.arrangement = c.arrangement == kvcache::PoolArrangement::per_layer
                         ? KVC_ARRANGEMENT_PER_LAYER
                         : KVC_ARRANGEMENT_INTERLEAVED;
+    d.block_stride = c.block_stride;
+    d.layer_stride = c.layer_stride;
+    d.kv_stride = c.kv_stride;
+    d.token_stride = c.token_stride;
+    d.head_stride = c.head_stride;
     *out = d;
   });
 }

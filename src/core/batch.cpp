@@ -13,6 +13,28 @@ void* KVCacheBatch::blocks(std::uint32_t device) const {
   return device_blocks_[device];
 }
 
+CacheDesc KVCacheBatch::desc(std::uint32_t device) const {
+  CacheDesc d;
+  d.blocks = blocks(device);
+  d.dtype = params_.dtype;
+  d.cache_lengths = cache_lengths_.data();
+  d.reserved_lengths = reserved_lengths_.data();
+  d.lookup_table = lookup_table_.data();
+  d.lookup_stride = lookup_stride_;
+  d.batch_size = batch_size();
+  d.max_seq_length = max_seq_length_;
+  d.max_cache_length = max_cache_length_;
+  d.max_full_context_length = max_full_context_length_;
+  d.num_layers = params_.num_layers;
+  d.page_size = page_size_;
+  d.n_kv_heads = params_.n_kv_heads_per_device();
+  d.head_dim = params_.head_dim;
+  d.num_blocks = num_blocks_;
+  d.layout = params_.page_layout;
+  d.arrangement = params_.pool_arrangement;
+  return d.with_strides();
+}
+
 void KVCacheBatch::check_view(DType want, CacheStrategy strategy, std::uint32_t device) const {
   if (device_blocks_.empty()) throw InvalidArgument("the batch is empty: it was never fetched");
   if (want != params_.dtype) {

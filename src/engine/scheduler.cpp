@@ -309,17 +309,17 @@ void Scheduler::finish(std::size_t index) {
 }
 
 void Scheduler::record_utilisation() {
-  const std::uint32_t block_tokens = paged_ ? manager_.params().page_size : manager_.max_seq_len();
+  const std::uint32_t page_size = paged_ ? manager_.params().page_size : manager_.max_seq_len();
   // Evictable cached pages belong to no running sequence.
   const double reserved =
-      double(manager_.used_blocks() - prefix::cached_pages(manager_)) * block_tokens;
+      double(manager_.used_blocks() - prefix::cached_pages(manager_)) * page_size;
   // Tokens physically stored: the held capacity minus each sequence's unused
   // tail of its last block. Counting per sequence instead would count a page
   // shared through the prefix cache once per sharer (utilisation > 100 %).
   double tail_waste = 0;
   for (const auto& s : running_) {
-    const std::uint64_t blocks = (std::uint64_t{s->computed} + block_tokens - 1) / block_tokens;
-    tail_waste += double(blocks * block_tokens - s->computed);
+    const std::uint64_t blocks = (std::uint64_t{s->computed} + page_size - 1) / page_size;
+    tail_waste += double(blocks * page_size - s->computed);
   }
   const double stored = std::max(0.0, reserved - tail_waste);
   stats_.kv_utilisation_sum += reserved > 0 ? stored / reserved : 0.0;

@@ -88,15 +88,15 @@ inline void check_claim(std::uint32_t n, std::uint32_t active, std::uint32_t max
   }
 }
 
-// Shape of the blocks tensor of n blocks of block_tokens tokens (one device):
+// Shape of the blocks tensor of n blocks of page_size tokens (one device):
 // interleaved [n][2][layers][A][B][head_dim], per_layer
 // [layers][2][n][A][B][head_dim], with [A][B] = [tokens][heads] (NHD) or
 // [heads][tokens] (HND).
 inline std::vector<std::size_t> block_shape_of(const KVCacheParams& p, std::uint32_t n,
-                                               std::uint32_t block_tokens) {
+                                               std::uint32_t page_size) {
   const bool hnd = p.page_layout == PageLayout::hnd;
-  const std::size_t a = hnd ? p.n_kv_heads_per_device() : block_tokens;
-  const std::size_t b = hnd ? block_tokens : p.n_kv_heads_per_device();
+  const std::size_t a = hnd ? p.n_kv_heads_per_device() : page_size;
+  const std::size_t b = hnd ? page_size : p.n_kv_heads_per_device();
   if (p.pool_arrangement == PoolArrangement::per_layer)
     return {p.num_layers, 2, n, a, b, p.head_dim};
   return {n, 2, p.num_layers, a, b, p.head_dim};

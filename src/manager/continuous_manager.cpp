@@ -123,7 +123,7 @@ void ContinuousBatchingKVCacheManager::fetch_into(KVCacheBatch& out, std::span<c
   next.lookup_table_.resize(seqs.size());
   next.lookup_stride_ = 1;
   next.num_blocks_ = impl_->max_batch_size;
-  next.block_tokens_ = impl_->max_seq_len;
+  next.page_size_ = impl_->max_seq_len;
   next.device_blocks_.clear();
   for (auto& arena : impl_->arenas) next.device_blocks_.push_back(arena.data());
   next.block_copies_.clear();  // slots are never shared

@@ -294,7 +294,7 @@ void PagedKVCacheManager::fetch_into(KVCacheBatch& out, std::span<const SeqId> s
   next.params_ = im.params;
   next.lookup_stride_ = stride;
   next.num_blocks_ = im.pool.num_blocks();
-  next.block_tokens_ = ps;
+  next.page_size_ = ps;
   for (std::size_t b = 0; b < seqs.size(); ++b) {
     Impl::Sequence& s = im.seqs.find(seqs[b])->second;
     s.reserved = s.length + num_new_tokens[b] + (num_steps - 1);

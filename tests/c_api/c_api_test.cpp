@@ -96,13 +96,17 @@ float quantized(kvc_dtype d, float x) {
 // The element the header's layout formula names.
 float element_at(const kvc_cache_desc& d, std::uint32_t b, std::uint32_t kv, std::uint32_t layer,
                  std::uint32_t pos, std::uint32_t h, std::uint32_t dd) {
-  const std::uint32_t block =
-      d.lookup_table[std::size_t{b} * d.lookup_stride + pos / d.block_tokens];
-  const std::size_t t = pos % d.block_tokens;
+  const std::uint32_t block = d.lookup_table[std::size_t{b} * d.lookup_stride + pos / d.page_size];
+  const std::size_t t = pos % d.page_size;
   std::size_t base = (std::size_t{block} * 2 + kv) * d.num_layers + layer;
   const std::size_t off = d.layout == KVC_LAYOUT_NHD
-                              ? ((base * d.block_tokens + t) * d.n_kv_heads + h) * d.head_dim + dd
-                              : ((base * d.n_kv_heads + h) * d.block_tokens + t) * d.head_dim + dd;
+                              ? ((base * d.page_size + t) * d.n_kv_heads + h) * d.head_dim + dd
+                              : ((base * d.n_kv_heads + h) * d.page_size + t) * d.head_dim + dd;
+  // The header's stride formula names the same element.
+  const std::uint64_t by_strides = layer * d.layer_stride + kv * d.kv_stride +
+                                   block * d.block_stride + t * d.token_stride + h * d.head_stride +
+                                   dd;
+  EXPECT_EQ(by_strides, off);
   const auto* bytes = static_cast<const unsigned char*>(d.blocks) + off * dtype_bytes(d.dtype);
   switch (d.dtype) {
     case KVC_DTYPE_F16: {
@@ -181,7 +185,7 @@ TEST_P(CApiLifecycle, MatchesOracleAndTheDocumentedLayout) {
     ASSERT_EQ(d.strategy, static_cast<std::int32_t>(c.strategy));
     ASSERT_EQ(d.layout, static_cast<std::int32_t>(c.layout));
     ASSERT_EQ(d.dtype, static_cast<std::int32_t>(c.dtype));
-    ASSERT_EQ(d.block_tokens, c.strategy == KVC_STRATEGY_PAGED ? 7u : 96u);
+    ASSERT_EQ(d.page_size, c.strategy == KVC_STRATEGY_PAGED ? 7u : 96u);
     for (std::uint32_t b = 0; b < 3; ++b) {
       ASSERT_EQ(d.seq_ids[b], seqs[b]);
       ASSERT_EQ(d.cache_lengths[b], cache_len[b]);

@@ -65,13 +65,13 @@ void push_history_back(OwnedCache<T>& h, std::uint32_t pages) {
       lookup[std::size_t{b} * stride + j] =
           h.lookup[std::size_t{b} * old_stride + (j < pages ? 0 : j - pages)];
     }
-    h.cache_lengths[b] += pages * h.desc.block_tokens;
+    h.cache_lengths[b] += pages * h.desc.page_size;
   }
   h.lookup = std::move(lookup);
   h.desc.lookup_table = h.lookup.data();
   h.desc.lookup_stride = stride;
-  h.desc.max_cache_length += pages * h.desc.block_tokens;
-  h.desc.max_full_context_length += pages * h.desc.block_tokens;
+  h.desc.max_cache_length += pages * h.desc.page_size;
+  h.desc.max_full_context_length += pages * h.desc.page_size;
 }
 
 // The paged bf16 manager shape of the manager-flow tests.
@@ -120,8 +120,8 @@ struct Mirrored {
     offsets_d = DeviceBuffer<std::uint32_t>::from_host(host.row_offsets);
   }
 
-  LayerCacheDesc<T> key() const { return dev.key(OwnedCache<T>::kLayer); }
-  LayerCacheDesc<T> value() const { return dev.value(OwnedCache<T>::kLayer); }
+  CacheDesc key() const { return dev.key(OwnedCache<T>::kLayer); }
+  CacheDesc value() const { return dev.value(OwnedCache<T>::kLayer); }
 
   void store_on_device() {
     cuda::store_kv(key(), value(), std::span<const float>(k_new_d.span()),
@@ -138,9 +138,8 @@ struct Mirrored {
   void attend_generic(const AttentionOptions& options = {}, AttentionWorkspace* ws = nullptr) {
     detail::DecodeTuning t;
     t.generic = true;
-    const LayerCacheDesc<T> k = key(), v = value();
-    detail::attention_cuda_tuned(dtype_of_v<T>, kvcache::detail::erase(k),
-                                 kvcache::detail::erase(v), std::span<const float>(q_d.span()), n_q,
+    const CacheDesc k = key(), v = value();
+    detail::attention_cuda_tuned(dtype_of_v<T>, k, v, std::span<const float>(q_d.span()), n_q,
                                  std::span<const std::uint32_t>(offsets_d.span()), out_d.span(),
                                  options, nullptr, ws, t);
   }

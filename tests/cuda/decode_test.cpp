@@ -159,8 +159,7 @@ void check_tuned(const Case& c, std::uint32_t seed, const detail::DecodeTuning& 
   ASSERT_EQ(std::string(attention_kernel_name(m.key(), m.value())), "decode");
   m.store_on_device();
   detail::attention_cuda_tuned(
-      dtype_of_v<T>, kvcache::detail::erase(m.key()), kvcache::detail::erase(m.value()),
-      std::span<const float>(m.q_d.span()), m.n_q,
+      dtype_of_v<T>, m.key(), m.value(), std::span<const float>(m.q_d.span()), m.n_q,
       std::span<const std::uint32_t>(m.offsets_d.span()), m.out_d.span(), {}, nullptr, ws, t);
   synchronize();
   expect_close(m.out_d.to_host(), m.reference(), kAbsTol, kRelTol, "attention");

@@ -82,7 +82,7 @@ TEST_F(BadInput, HostMemoryIsRejected) {
   auto k = m.key();
   k.blocks = m.host.blocks.data();
   auto v = m.value();
-  v.blocks = m.host.blocks.data() + (v.blocks - m.pool.data());
+  v.blocks = m.host.blocks.data() + (static_cast<float*>(v.blocks) - m.pool.data());
   KV_EXPECT_THROW(cuda::attention(k, v, q(), m.n_q, offsets(), m.out_d.span()), InvalidArgument,
                   "key cache blocks is not device memory");
   expect_untouched();
@@ -90,9 +90,9 @@ TEST_F(BadInput, HostMemoryIsRejected) {
 
 TEST_F(BadInput, MismatchedKeyAndValueViews) {
   auto v = m.value();
-  v.block_tokens = 8;
+  v.page_size = 8;
   KV_EXPECT_THROW(cuda::attention(m.key(), v, q(), m.n_q, offsets(), m.out_d.span()),
-                  InvalidArgument, "block_tokens 16 vs 8");
+                  InvalidArgument, "page_size 16 vs 8");
   expect_untouched();
 }
 

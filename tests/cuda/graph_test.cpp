@@ -59,8 +59,8 @@ class GraphFlow : public ::testing::Test {
     KVCacheBatch batch = manager.fetch(seqs, lengths);
     auto host = batch.paged<BFloat16>();
     if (pool.empty()) {  // once: a captured graph keeps the pool's address
-      pool = DeviceBuffer<BFloat16>(pool_elements(host.desc()));
-      pool.upload(std::span<const BFloat16>(host.blocks(), pool_elements(host.desc())));
+      pool = DeviceBuffer<BFloat16>(host.desc().pool_elements());
+      pool.upload(std::span<const BFloat16>(host.blocks(), host.desc().pool_elements()));
     }
     std::vector<std::uint32_t> rows(seqs.size() + 1, 0);
     std::partial_sum(lengths.begin(), lengths.end(), rows.begin() + 1);
@@ -255,7 +255,7 @@ TEST_F(GraphFlow, UpdateAndBoundsErrorsChangeNothing) {
   prefill(seqs, {40, 8});
   const std::vector<std::uint32_t> ones{1, 1};
   KVCacheBatch kb = manager.fetch(seqs, ones);
-  const CollectionDesc<BFloat16> h = kb.paged<BFloat16>().desc();
+  const CacheDesc h = kb.paged<BFloat16>().desc();
   auto expect_throw = [](auto&& f, const std::string& needle) {
     try {
       f();
@@ -291,7 +291,7 @@ TEST_F(GraphFlow, UpdateAndBoundsErrorsChangeNothing) {
       },
       "padding_block " + std::to_string(h.num_blocks) + " is past the pool's");
 
-  CollectionDesc<BFloat16> empty = h;  // an empty host batch padded to 2 entries
+  CacheDesc empty = h;  // an empty host batch padded to 2 entries
   empty.batch_size = 0;
   empty.lookup_stride = 0;
   empty.max_seq_length = 0;
@@ -323,11 +323,11 @@ TEST_F(GraphFlow, UpdateAndBoundsErrorsChangeNothing) {
                 j < h.lookup_stride ? h.lookup_table[b * h.lookup_stride + j] : h.num_blocks);
     }
   }
-  CollectionDesc<BFloat16> other = h;
+  CacheDesc other = h;
   std::vector<std::uint32_t> lengths(h.cache_lengths, h.cache_lengths + 2);
   lengths[0] = 0;  // a different content that would show if uploaded
   other.cache_lengths = lengths.data();
-  CollectionDesc<BFloat16> wider = other;
+  CacheDesc wider = other;
   wider.max_full_context_length = 8 * kPage + 1;
   std::vector<std::uint32_t> wide_lookup(2 * 9, h.num_blocks);
   for (std::uint32_t b = 0; b < 2; ++b) {
@@ -337,13 +337,13 @@ TEST_F(GraphFlow, UpdateAndBoundsErrorsChangeNothing) {
   wider.lookup_table = wide_lookup.data();
   wider.lookup_stride = 9;
   expect_throw([&] { dev.update(wider); }, "lookup_stride 9 exceeds the collection's bound 8");
-  CollectionDesc<BFloat16> one = other;
+  CacheDesc one = other;
   one.batch_size = 1;
   expect_throw([&] { dev.update(one); }, "batch_size 1 differs from the collection's 2");
-  CollectionDesc<BFloat16> layers = other;
+  CacheDesc layers = other;
   layers.num_layers = 1;
   expect_throw([&] { dev.update(layers); }, "num_layers 1 differs");
-  CollectionDesc<BFloat16> seq = other;
+  CacheDesc seq = other;
   seq.max_seq_length = 2;
   expect_throw([&] { dev.update(seq); }, "max_seq_length 2 exceeds the collection's bound 1");
   EXPECT_EQ(metadata(), before) << "a rejected update changed the device metadata";

@@ -55,7 +55,7 @@ class ManagerFlow : public ::testing::TestWithParam<PoolArrangement> {
     KVCacheBatch batch = manager.fetch(seqs, new_tokens);
     auto host = batch.paged<BFloat16>();
     if (pool.empty()) {
-      pool = DeviceBuffer<BFloat16>(pool_elements(host.desc()));
+      pool = DeviceBuffer<BFloat16>(host.desc().pool_elements());
       upload_host_pool(host);  // both pools start from the same bytes
     }
     DeviceCollection<BFloat16> dev(host.desc(), pool.data());
@@ -100,7 +100,7 @@ class ManagerFlow : public ::testing::TestWithParam<PoolArrangement> {
   }
 
   void upload_host_pool(const PagedKVCacheCollection<BFloat16>& host) {
-    pool.upload(std::span<const BFloat16>(host.blocks(), pool_elements(host.desc())));
+    pool.upload(std::span<const BFloat16>(host.blocks(), host.desc().pool_elements()));
   }
 
   void expect_pools_equal(const PagedKVCacheCollection<BFloat16>& host) {

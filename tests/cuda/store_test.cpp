@@ -111,8 +111,8 @@ void check_rope(const Case& c, const RopeOptions& rope, std::uint32_t seed) {
   const std::vector<T> got = m.pool.to_host();
   const auto& want = m.host.blocks;
   ASSERT_EQ(got.size(), want.size());
-  // Pool layout [block][K, V][layer][block_tokens][heads][dim].
-  const std::size_t layer_elems = std::size_t{m.host.desc.block_tokens} * c.n_kv * c.dim;
+  // Pool layout [block][K, V][layer][page_size][heads][dim].
+  const std::size_t layer_elems = std::size_t{m.host.desc.page_size} * c.n_kv * c.dim;
   const std::size_t kv_elems = layer_elems * m.host.desc.num_layers;
   std::size_t k_diffs = 0, failures = 0;
   for (std::size_t i = 0; i < got.size() && failures < 5; ++i) {

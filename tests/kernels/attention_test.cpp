@@ -667,6 +667,7 @@ TEST(AttentionFast, HndAndNhdAgree) {
   OwnedCache<BFloat16> nhd(entries, true, 16, 4, 64, rng, PageLayout::nhd);
   OwnedCache<BFloat16> hnd(nhd);
   hnd.desc.layout = PageLayout::hnd;
+  hnd.desc = hnd.desc.with_strides();
   const auto L = OwnedCache<BFloat16>::kLayer;
   const std::uint32_t rows = nhd.total_rows();
   // Fill every cached position of both caches with the same values per (tok, head, d).
@@ -940,6 +941,7 @@ TEST(AttentionFast, BadArgumentsThrowInvalidArgument) {
       << "a throwing attention call wrote its output";
   OwnedCache<Half> hnd(cache);
   hnd.desc.layout = PageLayout::hnd;
+  hnd.desc = hnd.desc.with_strides();
   auto hnd_v = hnd.paged_collection().get_value_cache(1);
   try {
     attention(k, hnd_v, std::span<const float>(q), 4, std::span<const std::uint32_t>(ro),

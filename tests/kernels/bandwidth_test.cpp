@@ -34,9 +34,9 @@ std::size_t mark_rows(OwnedCache<float>& cache, const std::vector<std::uint32_t>
       for (std::uint32_t b = 0; b < d.batch_size; ++b) {
         for (std::uint32_t t = 0; t < tokens[b]; ++t) {
           const std::uint32_t block =
-              d.lookup_table[std::size_t{b} * d.lookup_stride + t / d.block_tokens];
-          float* row = d.blocks + std::size_t{block} * d.block_stride +
-                       std::size_t{t % d.block_tokens} * n_kv * dim;
+              d.lookup_table[std::size_t{b} * d.lookup_stride + t / d.page_size];
+          float* row = view.blocks() + std::size_t{block} * d.block_stride +
+                       std::size_t{t % d.page_size} * n_kv * dim;
           std::fill(row, row + std::size_t{n_kv} * dim, 1.0f);
           marked += std::size_t{n_kv} * dim;
         }
@@ -52,8 +52,7 @@ float read(const OwnedCache<float>& cache, const std::vector<std::uint32_t>& tok
   test::with_collection(cache, [&](const auto& col) {
     const auto k = col.get_key_cache(OwnedCache<float>::kLayer);
     const auto v = col.get_value_cache(OwnedCache<float>::kLayer);
-    sum = kernels::paged_read(detail::erase(k.desc()), detail::erase(v.desc()), sizeof(float),
-                              tokens, pool);
+    sum = kernels::paged_read(k.desc(), v.desc(), tokens, pool);
   });
   return sum;
 }
@@ -91,10 +90,16 @@ TEST(PagedRead, BadArgumentsThrowInvalidArgument) {
   EXPECT_THROW(read(cache, {11, 6}, nullptr), InvalidArgument);
   EXPECT_NO_THROW(read(cache, {11, 5}, nullptr));
   auto col = cache.paged_collection();
-  const auto k = detail::erase(col.get_key_cache(1).desc());
-  const auto v = detail::erase(col.get_value_cache(1).desc());
+  const auto k = col.get_key_cache(1).desc();
+  const auto v = col.get_value_cache(1).desc();
   const std::vector<std::uint32_t> tokens{2, 2};
-  EXPECT_THROW(kernels::paged_read(k, v, 3, tokens, nullptr), InvalidArgument);
+  EXPECT_NO_THROW(kernels::paged_read(k, v, tokens, nullptr));
+  CacheDesc v_f16 = v;  // K and V must agree on the element type
+  v_f16.dtype = DType::f16;
+  EXPECT_THROW(kernels::paged_read(k, v_f16, tokens, nullptr), InvalidArgument);
+  CacheDesc k_strided = k;  // strides other than the geometry's
+  k_strided.block_stride += 1;
+  EXPECT_THROW(kernels::paged_read(k_strided, v, tokens, nullptr), InvalidArgument);
 }
 
 }  // namespace

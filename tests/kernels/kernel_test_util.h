@@ -42,7 +42,7 @@ struct OwnedCache {
   std::vector<std::uint32_t> lookup;
   std::vector<std::uint32_t> reserved;  // cache_length + new tokens per entry
   std::vector<std::uint32_t> row_offsets;
-  CollectionDesc<T> desc;
+  CacheDesc desc;
   bool paged = true;
 
   static constexpr std::uint32_t kLayers = 2;
@@ -101,12 +101,14 @@ struct OwnedCache {
         cache_lengths.empty() ? 0 : *std::max_element(cache_lengths.begin(), cache_lengths.end());
     desc.max_full_context_length = max_ctx;
     desc.num_layers = kLayers;
-    desc.block_tokens = block_tokens;
+    desc.page_size = block_tokens;
     desc.n_kv_heads = n_kv;
     desc.head_dim = dim;
     desc.num_blocks = num_blocks;
     desc.layout = layout;
     desc.arrangement = arrangement;
+    desc.dtype = dtype_of_v<T>;
+    desc = desc.with_strides();
   }
 
   // Same table, another buffer with identical contents.

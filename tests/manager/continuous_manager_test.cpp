@@ -65,7 +65,7 @@ TEST_F(ContinuousManagerTest, LifecycleClaimFetchStepRelease) {
   EXPECT_EQ(b1.strategy(), CacheStrategy::continuous);
   EXPECT_EQ(b1.params(), params);
   EXPECT_EQ(b1.num_blocks(), kMaxBatch);
-  EXPECT_EQ(b1.block_tokens(), kMaxSeq);
+  EXPECT_EQ(b1.page_size(), kMaxSeq);
   EXPECT_EQ(b1.lookup_stride(), 1u);
   ASSERT_EQ(b1.lookup_table().size(), 2u);
   const U32 slots(b1.lookup_table().begin(), b1.lookup_table().end());

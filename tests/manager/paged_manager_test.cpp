@@ -81,7 +81,7 @@ TEST_F(PagedManagerTest, LifecycleAndPageTables) {
   mgr.check_invariants();
   EXPECT_EQ(b1.strategy(), CacheStrategy::paged);
   EXPECT_EQ(b1.num_blocks(), kPages);
-  EXPECT_EQ(b1.block_tokens(), kPage);
+  EXPECT_EQ(b1.page_size(), kPage);
   EXPECT_EQ(U32(b1.cache_lengths().begin(), b1.cache_lengths().end()), (U32{0, 0}));
   EXPECT_EQ(U32(b1.reserved_lengths().begin(), b1.reserved_lengths().end()), (U32{5, 3}));
   EXPECT_EQ(b1.max_seq_length(), 5u);

@@ -65,7 +65,7 @@ TEST(ReservedRoom, WithoutReservedLengthsTheTableRowIsTheLimit) {
   PagedKVCacheManager m(params(), 16, 4, 256);
   const auto ids = m.claim(2);
   const KVCacheBatch batch = m.fetch(ids, U32{1, 40});  // 1 page and 3 pages
-  CollectionDesc<float> d = batch.desc<float>();
+  CacheDesc d = batch.desc();
   d.reserved_lengths = nullptr;
   const PagedKVCacheCollection<float> coll(d);
   EXPECT_EQ(coll.get_key_cache(0).reserved_length(0), kPage);

@@ -71,7 +71,7 @@ std::size_t expected_offset(const KVCacheBatch& batch, std::uint32_t b, std::uin
                             std::uint32_t d) {
   const auto& p = batch.params();
   const std::size_t H = p.n_kv_heads_per_device(), D = p.head_dim, L = p.num_layers;
-  const std::size_t T = batch.block_tokens();
+  const std::size_t T = batch.page_size();
   const std::uint32_t block =
       batch.lookup_table()[std::size_t{b} * batch.lookup_stride() + tok / T];
   const std::size_t N = batch.num_blocks();
@@ -336,8 +336,8 @@ struct OwnBuffer {
       std::vector<float>(std::size_t{kBlocks} * 2 * kLayers * kTokens * kHeads * kDim);
   U32 cache_lengths{5, 0};
   U32 table{2, 0, 4, 3, 4, 4};  // stride 3; row 0 pages {2, 0}, row 1 page {3}
-  CollectionDesc<float> desc() {
-    CollectionDesc<float> d;
+  CacheDesc desc() {
+    CacheDesc d;
     d.blocks = blocks.data();
     d.cache_lengths = cache_lengths.data();
     d.lookup_table = table.data();
@@ -346,7 +346,7 @@ struct OwnBuffer {
     d.max_seq_length = 3;
     d.max_cache_length = 8;
     d.num_layers = kLayers;
-    d.block_tokens = kTokens;
+    d.page_size = kTokens;
     d.n_kv_heads = kHeads;
     d.head_dim = kDim;
     d.num_blocks = kBlocks;

@@ -45,7 +45,7 @@ TEST(SeedContinuousCollection, InitFromBlocksLengthsTableAndMaxima) {
   for (std::size_t i = 0; i < blocks.size(); ++i) blocks[i] = static_cast<float>(i) + 0.5f;
   const U32 cache_lengths{0, 4};
   const U32 lookup_table{2, 0};  // entry 0 in slot 2, entry 1 in slot 0
-  CollectionDesc<float> d;
+  CacheDesc d;
   d.blocks = blocks.data();
   d.cache_lengths = cache_lengths.data();
   d.lookup_table = lookup_table.data();
@@ -54,7 +54,7 @@ TEST(SeedContinuousCollection, InitFromBlocksLengthsTableAndMaxima) {
   d.max_seq_length = 3;    // MAX: the most new tokens of an entry
   d.max_cache_length = 4;  // MAX: the most cached tokens of an entry
   d.num_layers = kLayers;
-  d.block_tokens = kSeq;
+  d.page_size = kSeq;
   d.n_kv_heads = kHeads;
   d.head_dim = kDim;
   d.num_blocks = kSlots;
@@ -76,7 +76,7 @@ TEST(SeedContinuousCollection, InitFromBlocksLengthsTableAndMaxima) {
 TEST(SeedContinuousCollection, AcceptsMaxStyleContextEncodingValues) {
   std::vector<float> blocks(2 * 1 * 8 * 1 * 4, 1.0f);
   const U32 cache_lengths{0}, lookup_table{0};
-  CollectionDesc<float> d;
+  CacheDesc d;
   d.blocks = blocks.data();
   d.cache_lengths = cache_lengths.data();
   d.lookup_table = lookup_table.data();
@@ -85,7 +85,7 @@ TEST(SeedContinuousCollection, AcceptsMaxStyleContextEncodingValues) {
   d.max_seq_length = 5;
   d.max_cache_length = 0;
   d.num_layers = 1;
-  d.block_tokens = 8;
+  d.page_size = 8;
   d.n_kv_heads = 1;
   d.head_dim = 4;
   d.num_blocks = 1;

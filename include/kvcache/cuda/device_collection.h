@@ -4,16 +4,16 @@
 //   1. Allocate ONE device pool with the manager's shape and arrangement
 //      (interleaved [num_blocks][2][num_layers][block], or per_layer
 //      [num_layers][2][num_blocks][block]: kvcache/params.h), that is
-//      pool_elements(desc) elements of T, e.g. DeviceBuffer<T>; page (or
+//      desc.pool_elements() elements of T, e.g. DeviceBuffer<T>; page (or
 //      slot) id p means the same block in the host and the device pool.
 //   2. Every step: `auto host = batch.paged<T>();` (or continuous<T>()) from
 //      the manager's fetch, as usual — bookkeeping only, the host blocks are
 //      never touched by the GPU path.
 //   3. `DeviceCollection<T> dev(host.desc(), pool.data(), stream);` uploads
 //      that batch's cache_lengths and lookup_table; dev.key(layer) /
-//      dev.value(layer) are LayerCacheDesc<T> whose pointers are all device
-//      memory, computed exactly as the host collection computes its views
-//      (layer_cache_desc: the layer's K / V base and block_stride for the
+//      dev.value(layer) are per-layer CacheDescs whose pointers are all
+//      device memory, computed exactly as the host collection computes its
+//      views (CacheDesc::layer: the layer's K / V base, the strides of the
 //      arrangement). The device descriptors carry no reserved_lengths (the
 //      host's are host memory): the host batch is validated on upload, and
 //      the device kernels trust row_offsets to stay within what the fetch
@@ -47,7 +47,7 @@
 // collection validates it (lookup entries within num_blocks or the sentinel,
 // committed tokens backed by blocks, ...): InvalidArgument naming the value.
 // Nothing is checked about `device_blocks` except that it is non-null device
-// memory (InvalidArgument otherwise): it must hold pool_elements(host) T.
+// memory (InvalidArgument otherwise): it must hold host.pool_elements() T.
 // Ownership: owns the uploaded cache_lengths / lookup_table (freed by the
 // destructor); borrows the pool. Descriptors it returns are valid while it
 // lives, and across update() (same device pointers). Uploads complete before
@@ -72,12 +72,6 @@
 
 namespace kvcache::cuda {
 
-// Elements of T in a pool of desc's shape (all blocks, K and V, all layers).
-template <CacheElement T>
-std::size_t pool_elements(const CollectionDesc<T>& d) {
-  return std::size_t{d.num_blocks} * 2 * d.num_layers * layer_block_elements(d);
-}
-
 namespace detail {
 // src/kernels/cuda/device.cu: validates, then one 2-D device-to-device copy
 // per pair: block b is `chunks` runs of chunk_bytes at b * chunk_bytes +
@@ -101,9 +95,13 @@ void copy_blocks_cuda(void* device_pool, std::size_t chunk_bytes, std::size_t ch
 // device_pool is not device memory, or a src / dst is not a block of the
 // pool (>= host.num_blocks); DeviceError when a copy cannot be enqueued.
 template <CacheElement T>
-void copy_blocks(const CollectionDesc<T>& host, T* device_pool, std::span<const BlockCopy> copies,
+void copy_blocks(const CacheDesc& host, T* device_pool, std::span<const BlockCopy> copies,
                  CUstream_st* stream = nullptr) {
-  const std::size_t layer_bytes = layer_block_elements(host) * sizeof(T);
+  if (host.dtype != dtype_of_v<T>) {
+    throw InvalidArgument("copy_blocks: a pool of " + std::string(dtype_name(dtype_of_v<T>)) +
+                          " for a cache of " + std::string(dtype_name(host.dtype)));
+  }
+  const std::size_t layer_bytes = host.block_elements() * sizeof(T);
   const std::size_t runs = 2 * std::size_t{host.num_layers};
   if (host.arrangement == PoolArrangement::per_layer) {
     detail::copy_blocks_cuda(device_pool, layer_bytes, runs, layer_bytes * host.num_blocks,
@@ -122,7 +120,7 @@ inline constexpr std::uint32_t kNoPaddingBlock = UINT32_MAX;
 // with a padding_block, a host batch may have fewer entries than the
 // collection; the entries past it get cache_length 0 and a page table of
 // padding_block then the sentinel. The caller gives them row_offsets of its
-// own (at most min(block_tokens, max_seq_length) new tokens each, e.g. 1 in
+// own (at most min(page_size, max_seq_length) new tokens each, e.g. 1 in
 // decode) and inputs of any finite value: their stores land in padding_block
 // (a block of the pool the caller owns and never reads, e.g. the page of a
 // sequence it claimed for that), their outputs are meaningless.
@@ -138,7 +136,7 @@ template <CacheElement T>
 class DeviceCollection {
  public:
   // The host batch's metadata as it is (bounds = the batch's own values).
-  DeviceCollection(const CollectionDesc<T>& host, T* device_blocks, CUstream_st* stream = nullptr)
+  DeviceCollection(const CacheDesc& host, T* device_blocks, CUstream_st* stream = nullptr)
       : DeviceCollection(host, device_blocks,
                          {host.lookup_stride, host.max_seq_length,
                           std::max(host.max_full_context_length, host.max_cache_length)},
@@ -146,13 +144,13 @@ class DeviceCollection {
 
   // With bounds for update(): throws InvalidArgument (naming the value and
   // the limit) when a bound is below the host batch's value, when
-  // max_full_context_length exceeds lookup_stride * block_tokens, when
+  // max_full_context_length exceeds lookup_stride * page_size, when
   // max_seq_length exceeds max_full_context_length, when padding_block is neither
   // kNoPaddingBlock nor a block of the pool, when batch_size exceeds the
   // host batch's without a padding_block, or when lookup_stride is 0 for a
   // non-empty batch.
-  DeviceCollection(const CollectionDesc<T>& host, T* device_blocks,
-                   const DeviceCollectionBounds& bounds, CUstream_st* stream = nullptr)
+  DeviceCollection(const CacheDesc& host, T* device_blocks, const DeviceCollectionBounds& bounds,
+                   CUstream_st* stream = nullptr)
       : desc_(host) {
     validate(host);
     if (device_blocks == nullptr || !detail::is_device_pointer(device_blocks)) {
@@ -164,12 +162,11 @@ class DeviceCollection {
                 bounds.max_full_context_length);
     check_bound("max_cache_length", host.max_cache_length, bounds.max_full_context_length);
     if (std::uint64_t{bounds.max_full_context_length} >
-        std::uint64_t{bounds.lookup_stride} * host.block_tokens) {
-      throw InvalidArgument(
-          "DeviceCollectionBounds: max_full_context_length " +
-          std::to_string(bounds.max_full_context_length) +
-          " exceeds lookup_stride x block_tokens = " +
-          std::to_string(std::uint64_t{bounds.lookup_stride} * host.block_tokens));
+        std::uint64_t{bounds.lookup_stride} * host.page_size) {
+      throw InvalidArgument("DeviceCollectionBounds: max_full_context_length " +
+                            std::to_string(bounds.max_full_context_length) +
+                            " exceeds lookup_stride x page_size = " +
+                            std::to_string(std::uint64_t{bounds.lookup_stride} * host.page_size));
     }
     if (bounds.max_seq_length > bounds.max_full_context_length) {
       throw InvalidArgument(
@@ -211,17 +208,17 @@ class DeviceCollection {
   // CUDA graphs above): its page table repacked into this collection's
   // lookup_stride, the entries past its own stride set to the sentinel
   // (num_blocks). The host desc is validated as in the constructor and must
-  // match this collection's pool (num_blocks, num_layers, block_tokens,
+  // match this collection's pool (num_blocks, num_layers, page_size,
   // n_kv_heads, head_dim, layout) and batch_size exactly (with a
   // padding_block: at most batch_size, the rest padded), and fit its bounds
   // (lookup_stride, max_seq_length, max_full_context_length): otherwise
   // InvalidArgument naming the value and the limit, and nothing is changed.
   // The descriptors keep the bounds, not the host's values.
-  void update(const CollectionDesc<T>& host, CUstream_st* stream = nullptr) {
+  void update(const CacheDesc& host, CUstream_st* stream = nullptr) {
     validate(host);
     check_same("num_blocks", host.num_blocks, desc_.num_blocks);
     check_same("num_layers", host.num_layers, desc_.num_layers);
-    check_same("block_tokens", host.block_tokens, desc_.block_tokens);
+    check_same("page_size", host.page_size, desc_.page_size);
     check_same("n_kv_heads", host.n_kv_heads, desc_.n_kv_heads);
     check_same("head_dim", host.head_dim, desc_.head_dim);
     check_same("layout", static_cast<std::uint32_t>(host.layout),
@@ -243,18 +240,19 @@ class DeviceCollection {
 
   // The device view of one layer's K (key) or V (value). Throws
   // InvalidArgument for layer >= num_layers.
-  LayerCacheDesc<T> key(std::uint32_t layer) const { return layer_desc(layer, 0); }
-  LayerCacheDesc<T> value(std::uint32_t layer) const { return layer_desc(layer, 1); }
-  // The collection with device pointers (blocks, cache_lengths, lookup_table).
-  const CollectionDesc<T>& desc() const { return desc_; }
+  CacheDesc key(std::uint32_t layer) const { return desc_.layer(layer, 0); }
+  CacheDesc value(std::uint32_t layer) const { return desc_.layer(layer, 1); }
+  // The whole-cache descriptor with device pointers (blocks, cache_lengths,
+  // lookup_table).
+  const CacheDesc& desc() const { return desc_; }
 
  private:
-  LayerCacheDesc<T> layer_desc(std::uint32_t layer, std::uint32_t kv) const {
-    return layer_cache_desc(desc_, layer, kv);
-  }
-
-  static void validate(const CollectionDesc<T>& h) {
-    kvcache::detail::validate_collection_desc(kvcache::detail::retype<float>(h));
+  static void validate(const CacheDesc& h) {
+    if (h.dtype != dtype_of_v<T>) {
+      throw InvalidArgument("DeviceCollection<" + std::string(dtype_name(dtype_of_v<T>)) +
+                            "> was given a cache of " + std::string(dtype_name(h.dtype)));
+    }
+    h.validate();
   }
   static void check_bound(const char* what, std::uint32_t value, std::uint32_t bound) {
     if (value > bound) {
@@ -273,7 +271,7 @@ class DeviceCollection {
   // The host's lengths, and its page table repacked into desc_.lookup_stride
   // (sentinel-padded), into the device buffers; entries past the host batch
   // padded (cache_length 0, padding_block_ then the sentinel).
-  void upload(const CollectionDesc<T>& host, CUstream_st* stream) {
+  void upload(const CacheDesc& host, CUstream_st* stream) {
     const std::size_t stride = desc_.lookup_stride;
     const std::uint32_t batch = desc_.batch_size;
     staging_.assign(std::size_t{batch} * stride, host.num_blocks);
@@ -288,7 +286,7 @@ class DeviceCollection {
     lookup_.upload(staging_, stream);
   }
 
-  CollectionDesc<T> desc_;
+  CacheDesc desc_;
   DeviceBuffer<std::uint32_t> lengths_;
   DeviceBuffer<std::uint32_t> lookup_;
   std::uint32_t padding_block_ = kNoPaddingBlock;

@@ -9,14 +9,15 @@
 // (query head h reads KV head h / (n_q_heads / n_kv_heads)), fp32
 // accumulation, f32 / f16 / bf16 cache elements, NHD and HND, paged and
 // continuous descriptors. The difference: EVERY pointer inside the
-// LayerCacheDesc and every span is DEVICE memory (see device_collection.h for
+// CacheDesc and every span is DEVICE memory (see device_collection.h for
 // making such descriptors from a host manager's batch).
 //
 // Validation on the host, before anything is launched (InvalidArgument naming
 // the value and the limit; the call then changes nothing): K and V
 // descriptors of the same shape; non-null blocks / cache_lengths /
 // lookup_table that are device memory; 1 <= head_dim <= kMaxHeadDim;
-// n_kv_heads, block_tokens, lookup_stride >= 1; row_offsets.size() ==
+// n_kv_heads, page_size, lookup_stride >= 1; K and V of one dtype; token
+// and head strides those of the geometry; row_offsets.size() ==
 // batch_size + 1; n_q_heads a positive multiple of n_kv_heads; span sizes a
 // whole number of rows (q.size() == out.size(), k_new.size() ==
 // v_new.size()), spans in device memory; AttentionOptions::precision fp32.
@@ -91,55 +92,49 @@ namespace kvcache::cuda {
 inline constexpr std::uint32_t kMaxHeadDim = 256;
 
 namespace detail {
-// Type-erased entry points (src/kernels/cuda/).
-void attention_cuda(DType dtype, const LayerCacheDesc<float>& k, const LayerCacheDesc<float>& v,
-                    std::span<const float> q, std::uint32_t n_q_heads,
-                    std::span<const std::uint32_t> row_offsets, std::span<float> out,
-                    const AttentionOptions& options, CUstream_st* stream,
+// The implementations (src/kernels/cuda/); dtype is k.dtype.
+void attention_cuda(DType dtype, const CacheDesc& k, const CacheDesc& v, std::span<const float> q,
+                    std::uint32_t n_q_heads, std::span<const std::uint32_t> row_offsets,
+                    std::span<float> out, const AttentionOptions& options, CUstream_st* stream,
                     AttentionWorkspace* workspace);
-void store_kv_cuda(DType dtype, const LayerCacheDesc<float>& k, const LayerCacheDesc<float>& v,
+void store_kv_cuda(DType dtype, const CacheDesc& k, const CacheDesc& v,
                    std::span<const float> k_new, std::span<const float> v_new,
                    std::span<const std::uint32_t> row_offsets, const StoreOptions& options,
                    CUstream_st* stream);
-const char* attention_kernel_name_cuda(DType dtype, const LayerCacheDesc<float>& k,
-                                       const LayerCacheDesc<float>& v);
+const char* attention_kernel_name_cuda(DType dtype, const CacheDesc& k, const CacheDesc& v);
 }  // namespace detail
 
-// Which attention kernel a call with these descriptors runs: "decode" (at
-// most 4 new tokens per entry, i.e. the view's max_seq_length <= 4,
-// head_dim a multiple of 16 bytes, 16-byte aligned pools), "prefill" (f16 /
-// bf16 caches, max_seq_length > 4, head_dim 64, 80, 96 or 128, 16-byte
-// aligned pools: tensor cores, q and the softmax weights rounded to the
-// cache's 16-bit type, see docs/CUDA.md) or "generic" (everything else).
+// Which attention kernel a call with these per-layer descriptors runs:
+// "decode" (at most 4 new tokens per entry, i.e. the view's max_seq_length
+// <= 4, head_dim a multiple of 16 bytes, 16-byte aligned pools), "prefill"
+// (f16 / bf16 caches, max_seq_length > 4, head_dim 64, 80, 96 or 128,
+// 16-byte aligned pools: tensor cores, q and the softmax weights rounded to
+// the cache's 16-bit type, see docs/CUDA.md) or "generic" (everything else).
 // Host-only: reads no device memory, launches nothing.
-template <CacheElement T>
-const char* attention_kernel_name(const LayerCacheDesc<T>& k_cache,
-                                  const LayerCacheDesc<T>& v_cache) {
-  return detail::attention_kernel_name_cuda(dtype_of_v<T>, kvcache::detail::erase(k_cache),
-                                            kvcache::detail::erase(v_cache));
+inline const char* attention_kernel_name(const CacheDesc& k_cache, const CacheDesc& v_cache) {
+  return detail::attention_kernel_name_cuda(k_cache.dtype, k_cache, v_cache);
 }
 
-template <CacheElement T>
-void attention(const LayerCacheDesc<T>& k_cache, const LayerCacheDesc<T>& v_cache,
-               std::span<const float> q, std::uint32_t n_q_heads,
-               std::span<const std::uint32_t> row_offsets, std::span<float> out,
-               AttentionOptions options = {}, CUstream_st* stream = nullptr,
-               AttentionWorkspace* workspace = nullptr) {
-  detail::attention_cuda(dtype_of_v<T>, kvcache::detail::erase(k_cache),
-                         kvcache::detail::erase(v_cache), q, n_q_heads, row_offsets, out, options,
+// Attention on per-layer descriptors of device memory (DeviceCollection's
+// key(layer) / value(layer)).
+inline void attention(const CacheDesc& k_cache, const CacheDesc& v_cache, std::span<const float> q,
+                      std::uint32_t n_q_heads, std::span<const std::uint32_t> row_offsets,
+                      std::span<float> out, const AttentionOptions& options = {},
+                      CUstream_st* stream = nullptr, AttentionWorkspace* workspace = nullptr) {
+  detail::attention_cuda(k_cache.dtype, k_cache, v_cache, q, n_q_heads, row_offsets, out, options,
                          stream, workspace);
 }
 
 template <KVCacheT Cache>
 void attention(const Cache& k_cache, const Cache& v_cache, std::span<const float> q,
                std::uint32_t n_q_heads, std::span<const std::uint32_t> row_offsets,
-               std::span<float> out, AttentionOptions options = {}, CUstream_st* stream = nullptr,
-               AttentionWorkspace* workspace = nullptr) {
+               std::span<float> out, const AttentionOptions& options = {},
+               CUstream_st* stream = nullptr, AttentionWorkspace* workspace = nullptr) {
   attention(k_cache.desc(), v_cache.desc(), q, n_q_heads, row_offsets, out, options, stream,
             workspace);
 }
 
-// store_kv options: the CPU's kvcache::StoreOptions (kernels/attention.h).
+// store_kv options: the CPU's kvcache::StoreOptions (kernels/options.h).
 // rope_k rotates K (not V) in fp32 before the conversion, as the CPU store
 // does (NeoX pairs (i, i + rotary_dim / 2), position cache_lengths[b] + i,
 // kernels/rope.h), validated like the CPU's (rotary_dim even and <= head_dim,
@@ -147,21 +142,18 @@ void attention(const Cache& k_cache, const Cache& v_cache, std::span<const float
 // memory; the device computes cos / sin per token): InvalidArgument
 // otherwise. prefetch is a CPU strategy: ignored (a value outside the enum
 // is rejected, as on the CPU).
-template <CacheElement T>
-void store_kv(const LayerCacheDesc<T>& k_cache, const LayerCacheDesc<T>& v_cache,
-              std::span<const float> k_new, std::span<const float> v_new,
-              std::span<const std::uint32_t> row_offsets, const StoreOptions& options = {},
-              CUstream_st* stream = nullptr) {
-  detail::store_kv_cuda(dtype_of_v<T>, kvcache::detail::erase(k_cache),
-                        kvcache::detail::erase(v_cache), k_new, v_new, row_offsets, options,
+inline void store_kv(const CacheDesc& k_cache, const CacheDesc& v_cache,
+                     std::span<const float> k_new, std::span<const float> v_new,
+                     std::span<const std::uint32_t> row_offsets, const StoreOptions& options = {},
+                     CUstream_st* stream = nullptr) {
+  detail::store_kv_cuda(k_cache.dtype, k_cache, v_cache, k_new, v_new, row_offsets, options,
                         stream);
 }
 
 // The same with default StoreOptions (no RoPE), on `stream`.
-template <CacheElement T>
-void store_kv(const LayerCacheDesc<T>& k_cache, const LayerCacheDesc<T>& v_cache,
-              std::span<const float> k_new, std::span<const float> v_new,
-              std::span<const std::uint32_t> row_offsets, CUstream_st* stream) {
+inline void store_kv(const CacheDesc& k_cache, const CacheDesc& v_cache,
+                     std::span<const float> k_new, std::span<const float> v_new,
+                     std::span<const std::uint32_t> row_offsets, CUstream_st* stream) {
   store_kv(k_cache, v_cache, k_new, v_new, row_offsets, StoreOptions{}, stream);
 }
 

@@ -27,13 +27,13 @@ float stream_read(const void* data, std::size_t bytes, ThreadPool* pool);
 // threads. Returns a sum of the data. tokens.size() must be the view's
 // batch size and each count within its entry's reserved room and page table
 // (InvalidArgument otherwise); as for attention, every row read must lie in
-// a page the entry holds. element_bytes is one cache element's size (2 or 4).
+// a page the entry holds (k must be valid: CacheDesc::validate; v the same
+// batch and geometry).
 // Its bandwidth is the ceiling that the page size and page order leave a
 // paged kernel. On the Zen 4 VM, shuffled 32 KiB pages read at 0.84-0.88 of
 // a sequential stream while the VM gets ~34 GB/s, and at 0.56-0.73 in the
 // windows where it gets ~55 GB/s.
-float paged_read(const LayerCacheDesc<float>& k, const LayerCacheDesc<float>& v,
-                 std::size_t element_bytes, std::span<const std::uint32_t> tokens,
+float paged_read(const CacheDesc& k, const CacheDesc& v, std::span<const std::uint32_t> tokens,
                  ThreadPool* pool);
 
 // memcpy(dst, src, bytes), split across the pool's threads.

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <span>
@@ -25,71 +26,10 @@
 #include <vector>
 
 #include "kvcache/error.h"
+#include "kvcache/kernels/options.h"
 #include "kvcache/kv_cache.h"
 
 namespace kvcache {
-
-// How the fast decode kernel (kernels/attention.h) hides the latency of the
-// K/V rows it reads; results never depend on it, only speed does. The
-// reference kernel ignores it.
-//  automatic:    next_step_l1 on processors other than AMD's, and on AMD
-//                processors without AVX-512 (Zen 3 and older) for NHD pages;
-//                on other AMD processors and pages next_tile_l1 from Zen 5
-//                (CPUID family 1Ah) on and next_tile_l2 before it (what
-//                measured fastest on each; docs/PERFORMANCE.md, "Prefetch"). On AMD processors each
-//                worker first times loads of the first line of 16 K/V rows spread over each decode
-//                item; items whose lines all answer from a cache run as `none` (from cache the
-//                prefetch stream is pure cost: MHA 1.4x on one thread). After one probe finds rows
-//                in memory, the worker streams the call's later items without probing.
-//  next_step_l1: the rows of the next block of tokens (all the item's KV
-//                heads) into L1, one block ahead (best on a Sapphire Rapids
-//                Xeon when the kernel still walked a tile head by head; not
-//                re-measured there since the token-major order; best on a
-//                Zen 3 with NHD pages).
-//  next_tile_l2: whole rows (all heads) of the next tile into L2
-//                (prefetcht1), in address order, issued as fast as the loops
-//                read the current tile (best on Zen 4: DRAM decode 1.3-2.0x
-//                of next_tile_l1 there).
-//  none:         hardware prefetchers only.
-//  next_tile_l1: next_tile_l2's walk issued as prefetcht0 (into L1 and L2;
-//                most lines leave L1 again before use): best on Zen 5
-//                (1.02-1.10x of next_tile_l2 in DRAM), slow on
-//                Zen 4, where prefetcht0 barely gets ahead of memory.
-// (next_tile_l1 comes last so that the earlier values keep their numbers.)
-enum class AttentionPrefetch : std::uint8_t {
-  automatic,
-  next_step_l1,
-  next_tile_l2,
-  none,
-  next_tile_l1
-};
-
-// What the query and the softmax probabilities are rounded to before they
-// multiply the cache's K and V elements. Every sum is fp32 either way.
-//  fp32: nothing is rounded (the default): results are within fp32 rounding
-//        of an exact computation on the stored K/V.
-//  bf16: on a bf16 cache, the scaled query (q * scale, an fp32 product) and
-//        each probability (exp(score - running max)) are rounded to bf16,
-//        nearest even, as GPU flash-attention kernels do with bf16 inputs.
-//        Their products with bf16 K/V elements are then exact in fp32. Where
-//        the processor has AVX512-BF16 the fast kernel multiplies bf16 pairs
-//        (vdpbf16ps: 32 products an instruction, fp32 FMAs do 16) in decode
-//        with several query heads per KV head over rows in the caches and in
-//        prefill's score loop, the compute-bound cases (decode 1.1-1.2x,
-//        prefill 1.3x); elsewhere it
-//        computes the same values with fp32 FMAs, at the speed of `fp32`
-//        (within 1-2 %). Query rounding is
-//        exact and reproducible; a probability is rounded against the running
-//        maximum of its tile walk (the reference rounds exp(score - max)),
-//        so the two agree within 2^-8 of the largest |V| element (two
-//        roundings of 2^-9 each) plus fp32 rounding. f32 and f16 caches ignore it.
-enum class AttentionPrecision : std::uint8_t { fp32, bf16 };
-
-struct AttentionOptions {
-  float scale = 0.0f;  // 0 => 1 / sqrt(head_dim); must be finite (InvalidArgument)
-  AttentionPrefetch prefetch = AttentionPrefetch::automatic;
-  AttentionPrecision precision = AttentionPrecision::fp32;
-};
 
 namespace detail {
 
@@ -127,22 +67,6 @@ void check_reserved_rows(const Cache& c, std::span<const std::uint32_t> row_offs
                               std::to_string(c.reserved_length(b)) + " tokens its fetch reserved");
       }
     }
-  }
-}
-
-inline void check_precision(AttentionPrecision precision) {
-  if (precision > AttentionPrecision::bf16) {
-    throw InvalidArgument("AttentionOptions::precision value " +
-                          std::to_string(static_cast<int>(precision)) + " is not fp32 or bf16");
-  }
-}
-
-// AttentionOptions::scale: any finite value (0 picks 1 / sqrt(head_dim)); a
-// NaN or infinite scale would turn every output into NaN.
-inline void check_scale(float scale) {
-  if (!std::isfinite(scale)) {
-    throw InvalidArgument("AttentionOptions::scale is " + std::to_string(scale) +
-                          ": it must be a finite number (0 means 1 / sqrt(head_dim))");
   }
 }
 

@@ -44,20 +44,30 @@ HWY_EXPORT(PrefillQueryVectors);
 std::uint32_t prefill_query_vectors() { return HWY_DYNAMIC_DISPATCH(PrefillQueryVectors)(); }
 
 namespace {
-void check_same_shape(const LayerCacheDesc<float>& k, const LayerCacheDesc<float>& v) {
+void check_same_shape(const CacheDesc& k, const CacheDesc& v) {
   if (k.batch_size != v.batch_size || k.n_kv_heads != v.n_kv_heads || k.head_dim != v.head_dim ||
-      k.block_tokens != v.block_tokens || k.cache_lengths != v.cache_lengths ||
-      k.lookup_table != v.lookup_table || k.layout != v.layout) {
+      k.page_size != v.page_size || k.cache_lengths != v.cache_lengths ||
+      k.lookup_table != v.lookup_table || k.layout != v.layout || k.dtype != v.dtype ||
+      k.block_stride != v.block_stride) {
     throw InvalidArgument(
         "key and value caches differ in shape or batch (batch " + std::to_string(k.batch_size) +
         " vs " + std::to_string(v.batch_size) + ", heads " + std::to_string(k.n_kv_heads) + " vs " +
         std::to_string(v.n_kv_heads) + ", head_dim " + std::to_string(k.head_dim) + " vs " +
         std::to_string(v.head_dim) + ", layout " + std::string(layout_name(k.layout)) + " vs " +
-        std::string(layout_name(v.layout)) + ")");
+        std::string(layout_name(v.layout)) + ", dtype " + std::string(dtype_name(k.dtype)) +
+        " vs " + std::string(dtype_name(v.dtype)) + ")");
   }
   if (k.blocks == nullptr || v.blocks == nullptr || k.head_dim == 0 || k.n_kv_heads == 0 ||
-      k.block_tokens == 0) {
+      k.page_size == 0) {
     throw InvalidArgument("cache view is empty (null blocks or zero head_dim / heads / page size)");
+  }
+  const CacheDesc resolved = k.with_strides();
+  if (k.block_stride != resolved.block_stride || k.token_stride != resolved.token_stride ||
+      k.head_stride != resolved.head_stride || !(k.dtype <= DType::bf16)) {
+    throw InvalidArgument("cache view's dtype or strides (block " + std::to_string(k.block_stride) +
+                          ", token " + std::to_string(k.token_stride) + ", head " +
+                          std::to_string(k.head_stride) +
+                          ") are not those of its geometry: take it from CacheDesc::layer()");
   }
 }
 }  // namespace
@@ -65,13 +75,13 @@ void check_same_shape(const LayerCacheDesc<float>& k, const LayerCacheDesc<float
 // Checks that each entry's new rows fit in the room its fetch reserved
 // (reserved_lengths, or the blocks its table row holds) and that every block
 // they need is a real block, never the sentinel.
-void check_rows_fit(const LayerCacheDesc<float>& k, std::span<const std::uint32_t> row_offsets) {
+void check_rows_fit(const CacheDesc& k, std::span<const std::uint32_t> row_offsets) {
   detail::check_row_offsets(row_offsets, k.batch_size);
-  const LayerCacheBase<float> view(k);
+  const LayerCacheBase<float> view = table_view(k);
   detail::check_reserved_rows(view, row_offsets);  // the references' check, one message
   // A view built by hand may reserve more than its table holds: the rows'
   // blocks must lie in the table and be real blocks.
-  const std::uint64_t table_tokens = std::uint64_t{k.lookup_stride} * k.block_tokens;
+  const std::uint64_t table_tokens = std::uint64_t{k.lookup_stride} * k.page_size;
   for (std::uint32_t b = 0; b < k.batch_size; ++b) {
     const std::uint64_t end =
         std::uint64_t{k.cache_lengths[b]} + (row_offsets[b + 1] - row_offsets[b]);
@@ -79,7 +89,7 @@ void check_rows_fit(const LayerCacheDesc<float>& k, std::span<const std::uint32_
       throw InvalidArgument("entry " + std::to_string(b) + " needs " + std::to_string(end) +
                             " tokens but the lookup table holds " + std::to_string(table_tokens));
     }
-    const std::uint64_t blocks = (end + k.block_tokens - 1) / k.block_tokens;
+    const std::uint64_t blocks = (end + k.page_size - 1) / k.page_size;
     for (std::uint32_t j = 0; j < blocks; ++j) {
       if (view.block_id(b, j) >= k.num_blocks && k.num_blocks != 0) {
         throw InvalidArgument("entry " + std::to_string(b) + " needs block " + std::to_string(j) +
@@ -92,7 +102,7 @@ void check_rows_fit(const LayerCacheDesc<float>& k, std::span<const std::uint32_
   }
 }
 
-void check_shapes(const LayerCacheDesc<float>& k, const LayerCacheDesc<float>& v,
+void check_shapes(const CacheDesc& k, const CacheDesc& v,
                   std::span<const std::uint32_t> row_offsets) {
   check_same_shape(k, v);
   check_rows_fit(k, row_offsets);
@@ -121,12 +131,10 @@ AttentionPrefetch resolve_attention_prefetch(AttentionPrefetch requested, PageLa
                                        : AttentionPrefetch::next_tile_l2;
 }
 
-namespace detail {
-
-void attention_cpu(DType dtype, const LayerCacheDesc<float>& k, const LayerCacheDesc<float>& v,
-                   std::span<const float> q, std::uint32_t n_q_heads,
-                   std::span<const std::uint32_t> row_offsets, std::span<float> out,
-                   const AttentionOptions& options, ThreadPool* pool) {
+void attention(const CacheDesc& k, const CacheDesc& v, std::span<const float> q,
+               std::uint32_t n_q_heads, std::span<const std::uint32_t> row_offsets,
+               std::span<float> out, const AttentionOptions& options, ThreadPool* pool) {
+  const DType dtype = k.dtype;
   kernels::check_shapes(k, v, row_offsets);
   detail::check_precision(options.precision);
   detail::check_scale(options.scale);
@@ -136,12 +144,12 @@ void attention_cpu(DType dtype, const LayerCacheDesc<float>& k, const LayerCache
                           std::to_string(k.n_kv_heads));
   }
   const std::size_t q_row = std::size_t{n_q_heads} * k.head_dim;
-  check_size("q", q.size(), row_offsets[k.batch_size] * q_row);
-  check_size("out", out.size(), row_offsets[k.batch_size] * q_row);
+  detail::check_size("q", q.size(), row_offsets[k.batch_size] * q_row);
+  detail::check_size("out", out.size(), row_offsets[k.batch_size] * q_row);
   if (row_offsets[k.batch_size] == 0) return;
 
-  kernels::AttentionShape shape{k.batch_size, k.n_kv_heads,   n_q_heads / k.n_kv_heads,
-                                k.head_dim,   k.block_tokens, kernels::prefill_query_vectors()};
+  kernels::AttentionShape shape{k.batch_size, k.n_kv_heads, n_q_heads / k.n_kv_heads,
+                                k.head_dim,   k.page_size,  kernels::prefill_query_vectors()};
   const kernels::AttentionPlan plan = kernels::make_attention_plan(
       shape, k.cache_lengths, row_offsets, pool == nullptr ? 1 : pool->num_threads());
   kernels::AttentionCtx c;
@@ -150,12 +158,12 @@ void attention_cpu(DType dtype, const LayerCacheDesc<float>& k, const LayerCache
   c.cache_lengths = k.cache_lengths;
   c.lookup = k.lookup_table;
   c.lookup_stride = k.lookup_stride;
-  c.page = k.block_tokens;
+  c.page = k.page_size;
   c.n_kv = k.n_kv_heads;
   c.group = shape.group;
   c.dim = k.head_dim;
-  c.token_stride = token_stride(k);
-  c.head_stride = head_stride(k);
+  c.token_stride = k.token_stride;
+  c.head_stride = k.head_stride;
   c.q = q.data();
   c.out = out.data();
   c.n_q = n_q_heads;
@@ -180,6 +188,5 @@ void attention_cpu(DType dtype, const LayerCacheDesc<float>& k, const LayerCache
   }
 }
 
-}  // namespace detail
 }  // namespace kvcache
 #endif  // HWY_ONCE

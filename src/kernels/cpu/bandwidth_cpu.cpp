@@ -92,29 +92,32 @@ float stream_read(const void* data, std::size_t bytes, ThreadPool* pool) {
   return s;
 }
 
-float paged_read(const LayerCacheDesc<float>& k, const LayerCacheDesc<float>& v,
-                 std::size_t element_bytes, std::span<const std::uint32_t> tokens,
+float paged_read(const CacheDesc& k, const CacheDesc& v, std::span<const std::uint32_t> tokens,
                  ThreadPool* pool) {
   if (tokens.size() != k.batch_size) {
     throw InvalidArgument("paged_read: " + std::to_string(tokens.size()) +
                           " token counts for a batch of " + std::to_string(k.batch_size));
   }
-  if (element_bytes != 2 && element_bytes != 4) {
-    throw InvalidArgument("paged_read: element_bytes " + std::to_string(element_bytes) +
-                          " is not 2 or 4");
+  k.validate();
+  if (v.dtype != k.dtype || v.block_stride != k.block_stride || v.lookup_table != k.lookup_table ||
+      v.batch_size != k.batch_size) {
+    throw InvalidArgument("paged_read: the K and V descriptors differ in dtype, stride or batch");
   }
-  const LayerCacheBase<float> view(k);
+  const std::size_t element_bytes = dtype_size(k.dtype);
+  CacheDesc table = k;  // the view reads only lengths and the page table
+  table.dtype = DType::f32;
+  const LayerCacheBase<float> view(table);
   // (entry, block index) of every block touched, in page-table order.
   std::vector<std::pair<std::uint32_t, std::uint32_t>> blocks;
   for (std::uint32_t b = 0; b < k.batch_size; ++b) {
     const std::uint64_t limit = std::min<std::uint64_t>(
-        std::uint64_t{k.lookup_stride} * k.block_tokens, view.reserved_length(b));
+        std::uint64_t{k.lookup_stride} * k.page_size, view.reserved_length(b));
     if (tokens[b] > limit) {
       throw InvalidArgument("paged_read: entry " + std::to_string(b) + " asks for " +
                             std::to_string(tokens[b]) + " tokens, the view's limit is " +
                             std::to_string(limit));
     }
-    for (std::uint32_t j = 0; std::uint64_t{j} * k.block_tokens < tokens[b]; ++j)
+    for (std::uint32_t j = 0; std::uint64_t{j} * k.page_size < tokens[b]; ++j)
       blocks.emplace_back(b, j);
   }
   // NHD: a block's rows of tokens [0, rows) are one run of rows * n_kv * dim
@@ -122,7 +125,7 @@ float paged_read(const LayerCacheDesc<float>& k, const LayerCacheDesc<float>& v,
   const bool hnd = k.layout == PageLayout::hnd && k.n_kv_heads > 1;
   const std::size_t run_elems = hnd ? k.head_dim : std::size_t{k.n_kv_heads} * k.head_dim;
   const std::size_t runs = hnd ? k.n_kv_heads : 1;
-  const std::size_t head_bytes = head_stride(k) * element_bytes;
+  const std::size_t head_bytes = k.head_stride * element_bytes;
   const std::size_t w = workers(pool);
   std::vector<float> sums(w, 0.0f);
   on_threads(pool, [&](std::size_t i) {
@@ -131,8 +134,7 @@ float paged_read(const LayerCacheDesc<float>& k, const LayerCacheDesc<float>& v,
     for (std::size_t u = first; u < last; ++u) {
       const auto [b, j] = blocks[u];
       const std::uint32_t block = k.lookup_table[std::size_t{b} * k.lookup_stride + j];
-      const std::uint32_t rows =
-          std::min<std::uint32_t>(k.block_tokens, tokens[b] - j * k.block_tokens);
+      const std::uint32_t rows = std::min<std::uint32_t>(k.page_size, tokens[b] - j * k.page_size);
       const std::size_t n = rows * run_elems * element_bytes / sizeof(float);
       for (std::size_t r = 0; r < runs; ++r) {
         const std::size_t offset =

@@ -116,7 +116,7 @@ struct AttentionCtx {
   const std::uint32_t* row_offsets = nullptr;
   const AttentionPlan* plan = nullptr;
   ThreadPool* pool = nullptr;
-  // Resolved (never automatic): see AttentionPrefetch in kernels/reference.h.
+  // Resolved (never automatic): see AttentionPrefetch in kernels/options.h.
   AttentionPrefetch prefetch = AttentionPrefetch::next_step_l1;
   // `automatic` on AMD: decode items whose rows a probe finds in the caches
   // run without prefetches (ItemRunner::rows_resident).
@@ -234,7 +234,14 @@ struct StoreCtx {
 // Validation shared by attention and store_kv (implemented in attention_cpu.cpp):
 // K and V views of one shape and batch, row_offsets well formed, and every
 // entry's cache_length + new tokens within max_context_length and its page table.
-void check_shapes(const LayerCacheDesc<float>& k, const LayerCacheDesc<float>& v,
+void check_shapes(const CacheDesc& k, const CacheDesc& v,
                   std::span<const std::uint32_t> row_offsets);
+
+// A view of d's lengths and page table (block_id, reserved_length) whatever
+// its dtype: the checks read no elements.
+inline LayerCacheBase<float> table_view(CacheDesc d) {
+  d.dtype = DType::f32;
+  return LayerCacheBase<float>(d);
+}
 
 }  // namespace kvcache::kernels

@@ -1,4 +1,4 @@
-// Rounding to bf16 for AttentionPrecision::bf16 (kernels/reference.h), per
+// Rounding to bf16 for AttentionPrecision::bf16 (kernels/options.h), per
 // Highway target (included by attention_cpu-inl.h and attention_prefill-inl.h).
 //
 // RoundToBF16(df, v): each lane rounded to the nearest bf16, ties to even,

@@ -420,17 +420,15 @@ StorePrefetch resolve_store_prefetch(const StoreOptions& options, DType dtype) {
   return prefetch ? StorePrefetch::next_row_l1 : StorePrefetch::none;
 }
 
-namespace detail {
-
-void store_kv_cpu(DType dtype, const LayerCacheDesc<float>& k, const LayerCacheDesc<float>& v,
-                  std::span<const float> k_new, std::span<const float> v_new,
-                  std::span<const std::uint32_t> row_offsets, const StoreOptions& options,
-                  ThreadPool* pool) {
+void store_kv(const CacheDesc& k, const CacheDesc& v, std::span<const float> k_new,
+              std::span<const float> v_new, std::span<const std::uint32_t> row_offsets,
+              const StoreOptions& options, ThreadPool* pool) {
   kernels::check_shapes(k, v, row_offsets);
+  const DType dtype = k.dtype;
   const std::size_t row = std::size_t{k.n_kv_heads} * k.head_dim;
   const std::uint32_t total = row_offsets[k.batch_size];
-  check_size("k_new", k_new.size(), total * row);
-  check_size("v_new", v_new.size(), total * row);
+  detail::check_size("k_new", k_new.size(), total * row);
+  detail::check_size("v_new", v_new.size(), total * row);
   check_store_rope(options, k.head_dim);
   std::vector<float> inv_freq;
   kernels::StoreCtx c;
@@ -451,12 +449,12 @@ void store_kv_cpu(DType dtype, const LayerCacheDesc<float>& k, const LayerCacheD
   c.cache_lengths = k.cache_lengths;
   c.lookup = k.lookup_table;
   c.lookup_stride = k.lookup_stride;
-  c.page = k.block_tokens;
+  c.page = k.page_size;
   c.batch = k.batch_size;
   c.n_kv = k.n_kv_heads;
   c.dim = k.head_dim;
-  c.token_stride = token_stride(k);
-  c.head_stride = head_stride(k);
+  c.token_stride = k.token_stride;
+  c.head_stride = k.head_stride;
   c.k_new = k_new.data();
   c.v_new = v_new.data();
   c.row_offsets = row_offsets.data();
@@ -466,6 +464,5 @@ void store_kv_cpu(DType dtype, const LayerCacheDesc<float>& k, const LayerCacheD
   kernels::run_store(dtype, c);
 }
 
-}  // namespace detail
 }  // namespace kvcache
 #endif  // HWY_ONCE

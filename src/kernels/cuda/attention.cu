@@ -106,9 +106,9 @@ __device__ void load_tile(const AttnParams& p, const Smem& s, std::uint32_t b, s
   const std::uint32_t dim = p.dim, dp = dim + 1;
   if (threadIdx.x < n_t) {
     const std::uint32_t pos = tok0 + threadIdx.x;
-    const std::uint32_t block = p.lookup[std::size_t{b} * p.lookup_stride + pos / p.block_tokens];
+    const std::uint32_t block = p.lookup[std::size_t{b} * p.lookup_stride + pos / p.page_size];
     s.offs[threadIdx.x] = std::size_t{block} * p.block_stride +
-                          std::size_t{pos % p.block_tokens} * p.token_stride +
+                          std::size_t{pos % p.page_size} * p.token_stride +
                           std::size_t{kvh} * p.head_stride;
   }
   __syncthreads();
@@ -496,21 +496,19 @@ void launch_merge(const AttnParams& p, cudaStream_t stream) {
   check_cuda(cudaGetLastError(), "attention merge kernel launch");
 }
 
-void attention_cuda(DType dtype, const LayerCacheDesc<float>& k, const LayerCacheDesc<float>& v,
-                    std::span<const float> q, std::uint32_t n_q_heads,
-                    std::span<const std::uint32_t> row_offsets, std::span<float> out,
-                    const AttentionOptions& options, CUstream_st* stream,
+void attention_cuda(DType dtype, const CacheDesc& k, const CacheDesc& v, std::span<const float> q,
+                    std::uint32_t n_q_heads, std::span<const std::uint32_t> row_offsets,
+                    std::span<float> out, const AttentionOptions& options, CUstream_st* stream,
                     AttentionWorkspace* workspace) {
   attention_cuda_tuned(dtype, k, v, q, n_q_heads, row_offsets, out, options, stream, workspace,
                        DecodeTuning{});
 }
 
-void attention_cuda_tuned(DType dtype, const LayerCacheDesc<float>& k,
-                          const LayerCacheDesc<float>& v, std::span<const float> q,
-                          std::uint32_t n_q_heads, std::span<const std::uint32_t> row_offsets,
-                          std::span<float> out, const AttentionOptions& options,
-                          CUstream_st* stream, AttentionWorkspace* workspace,
-                          const DecodeTuning& tuning) {
+void attention_cuda_tuned(DType dtype, const CacheDesc& k, const CacheDesc& v,
+                          std::span<const float> q, std::uint32_t n_q_heads,
+                          std::span<const std::uint32_t> row_offsets, std::span<float> out,
+                          const AttentionOptions& options, CUstream_st* stream,
+                          AttentionWorkspace* workspace, const DecodeTuning& tuning) {
   check_cache_pair(k, v);
   check_row_offsets_span(row_offsets, k.batch_size);
   kvcache::detail::check_precision(options.precision);
@@ -545,12 +543,12 @@ void attention_cuda_tuned(DType dtype, const LayerCacheDesc<float>& k,
   p.q = q.data();
   p.out = out.data();
   p.block_stride = k.block_stride;
-  p.token_stride = token_stride(k);
-  p.head_stride = head_stride(k);
+  p.token_stride = k.token_stride;
+  p.head_stride = k.head_stride;
   p.lookup_stride = k.lookup_stride;
-  p.block_tokens = k.block_tokens;
-  p.page_pow2 = std::has_single_bit(k.block_tokens);
-  p.page_shift = p.page_pow2 ? static_cast<std::uint32_t>(std::countr_zero(k.block_tokens)) : 0;
+  p.page_size = k.page_size;
+  p.page_pow2 = std::has_single_bit(k.page_size);
+  p.page_shift = p.page_pow2 ? static_cast<std::uint32_t>(std::countr_zero(k.page_size)) : 0;
   p.n_kv = k.n_kv_heads;
   p.n_q = n_q_heads;
   p.group = n_q_heads / k.n_kv_heads;
@@ -599,8 +597,7 @@ std::size_t AttentionWorkspace::capacity_bytes() const noexcept {
 
 namespace kvcache::cuda::detail {
 
-const char* attention_kernel_name_cuda(DType dtype, const LayerCacheDesc<float>& k,
-                                       const LayerCacheDesc<float>& v) {
+const char* attention_kernel_name_cuda(DType dtype, const CacheDesc& k, const CacheDesc& v) {
   if (decode_eligible(dtype, k, v)) return "decode";
   return prefill_eligible(dtype, k, v) ? "prefill" : "generic";
 }

@@ -38,8 +38,8 @@ struct AttnParams {
   std::size_t token_stride;
   std::size_t head_stride;
   std::uint32_t lookup_stride;
-  std::uint32_t block_tokens;
-  std::uint32_t page_shift;  // log2(block_tokens) when page_pow2
+  std::uint32_t page_size;
+  std::uint32_t page_shift;  // log2(page_size) when page_pow2
   bool page_pow2;
   std::uint32_t n_kv;
   std::uint32_t n_q;
@@ -60,8 +60,8 @@ struct AttnParams {
 // the page table (shared by the decode and prefill kernels).
 __device__ __forceinline__ std::size_t row_offset(const AttnParams& a, std::uint32_t b,
                                                   std::uint32_t kvh, std::uint32_t tok) {
-  const std::uint32_t j = a.page_pow2 ? tok >> a.page_shift : tok / a.block_tokens;
-  const std::uint32_t in_page = tok - j * a.block_tokens;
+  const std::uint32_t j = a.page_pow2 ? tok >> a.page_shift : tok / a.page_size;
+  const std::uint32_t in_page = tok - j * a.page_size;
   const std::uint32_t page = __ldg(a.lookup + std::size_t{b} * a.lookup_stride + j);
   return std::size_t{page} * a.block_stride + std::size_t{in_page} * a.token_stride +
          std::size_t{kvh} * a.head_stride;
@@ -153,21 +153,20 @@ void launch_merge(const AttnParams& p, cudaStream_t stream);
 // Whether the decode kernel serves this call: at most kDecodeMaxRows new
 // tokens per entry, head_dim a multiple of the 16-byte vector, 16-byte
 // aligned K and V pools and pages. Reads no device memory.
-bool decode_eligible(DType dtype, const LayerCacheDesc<float>& k, const LayerCacheDesc<float>& v);
+bool decode_eligible(DType dtype, const CacheDesc& k, const CacheDesc& v);
 // Launches the decode kernel (and the merge when it splits) for a call
 // decode_eligible accepts; p as filled by attention_cuda (tiles and splits
 // are planned here from k's batch_size, max_seq_length, max_cache_length).
-void launch_decode(DType dtype, AttnParams p, const LayerCacheDesc<float>& k, CallContext& c,
+void launch_decode(DType dtype, AttnParams p, const CacheDesc& k, CallContext& c,
                    const DecodeTuning& t);
 
 // Whether the tensor-core prefill kernel (prefill_attention.cu) serves a call
 // the decode kernel does not: f16 / bf16 cache, head_dim in {64, 80, 96,
 // 128}, max_seq_length > kDecodeMaxRows, 16-byte aligned K and V pools and
 // pages. Reads no device memory.
-bool prefill_eligible(DType dtype, const LayerCacheDesc<float>& k, const LayerCacheDesc<float>& v);
+bool prefill_eligible(DType dtype, const CacheDesc& k, const CacheDesc& v);
 // Launches the prefill kernel for a call prefill_eligible accepts (no
 // split-KV: one block covers its query vectors' whole context).
-void launch_prefill(DType dtype, const AttnParams& a, const LayerCacheDesc<float>& k,
-                    CallContext& c);
+void launch_prefill(DType dtype, const AttnParams& a, const CacheDesc& k, CallContext& c);
 
 }  // namespace kvcache::cuda::detail

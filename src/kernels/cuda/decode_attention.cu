@@ -540,14 +540,14 @@ void launch_typed(std::uint32_t vectors, const DecodeParams& p, std::uint64_t it
 
 }  // namespace
 
-bool decode_eligible(DType dtype, const LayerCacheDesc<float>& k, const LayerCacheDesc<float>& v) {
+bool decode_eligible(DType dtype, const CacheDesc& k, const CacheDesc& v) {
   const std::uint32_t vec = 16 / static_cast<std::uint32_t>(dtype_size(dtype));
   return k.max_seq_length >= 1 && k.max_seq_length <= kDecodeMaxRows && k.head_dim % vec == 0 &&
          k.head_dim <= kMaxHeadDim && k.block_stride % vec == 0 && aligned16(k.blocks) &&
          aligned16(v.blocks);
 }
 
-void launch_decode(DType dtype, AttnParams a, const LayerCacheDesc<float>& k, CallContext& c,
+void launch_decode(DType dtype, AttnParams a, const CacheDesc& k, CallContext& c,
                    const DecodeTuning& t) {
   const std::uint32_t max_new = k.max_seq_length;
   const std::uint32_t max_context = k.max_full_context_length;

@@ -37,11 +37,10 @@ struct DecodeTuning {
 
 // kvcache::cuda::attention with decode-kernel knobs (the generic and prefill
 // kernels ignore them, except `generic`); workspace as in attention (nullptr: none).
-void attention_cuda_tuned(DType dtype, const LayerCacheDesc<float>& k,
-                          const LayerCacheDesc<float>& v, std::span<const float> q,
-                          std::uint32_t n_q_heads, std::span<const std::uint32_t> row_offsets,
-                          std::span<float> out, const AttentionOptions& options,
-                          CUstream_st* stream, AttentionWorkspace* workspace,
-                          const DecodeTuning& tuning);
+void attention_cuda_tuned(DType dtype, const CacheDesc& k, const CacheDesc& v,
+                          std::span<const float> q, std::uint32_t n_q_heads,
+                          std::span<const std::uint32_t> row_offsets, std::span<float> out,
+                          const AttentionOptions& options, CUstream_st* stream,
+                          AttentionWorkspace* workspace, const DecodeTuning& tuning);
 
 }  // namespace kvcache::cuda::detail

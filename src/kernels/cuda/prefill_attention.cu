@@ -368,15 +368,14 @@ void launch_typed(const PrefillParams& p, std::uint64_t items, CallContext& c) {
 
 }  // namespace
 
-bool prefill_eligible(DType dtype, const LayerCacheDesc<float>& k, const LayerCacheDesc<float>& v) {
+bool prefill_eligible(DType dtype, const CacheDesc& k, const CacheDesc& v) {
   const std::uint32_t d = k.head_dim;
   return (dtype == DType::f16 || dtype == DType::bf16) && k.max_seq_length > kDecodeMaxRows &&
          (d == 64 || d == 80 || d == 96 || d == 128) && k.block_stride % 8 == 0 &&
          aligned16(k.blocks) && aligned16(v.blocks);
 }
 
-void launch_prefill(DType dtype, const AttnParams& a, const LayerCacheDesc<float>& k,
-                    CallContext& c) {
+void launch_prefill(DType dtype, const AttnParams& a, const CacheDesc& k, CallContext& c) {
   PrefillParams p{};
   p.a = a;
   p.a.n_splits = 1;

@@ -70,7 +70,7 @@ struct StoreParams {
   std::size_t head_stride;
   std::uint32_t batch;
   std::uint32_t lookup_stride;
-  std::uint32_t block_tokens;
+  std::uint32_t page_size;
   std::uint32_t dim;
   std::uint32_t tokens;          // total new tokens
   std::uint32_t units;           // units of W elements per token row (n_kv * dim / W)
@@ -219,9 +219,8 @@ __global__ void __launch_bounds__(kStoreThreads, blocks_per_sm(kRope))
         while (p.row_offsets[b + 1] <= r) ++b;  // tokens only grow along a warp's run
       }
       pos = p.cache_lengths[b] + (r - p.row_offsets[b]);
-      const std::uint32_t block = p.lookup[std::size_t{b} * p.lookup_stride + pos / p.block_tokens];
-      base =
-          std::size_t{block} * p.block_stride + std::size_t{pos % p.block_tokens} * p.token_stride;
+      const std::uint32_t block = p.lookup[std::size_t{b} * p.lookup_stride + pos / p.page_size];
+      base = std::size_t{block} * p.block_stride + std::size_t{pos % p.page_size} * p.token_stride;
     }
     if constexpr (kRope) {
       __syncwarp();  // the previous token's cos / sin are read
@@ -305,7 +304,7 @@ std::uint32_t check_store_options(const StoreOptions& options, std::uint32_t hea
 
 }  // namespace
 
-void store_kv_cuda(DType dtype, const LayerCacheDesc<float>& k, const LayerCacheDesc<float>& v,
+void store_kv_cuda(DType dtype, const CacheDesc& k, const CacheDesc& v,
                    std::span<const float> k_new, std::span<const float> v_new,
                    std::span<const std::uint32_t> row_offsets, const StoreOptions& options,
                    CUstream_st* stream) {
@@ -327,7 +326,7 @@ void store_kv_cuda(DType dtype, const LayerCacheDesc<float>& k, const LayerCache
   }
   const std::uint32_t half = rotary_dim / 2;
   const std::size_t elem = dtype_size(dtype);
-  const std::size_t tstride = token_stride(k), hstride = head_stride(k);
+  const std::size_t tstride = k.token_stride, hstride = k.head_stride;
   // Widest unit every row, page and rotary half allows.
   const auto fits = [&](std::uint32_t w) {
     return k.head_dim % w == 0 && half % w == 0 && k.block_stride % w == 0 && tstride % w == 0 &&
@@ -348,7 +347,7 @@ void store_kv_cuda(DType dtype, const LayerCacheDesc<float>& k, const LayerCache
   p.head_stride = hstride;
   p.batch = k.batch_size;
   p.lookup_stride = k.lookup_stride;
-  p.block_tokens = k.block_tokens;
+  p.page_size = k.page_size;
   p.dim = k.head_dim;
   p.tokens = static_cast<std::uint32_t>(rows);
   p.units = static_cast<std::uint32_t>(row / w);

@@ -25,17 +25,24 @@ void check_device_ptr(const char* what, const void* p) {
 
 }  // namespace
 
-void check_cache_pair(const LayerCacheDesc<float>& k, const LayerCacheDesc<float>& v) {
+void check_cache_pair(const CacheDesc& k, const CacheDesc& v) {
   if (k.batch_size != v.batch_size || k.n_kv_heads != v.n_kv_heads || k.head_dim != v.head_dim ||
-      k.block_tokens != v.block_tokens || k.block_stride != v.block_stride ||
+      k.page_size != v.page_size || k.block_stride != v.block_stride ||
       k.lookup_stride != v.lookup_stride || k.cache_lengths != v.cache_lengths ||
-      k.lookup_table != v.lookup_table || k.layout != v.layout) {
+      k.lookup_table != v.lookup_table || k.layout != v.layout || k.dtype != v.dtype) {
     throw InvalidArgument("key and value caches differ in shape or batch (batch " +
                           str(k.batch_size) + " vs " + str(v.batch_size) + ", heads " +
                           str(k.n_kv_heads) + " vs " + str(v.n_kv_heads) + ", head_dim " +
-                          str(k.head_dim) + " vs " + str(v.head_dim) + ", block_tokens " +
-                          str(k.block_tokens) + " vs " + str(v.block_tokens) + ", block_stride " +
+                          str(k.head_dim) + " vs " + str(v.head_dim) + ", page_size " +
+                          str(k.page_size) + " vs " + str(v.page_size) + ", block_stride " +
                           str(k.block_stride) + " vs " + str(v.block_stride) + ")");
+  }
+  const CacheDesc resolved = k.with_strides();
+  if (k.token_stride != resolved.token_stride || k.head_stride != resolved.head_stride) {
+    throw InvalidArgument("cache view token / head strides " + str(k.token_stride) + " / " +
+                          str(k.head_stride) + " are not those of its geometry (" +
+                          str(resolved.token_stride) + " / " + str(resolved.head_stride) +
+                          "): take it from CacheDesc::layer()");
   }
   if (k.layout != PageLayout::nhd && k.layout != PageLayout::hnd) {
     throw InvalidArgument("cache view layout value " + str(static_cast<int>(k.layout)) +
@@ -47,7 +54,7 @@ void check_cache_pair(const LayerCacheDesc<float>& k, const LayerCacheDesc<float
   }
   check_positive("head_dim", k.head_dim);
   check_positive("n_kv_heads", k.n_kv_heads);
-  check_positive("block_tokens", k.block_tokens);
+  check_positive("page_size", k.page_size);
   if (k.batch_size == 0) return;  // nothing will be read
   check_positive("lookup_stride", k.lookup_stride);
   check_positive("block_stride", k.block_stride);

@@ -12,7 +12,7 @@
 namespace kvcache::cuda::detail {
 
 // K and V of the same shape and batch; a usable, device-resident view.
-void check_cache_pair(const LayerCacheDesc<float>& k, const LayerCacheDesc<float>& v);
+void check_cache_pair(const CacheDesc& k, const CacheDesc& v);
 // row_offsets has batch_size + 1 entries in device memory.
 void check_row_offsets_span(std::span<const std::uint32_t> row_offsets, std::uint32_t batch_size);
 // `n` is a whole number of rows of `row` elements; returns the row count.
