@@ -2,7 +2,8 @@
 #
 # Installs, under the prefix:
 #   include/kvcache/**                      the public headers (engine/ with the engine,
-#                                           cuda/ with the CUDA backend only)
+#                                           cuda/ with the CUDA backend only) and the
+#                                           generated kvcache/version.h
 #   lib/libkvcache.a, lib/libkvcache_replay.a, lib/libkvcache_engine.a
 #   lib/libkvcache_c.so*                    the C interface alone, as a shared library
 #   lib/cmake/kvcache/                      the CMake package: find_package(kvcache CONFIG)
@@ -10,6 +11,7 @@
 #                                           kvcache::engine, kvcache::cuda where built)
 #   lib/pkgconfig/kvcache.pc, kvcache-c.pc  for other build systems (cargo, meson, make)
 #   bin/kvcache                             the command line, where it was built
+#   share/doc/kvcache/LICENSE, CHANGELOG.md
 # Both package files locate the prefix from their own path, so the installed
 # tree can be moved. docs/embedding.md shows each way in.
 
@@ -26,6 +28,10 @@ endif()
 install(DIRECTORY "${PROJECT_SOURCE_DIR}/include/kvcache"
   DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}" COMPONENT devel
   FILES_MATCHING PATTERN "*.h" ${_kvcache_header_excludes})
+install(FILES "${KVCACHE_GENERATED_INCLUDE_DIR}/kvcache/version.h"  # configured from version.h.in
+  DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/kvcache" COMPONENT devel)
+install(FILES "${PROJECT_SOURCE_DIR}/LICENSE" "${PROJECT_SOURCE_DIR}/CHANGELOG.md"
+  DESTINATION "${CMAKE_INSTALL_DOCDIR}" COMPONENT devel)
 
 set(_kvcache_exported kvcache kvcache_replay)
 foreach(_target kvcache_c kvcache_engine kvcache_cuda)

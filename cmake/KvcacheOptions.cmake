@@ -1,12 +1,27 @@
 # KvcacheOptions.cmake — compiler flags shared by every kvcache target.
 #
-# kvcache_warnings: an INTERFACE target carrying the warning flags; link it
-# PRIVATE so the flags apply to our sources only, never to consumers.
+# kvcache_warnings: an INTERFACE target carrying the warning flags (and the
+# Release flags when the build type is empty, below); link it PRIVATE so the
+# flags apply to our sources only, never to consumers.
 # KVCACHE_SANITIZE / KVCACHE_NATIVE apply globally (every target, including
 # tests and tools) because sanitizer runtimes must be linked into all of them.
 
 add_library(kvcache_warnings INTERFACE)
 target_compile_options(kvcache_warnings INTERFACE -Wall -Wextra)
+
+# A parent project that embeds kvcache (add_subdirectory, FetchContent) and
+# names no build type would have CMake compile the kernels with no
+# optimisation at all (decode attention about 30x slower, silently). So when
+# the configuration is empty, kvcache's own sources (everything that links
+# kvcache_warnings) take the Release flags; the parent's targets keep theirs.
+# On its own kvcache defaults to Release, and a named build type or a
+# multi-config generator never has an empty configuration.
+separate_arguments(_kvcache_release_flags UNIX_COMMAND "${CMAKE_CXX_FLAGS_RELEASE}")
+target_compile_options(kvcache_warnings INTERFACE "$<$<CONFIG:>:${_kvcache_release_flags}>")
+if(NOT CMAKE_BUILD_TYPE AND NOT CMAKE_CONFIGURATION_TYPES)
+  message(STATUS "kvcache: no build type set by the parent project; kvcache's own targets "
+                 "compile with its Release flags (${CMAKE_CXX_FLAGS_RELEASE})")
+endif()
 
 if(KVCACHE_SANITIZE)
   if(NOT KVCACHE_SANITIZE MATCHES "^(address|thread|undefined)$")

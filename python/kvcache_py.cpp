@@ -346,7 +346,7 @@ PYBIND11_MODULE(kvcache, m) {
       "kvcache: a KV cache for LLM inference (C++ core). Managers follow MAX's "
       "continuous_batching_cache API; tensors are NumPy arrays viewing the C++ memory. "
       "See docs/python.md.";
-  m.attr("__version__") = KVCACHE_VERSION;
+  m.attr("__version__") = kvcache::version();
   kp::bind_errors(m);
   kp::init_numpy_statics();
   kp::bind_params(m);

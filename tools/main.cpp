@@ -10,9 +10,11 @@
 #include <cstdlib>
 #include <exception>
 #include <iostream>
+#include <string>
 
 #include "commands.h"
 #include "kvcache/error.h"
+#include "kvcache/version.h"
 
 namespace {
 
@@ -35,6 +37,7 @@ void choose_blas_core(char** argv) {
 int run(int argc, char** argv) {
   CLI::App app{"kvcache — KV-cache planning, demos and tools for LLM inference"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("kvcache ") + kvcache::version());
   kvcache::tools::add_plan_command(app);
   kvcache::tools::add_demo_command(app);
   kvcache::tools::add_bench_command(app);

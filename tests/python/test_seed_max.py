@@ -1,5 +1,5 @@
 """Conformance to the seed page 003 (MAX's Python continuous_batching_cache,
-/work/shared/seeds/003_3e85855e2a3a9da4.txt), written from the page: each test
+seed 003_3e85855e2a3a9da4.txt, docs/seeds.md), written from the page: each test
 quotes the sentence it checks. The code is what MAX code would do, with only
 the changes the language forces (NumPy arrays for max.driver Tensors, a list of
 devices for List[Device], None for the InferenceSession)."""

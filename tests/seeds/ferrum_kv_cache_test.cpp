@@ -1,5 +1,5 @@
 // Conformance with seed page 004: ferrum's `pub struct KvCache<B: Backend>`
-// (../shared/seeds/004_10d568028917798b.txt), as LayerKvCache<T>
+// (seed 004_10d568028917798b.txt, docs/seeds.md), as LayerKvCache<T>
 // (kvcache/layer_kv_cache.h) over a collection with PageLayout::hnd and
 // PoolArrangement::per_layer. Each test quotes the sentence it checks.
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
 // Conformance with seed page 000: Mojo struct ContinuousBatchingKVCacheCollection
-// (../shared/seeds/000_c02b956dcc7af99e.txt). Each test quotes the sentence it checks.
+// (seed 000_c02b956dcc7af99e.txt, docs/seeds.md). Each test quotes the sentence it checks.
 #include <gtest/gtest.h>
 
 #include <type_traits>

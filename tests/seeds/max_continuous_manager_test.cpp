@@ -1,5 +1,5 @@
 // Conformance with seed page 002: Mojo struct ContinuousBatchingKVCacheManager
-// (../shared/seeds/002_b83db26f9c550b21.txt). Each test quotes the sentence it checks.
+// (seed 002_b83db26f9c550b21.txt, docs/seeds.md). Each test quotes the sentence it checks.
 #include <gtest/gtest.h>
 
 #include <algorithm>

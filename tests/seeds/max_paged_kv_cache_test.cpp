@@ -1,5 +1,5 @@
 // Conformance with seed page 001: Mojo struct PagedKVCache[dtype_, kv_params_,
-// page_size] (../shared/seeds/001_28b61ec13276cf12.txt). Each test quotes the
+// page_size] (seed 001_28b61ec13276cf12.txt, docs/seeds.md). Each test quotes the
 // sentence it checks.
 #include <gtest/gtest.h>
 
