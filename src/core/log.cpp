@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <string>
 
 #include "kvcache/error.h"
@@ -24,16 +25,17 @@ void write_stderr(LogLevel level, std::string_view message) {
   std::fwrite(line.data(), 1, line.size(), stderr);  // one write: lines do not interleave
 }
 
-// The process-wide logger: the level (atomic) and the sink (swapped under mu).
+// The process-wide logger: the level (atomic) and the sink (swapped under
+// mu; null for the default stderr sink, so that first use allocates nothing).
 class Logger {
  public:
-  Logger() : level_(initial_level()), sink_(default_sink()) {}
+  Logger() : level_(initial_level()) {}
 
   LogLevel level() const noexcept { return level_.load(std::memory_order_relaxed); }
   void set_level(LogLevel level) noexcept { level_.store(level, std::memory_order_relaxed); }
 
   void set_sink(LogSink sink) {
-    auto next = sink ? std::make_shared<const LogSink>(std::move(sink)) : default_sink();
+    auto next = sink ? std::make_shared<const LogSink>(std::move(sink)) : nullptr;
     std::shared_ptr<const LogSink> old;
     {
       std::lock_guard lock(mu_);
@@ -48,10 +50,6 @@ class Logger {
   }
 
  private:
-  static std::shared_ptr<const LogSink> default_sink() {
-    return std::make_shared<const LogSink>(&write_stderr);
-  }
-
   // KVCACHE_LOG_LEVEL, read once; off when unset, empty or not a level.
   static LogLevel initial_level() {
     const char* env = std::getenv("KVCACHE_LOG_LEVEL");
@@ -70,8 +68,10 @@ class Logger {
 };
 
 Logger& logger() {
-  // Leaked on purpose: threads may still log while static destructors run at exit.
-  static Logger* const instance = new Logger;
+  // Never destroyed (threads may still log while static destructors run at
+  // exit) and not on the heap (first use allocates nothing).
+  alignas(Logger) static unsigned char storage[sizeof(Logger)];
+  static Logger* const instance = new (storage) Logger;
   return *instance;
 }
 
@@ -112,7 +112,11 @@ void log(LogLevel level, std::string_view message) noexcept {
   if (!log_enabled(level)) return;
   try {
     const std::shared_ptr<const LogSink> sink = logger().sink();
-    (*sink)(level, message);
+    if (sink) {
+      (*sink)(level, message);
+    } else {
+      write_stderr(level, message);
+    }
   } catch (...) {  // a throwing sink (or no memory for the line) loses the line, nothing else
   }
 }

@@ -338,7 +338,7 @@ void PagedKVCacheManager::fetch_into(KVCacheBatch& out, std::span<const SeqId> s
     const std::uint32_t free_now = im.pool.num_free(), cached_now = im.num_evictable();
     lock.unlock();  // the sink runs outside the manager's lock
     manager::log_after_commit(LogLevel::debug, [&] {
-      return "paged manager: fetch of " + str(seqs.size()) + " sequences evicted " + str(evicted) +
+      return "paged manager: fetch (batch of " + str(seqs.size()) + ") evicted " + str(evicted) +
              " cached pages, made " + str(copies_needed) + " copy-on-write copies; " +
              str(free_now) + " free, " + str(cached_now) + " cached";
     });

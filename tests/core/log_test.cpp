@@ -136,7 +136,7 @@ TEST(Log, ManagersLogConstructionAndEvictions) {
       << lines[1].second;
   EXPECT_EQ(lines[2].first, LogLevel::debug);
   EXPECT_EQ(lines[2].second,
-            "paged manager: fetch of 1 sequences evicted 2 cached pages, made 0 copy-on-write "
+            "paged manager: fetch (batch of 1) evicted 2 cached pages, made 0 copy-on-write "
             "copies; 0 free, 0 cached");
 }
 

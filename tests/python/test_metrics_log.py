@@ -170,7 +170,7 @@ def test_logging_logger_handler(quiet_logs, caplog):
         m.fetch([b], [5])
     levels = [(r.levelno, r.getMessage()[:28]) for r in caplog.records]
     assert levels == [(logging.INFO, "paged manager: 2 pages of 4 "),
-                      (logging.DEBUG, "paged manager: fetch of 1 se")], levels
+                      (logging.DEBUG, "paged manager: fetch (batch ")], levels
 
 
 def test_raising_handler_goes_to_unraisablehook(quiet_logs, monkeypatch):
@@ -276,5 +276,5 @@ def test_exit_while_daemon_threads_log_through_python():
         result = run_dev(EXIT_WHILE_THREADS_LOG, {})
         assert result.returncode == 0, result.stderr[-2000:]
         assert result.stdout.strip() == "exiting"
-        assert "DEBUG:kvcache:paged manager: fetch of 1 sequences evicted 2" in result.stderr
+        assert "DEBUG:kvcache:paged manager: fetch (batch of 1) evicted 2" in result.stderr
         assert "Fatal" not in result.stderr and "terminate" not in result.stderr
