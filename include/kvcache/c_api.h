@@ -292,9 +292,9 @@ typedef enum kvc_log_level {
 typedef void (*kvc_log_fn)(int32_t level, const char* message, size_t length, void* user_data);
 
 /* Routes the library's log messages to fn (called with user_data) from
- * whichever thread logs, possibly several at once, and possibly while a
- * manager's lock is held: fn must be thread-safe and must not call kvc_
- * functions. NULL restores the default sink (one line a message on stderr).
+ * whichever thread logs, possibly several at once: fn must be thread-safe
+ * and must not call kvc_ functions (the library does not promise to log
+ * outside the managers' locks). NULL restores the default sink (one line a message on stderr).
  * Process-wide, like the level. Logging is off until kvc_set_log_level or
  * the KVCACHE_LOG_LEVEL environment variable turns it on; failed calls are
  * logged at KVC_LOG_DEBUG with their status and message. */

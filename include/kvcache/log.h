@@ -24,8 +24,8 @@
 // whichever thread logs, possibly from several threads at once: a sink must
 // be thread-safe, must not throw (an exception from it is swallowed), and
 // may be called once more after set_log_sink replaced it by a call that had
-// already started. The library may log while it holds a manager's lock, so a
-// sink must not call into a manager.
+// already started. A sink must not call into a manager: the library's log
+// points run outside the managers' locks today, but it does not promise to.
 #pragma once
 
 #include <cstdint>
