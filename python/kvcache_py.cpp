@@ -354,5 +354,6 @@ PYBIND11_MODULE(kvcache, m) {
   kp::bind_inputs(m);
   kp::bind_managers(m);
   kp::bind_kernels(m);
+  kp::bind_metrics_and_logging(m);
   kp::register_shutdown_handler();
 }

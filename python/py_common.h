@@ -186,5 +186,7 @@ void bind_prefix_methods(py::class_<PagedKVCacheManager>& cls);
 void bind_inputs(py::module_& m);
 void bind_managers(py::module_& m);
 void bind_kernels(py::module_& m);
+// metrics.cpp: metrics_text on the managers (after bind_managers), the log level and handler.
+void bind_metrics_and_logging(py::module_& m);
 
 }  // namespace kvcache::python

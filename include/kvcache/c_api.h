@@ -264,6 +264,49 @@ kvc_status kvc_manager_stats_get(const kvc_manager* manager, kvc_manager_stats* 
  * first inconsistency found. */
 kvc_status kvc_check_invariants(const kvc_manager* manager, kvc_error* err);
 
+/* ---- metrics and logging (kvcache/metrics.h, kvcache/log.h; docs/metrics.md) */
+
+/* The manager's figures as Prometheus text (kvcache::metrics_text): every
+ * metric name starts with `prefix` and an underscore (NULL: "kvcache"; it
+ * must match [a-zA-Z_:][a-zA-Z0-9_:]*). *needed (may be NULL) receives the
+ * bytes the text takes with its terminating NUL. With buf NULL and cap 0
+ * the call only sets *needed (KVC_OK). Otherwise the text and its NUL are
+ * written to buf if they fit in cap bytes; if not, the call fails with
+ * KVC_INVALID_ARGUMENT naming both sizes, sets *needed and writes nothing
+ * to buf. Figures move between calls: size buf with some slack, or retry. */
+kvc_status kvc_metrics_text(const kvc_manager* manager, const char* prefix, char* buf, size_t cap,
+                            size_t* needed, kvc_error* err);
+
+/* kvcache::LogLevel. */
+typedef enum kvc_log_level {
+  KVC_LOG_TRACE = 0,
+  KVC_LOG_DEBUG = 1,
+  KVC_LOG_INFO = 2,
+  KVC_LOG_WARN = 3,
+  KVC_LOG_ERROR = 4,
+  KVC_LOG_OFF = 5
+} kvc_log_level;
+
+/* A log message: level is a kvc_log_level; message (NUL-terminated, length
+ * bytes without the NUL, no trailing newline) is valid during the call only. */
+typedef void (*kvc_log_fn)(int32_t level, const char* message, size_t length, void* user_data);
+
+/* Routes the library's log messages to fn (called with user_data) from
+ * whichever thread logs, possibly several at once: fn must be thread-safe
+ * and must not call kvc_ functions (the library does not promise to log
+ * outside the managers' locks). NULL restores the default sink (one line a message on stderr).
+ * Process-wide, like the level. Logging is off until kvc_set_log_level or
+ * the KVCACHE_LOG_LEVEL environment variable turns it on; failed calls are
+ * logged at KVC_LOG_DEBUG with their status and message. */
+kvc_status kvc_set_log_callback(kvc_log_fn fn, void* user_data, kvc_error* err);
+
+/* Messages at `level` and above reach the sink; KVC_LOG_OFF silences it.
+ * A value outside kvc_log_level is refused with the value. */
+kvc_status kvc_set_log_level(int32_t level, kvc_error* err);
+
+/* The current level (KVCACHE_LOG_LEVEL read at the first logging call). */
+int32_t kvc_get_log_level(void);
+
 /* ---- batch ----------------------------------------------------------------- */
 
 kvc_status kvc_batch_create(kvc_batch** out, kvc_error* err);

@@ -49,6 +49,7 @@ class ContinuousBatchingKVCacheManager final : public KVCacheManager {
   std::uint32_t total_blocks() const override;
   std::uint32_t free_blocks() const override;
   std::vector<std::size_t> block_shape(std::uint32_t n) const override;
+  ManagerStats stats() const override;
   ManagerSnapshot snapshot() const override;
   void check_invariants() const override;
 

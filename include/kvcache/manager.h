@@ -58,6 +58,39 @@ struct ManagerSnapshot {
   friend bool operator==(const ManagerSnapshot&, const ManagerSnapshot&) = default;
 };
 
+// One reading of a manager's figures, taken at one instant under its lock
+// (stats(); kvcache/metrics.h formats it for Prometheus). Blocks are pages
+// (paged) or slots (continuous); free + used + cached = total. The lifecycle
+// counters run from construction; the paged manager's prefix-cache counters
+// (prefix_*, blocks_published, evictions, cow_copies) are PrefixCacheMetrics'
+// and go back to 0 with reset_metrics(). Zero where a strategy has no such
+// thing (a continuous manager caches, forks and copies nothing).
+struct ManagerStats {
+  std::uint32_t blocks_total = 0;
+  std::uint32_t blocks_free = 0;    // on the free list
+  std::uint32_t blocks_used = 0;    // held by a sequence
+  std::uint32_t blocks_cached = 0;  // prefix cache: held by none, evictable
+  std::uint32_t blocks_pinned = 0;  // prefix cache: pinned (used or cached)
+  std::uint32_t block_tokens = 0;   // tokens a block holds: page_size or max_seq_len
+  std::uint32_t active_sequences = 0;
+  std::uint64_t pool_bytes = 0;  // the blocks' memory over all devices (estimated_memory_size)
+  // Lifecycle counters: calls that succeeded.
+  std::uint64_t sequences_claimed = 0;   // ids claim handed out
+  std::uint64_t sequences_forked = 0;    // children fork made
+  std::uint64_t sequences_released = 0;  // release calls
+  std::uint64_t fetches = 0;             // fetch / fetch_into calls
+  std::uint64_t steps = 0;               // step calls (every overload)
+  std::uint64_t committed_tokens = 0;    // tokens those steps committed
+  // Prefix cache (PrefixCacheMetrics).
+  std::uint64_t prefix_lookups = 0;        // match_prefix calls
+  std::uint64_t prefix_prompt_tokens = 0;  // prompt tokens they were given
+  std::uint64_t prefix_hit_tokens = 0;     // tokens they attached from the cache
+  std::uint64_t blocks_published = 0;      // pages entered into the hash index
+  std::uint64_t evictions = 0;             // cached pages evicted for reuse
+  std::uint64_t cow_copies = 0;            // copy-on-write page copies
+  friend bool operator==(const ManagerStats&, const ManagerStats&) = default;
+};
+
 // How claim() (and fork()) choose new sequence ids.
 enum class SeqIdPolicy : std::uint8_t {
   never_reuse,  // 0, 1, 2, ... never reused: a stale id is always unknown (default)
@@ -139,6 +172,9 @@ class KVCacheManager {
   // commit token ids (kvcache/paged_manager.h), without a downcast.
   virtual PagedKVCacheManager* paged() noexcept { return nullptr; }
   virtual const PagedKVCacheManager* paged() const noexcept { return nullptr; }
+
+  // The figures above and the counters at one instant (ManagerStats).
+  virtual ManagerStats stats() const = 0;
 
   virtual ManagerSnapshot snapshot() const = 0;
   // Audits ref counts, free list, tables and lengths; throws kvcache::Error

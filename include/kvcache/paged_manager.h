@@ -152,6 +152,7 @@ class PagedKVCacheManager final : public KVCacheManager {
   std::vector<std::size_t> block_shape(std::uint32_t n) const override;
   PagedKVCacheManager* paged() noexcept override { return this; }
   const PagedKVCacheManager* paged() const noexcept override { return this; }
+  ManagerStats stats() const override;
   ManagerSnapshot snapshot() const override;
   void check_invariants() const override;
 

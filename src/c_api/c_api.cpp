@@ -21,6 +21,8 @@
 #include "kvcache/continuous_manager.h"
 #include "kvcache/error.h"
 #include "kvcache/kernels/attention.h"
+#include "kvcache/log.h"
+#include "kvcache/metrics.h"
 #include "kvcache/paged_manager.h"
 #include "kvcache/params.h"
 #include "kvcache/prefix_cache.h"
@@ -50,6 +52,13 @@ kvc_status report(kvc_error* err, kvc_status status, const char* message) {
     const std::size_t n = std::min(std::strlen(message), sizeof(err->message) - 1);
     std::memcpy(err->message, message, n);
     err->message[n] = '\0';
+  }
+  if (status != KVC_OK && kvcache::log_enabled(kvcache::LogLevel::debug)) {
+    try {
+      kvcache::log(kvcache::LogLevel::debug, std::string("C interface: returning ") +
+                                                 kvc_status_name(status) + ": " + message);
+    } catch (...) {  // no memory for the line: the status still goes back
+    }
   }
   return status;
 }
@@ -106,6 +115,12 @@ static_assert(KVC_EVICT_LRU == static_cast<int>(kvcache::EvictionPolicyKind::lru
               KVC_EVICT_S3FIFO == static_cast<int>(kvcache::EvictionPolicyKind::s3fifo) &&
               KVC_EVICT_TIERED == static_cast<int>(kvcache::EvictionPolicyKind::tiered) &&
               KVC_EVICT_INTERVAL == static_cast<int>(kvcache::EvictionPolicyKind::interval));
+static_assert(KVC_LOG_TRACE == static_cast<int>(kvcache::LogLevel::trace) &&
+              KVC_LOG_DEBUG == static_cast<int>(kvcache::LogLevel::debug) &&
+              KVC_LOG_INFO == static_cast<int>(kvcache::LogLevel::info) &&
+              KVC_LOG_WARN == static_cast<int>(kvcache::LogLevel::warn) &&
+              KVC_LOG_ERROR == static_cast<int>(kvcache::LogLevel::error) &&
+              KVC_LOG_OFF == static_cast<int>(kvcache::LogLevel::off));
 static_assert(KVC_REUSE_UNKNOWN == static_cast<int>(kvcache::ReuseHint::unknown) &&
               KVC_REUSE_UNLIKELY == static_cast<int>(kvcache::ReuseHint::unlikely) &&
               KVC_REUSE_LIKELY == static_cast<int>(kvcache::ReuseHint::likely));
@@ -604,5 +619,52 @@ kvc_status kvc_attention(const kvc_batch* batch, uint32_t layer, const float* q,
     });
   });
 }
+
+// ---- metrics and logging -------------------------------------------------------
+
+kvc_status kvc_metrics_text(const kvc_manager* manager, const char* prefix, char* buf, size_t cap,
+                            size_t* needed, kvc_error* err) {
+  return guarded(err, [&] {
+    const kvcache::KVCacheManager& m = manager_of(manager);
+    if (buf == nullptr && cap != 0) {
+      throw InvalidArgument("buf is NULL with cap " + std::to_string(cap) +
+                            " (0 asks for the size)");
+    }
+    const std::string text = kvcache::metrics_text(m, prefix == nullptr ? "kvcache" : prefix);
+    if (needed != nullptr) *needed = text.size() + 1;
+    if (buf == nullptr) return;
+    if (text.size() + 1 > cap) {
+      throw InvalidArgument("buf holds " + std::to_string(cap) +
+                            " bytes but the metrics text needs " + std::to_string(text.size() + 1) +
+                            " (with its NUL)");
+    }
+    std::memcpy(buf, text.c_str(), text.size() + 1);
+  });
+}
+
+kvc_status kvc_set_log_callback(kvc_log_fn fn, void* user_data, kvc_error* err) {
+  return guarded(err, [&] {
+    if (fn == nullptr) {
+      kvcache::set_log_sink({});
+      return;
+    }
+    kvcache::set_log_sink([fn, user_data](kvcache::LogLevel level, std::string_view message) {
+      const std::string text(message);  // NUL-terminated for C
+      fn(static_cast<int32_t>(level), text.c_str(), text.size(), user_data);
+    });
+  });
+}
+
+kvc_status kvc_set_log_level(int32_t level, kvc_error* err) {
+  return guarded(err, [&] {
+    if (level < KVC_LOG_TRACE || level > KVC_LOG_OFF) {
+      throw InvalidArgument("log level " + std::to_string(level) +
+                            " is not KVC_LOG_TRACE (0) ... KVC_LOG_OFF (5)");
+    }
+    kvcache::set_log_level(static_cast<kvcache::LogLevel>(level));
+  });
+}
+
+int32_t kvc_get_log_level(void) { return static_cast<int32_t>(kvcache::log_level()); }
 
 }  // extern "C"

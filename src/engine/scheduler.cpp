@@ -9,6 +9,7 @@
 
 #include "engine/prefix_adapter.h"
 #include "kvcache/error.h"
+#include "kvcache/log.h"
 
 namespace kvcache::engine {
 namespace {
@@ -226,6 +227,11 @@ std::size_t Scheduler::pick_victim() const {
 void Scheduler::preempt(std::size_t index, bool admitted_this_step) {
   std::unique_ptr<Seq> s = std::move(running_[index]);
   running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(index));
+  log_with(LogLevel::debug, [&] {
+    return "scheduler: out of pages, preempted request " + std::to_string(s->req.id) + " (" +
+           std::to_string(s->computed) + " tokens computed, " + std::to_string(running_.size()) +
+           " still running)";
+  });
   prefix::release(manager_, *s->id, ReuseHint::likely);  // it comes back and re-matches
   s->id.reset();
   s->computed = s->reserved = 0;

@@ -8,6 +8,7 @@
 
 #include "core/checked_math.h"
 #include "manager/checks.h"
+#include "manager/observability.h"
 #include "manager/seq_ids.h"
 #include "memory/block_pool.h"
 #include "memory/host_arena.h"
@@ -41,6 +42,8 @@ struct ContinuousBatchingKVCacheManager::Impl {
   std::unordered_map<SeqId, Sequence> seqs;
   manager::SeqIdAllocator ids;
   std::uint64_t epoch = 0;
+  std::uint64_t pool_bytes = 0;
+  manager::LifecycleCounters counters;
   mutable std::mutex mu;
 };
 
@@ -53,13 +56,18 @@ ContinuousBatchingKVCacheManager::ContinuousBatchingKVCacheManager(const KVCache
     throw InvalidArgument("ContinuousBatchingKVCacheManager needs cache_strategy continuous, got " +
                           std::string(strategy_name(params.cache_strategy)));
   }
-  (void)estimated_memory_size(params, max_batch_size, max_seq_len);  // sizes past 64 bits
+  const std::size_t bytes = estimated_memory_size(params, max_batch_size, max_seq_len);
   try {
     impl_ = std::make_unique<Impl>(params, max_batch_size, max_seq_len, seq_id_policy);
   } catch (const std::bad_alloc&) {
     throw OutOfMemory("cannot allocate the bookkeeping of " + std::to_string(max_batch_size) +
                       " slots");
   }
+  impl_->pool_bytes = bytes;
+  manager::log_after_commit(LogLevel::info, [&] {
+    return manager::construction_line("continuous manager", max_batch_size, "slot", max_seq_len,
+                                      params, bytes);
+  });
 }
 
 ContinuousBatchingKVCacheManager::~ContinuousBatchingKVCacheManager() = default;
@@ -98,6 +106,7 @@ std::vector<SeqId> ContinuousBatchingKVCacheManager::claim(std::uint32_t n) {
     impl_->ids.rollback(ids, mark);
     throw;
   }
+  impl_->counters.claimed += n;
   return ids;
 }
 
@@ -135,6 +144,7 @@ void ContinuousBatchingKVCacheManager::fetch_into(KVCacheBatch& out, std::span<c
     next.lookup_table_[b] = s.slot;
   }
   next.recompute_maxima(num_new_tokens);
+  ++impl_->counters.fetches;
 }
 
 void ContinuousBatchingKVCacheManager::step(std::span<const SeqId> seqs,
@@ -150,6 +160,7 @@ void ContinuousBatchingKVCacheManager::step(std::span<const SeqId> seqs,
   for (std::size_t b = 0; b < seqs.size(); ++b) {
     impl_->seqs.find(seqs[b])->second.length += valid_lengths[b];
   }
+  impl_->counters.count_step(valid_lengths);
 }
 
 void ContinuousBatchingKVCacheManager::release(SeqId seq) {
@@ -159,6 +170,7 @@ void ContinuousBatchingKVCacheManager::release(SeqId seq) {
   impl_->slots.release(it->second.slot);
   impl_->seqs.erase(it);
   impl_->ids.release(seq);
+  ++impl_->counters.released;
 }
 
 std::uint32_t ContinuousBatchingKVCacheManager::cache_length(SeqId seq) const {
@@ -187,6 +199,19 @@ std::uint32_t ContinuousBatchingKVCacheManager::free_blocks() const {
 
 std::vector<std::size_t> ContinuousBatchingKVCacheManager::block_shape(std::uint32_t n) const {
   return manager::block_shape_of(impl_->params, n, impl_->max_seq_len);
+}
+
+ManagerStats ContinuousBatchingKVCacheManager::stats() const {
+  std::lock_guard lock(impl_->mu);
+  ManagerStats s;
+  s.blocks_total = impl_->max_batch_size;
+  s.blocks_free = impl_->slots.num_free();
+  s.blocks_used = s.blocks_total - s.blocks_free;
+  s.block_tokens = impl_->max_seq_len;
+  s.active_sequences = static_cast<std::uint32_t>(impl_->seqs.size());
+  s.pool_bytes = impl_->pool_bytes;
+  impl_->counters.fill(s);
+  return s;
 }
 
 ManagerSnapshot ContinuousBatchingKVCacheManager::snapshot() const {

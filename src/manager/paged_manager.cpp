@@ -9,6 +9,7 @@
 
 #include "core/checked_math.h"
 #include "manager/checks.h"
+#include "manager/observability.h"
 #include "manager/seq_ids.h"
 #include "memory/block_pool.h"
 #include "memory/host_arena.h"
@@ -147,6 +148,8 @@ struct PagedKVCacheManager::Impl {
   std::uint64_t epoch = 0;
   std::unique_ptr<prefix::PrefixStore> store;  // prefix caching only
   PrefixCacheMetrics metrics;  // the manager's counters (match calls, tokens, copies)
+  manager::LifecycleCounters counters;
+  std::uint64_t pool_bytes = 0;
   std::vector<prefix::PrefixStore::Match> scratch;
   std::vector<std::uint32_t> shared_writes;  // fetch's scratch: see count_copies
   mutable std::mutex mu;
@@ -171,8 +174,9 @@ PagedKVCacheManager::PagedKVCacheManager(const KVCacheParams& params, std::uint3
     throw InvalidArgument("total_num_pages " + std::to_string(total_num_pages) +
                           " leaves no room for the sentinel; the limit is 4294967294");
   }
-  (void)estimated_memory_size(params, total_num_pages);  // refuses sizes past 64 bits first
+  const std::size_t bytes = estimated_memory_size(params, total_num_pages);  // past 64 bits first
   const std::size_t bookkeeping = estimated_bookkeeping_size(params, total_num_pages, config);
+  const EvictionPolicyKind policy = config.policy;
   try {
     impl_ = std::make_unique<Impl>(params, total_num_pages, max_batch_size, max_seq_len,
                                    std::move(config));
@@ -183,6 +187,13 @@ PagedKVCacheManager::PagedKVCacheManager(const KVCacheParams& params, std::uint3
                       (params.enable_prefix_caching ? ", prefix index and eviction policy" : "") +
                       ")");
   }
+  impl_->pool_bytes = bytes;
+  manager::log_after_commit(LogLevel::info, [&] {
+    return manager::construction_line("paged manager", total_num_pages, "page", params.page_size,
+                                      params, bytes) +
+           ", " + std::to_string(bookkeeping) + " bytes of bookkeeping, prefix caching " +
+           (params.enable_prefix_caching ? std::string(policy_name(policy)) : "off");
+  });
 }
 
 PagedKVCacheManager::~PagedKVCacheManager() = default;
@@ -238,6 +249,7 @@ std::vector<SeqId> PagedKVCacheManager::claim(std::uint32_t n) {
     impl_->ids.rollback(ids, mark);
     throw;
   }
+  impl_->counters.claimed += n;
   return ids;
 }
 
@@ -245,7 +257,7 @@ void PagedKVCacheManager::fetch_into(KVCacheBatch& out, std::span<const SeqId> s
                                      std::span<const std::uint32_t> num_new_tokens,
                                      std::uint32_t num_steps) {
   Impl& im = *impl_;
-  std::lock_guard lock(im.mu);
+  std::unique_lock lock(im.mu);
   manager::check_batch_spans(seqs, num_new_tokens.size(), "num_new_tokens");
   manager::check_num_steps(num_steps);
   const std::uint32_t ps = im.params.page_size;
@@ -275,6 +287,7 @@ void PagedKVCacheManager::fetch_into(KVCacheBatch& out, std::span<const SeqId> s
                      str(im.pool.num_free()) + " free + " + str(im.num_evictable()) +
                      " evictable of " + str(im.pool.num_blocks()));
   }
+  const std::uint64_t evicted_before = im.caching() ? im.store->counters().evictions : 0;
   // Grow page-table capacity and the output buffers first: the only steps
   // that can throw (bad_alloc) happen before any state changes.
   out.reserve(seqs.size(), seqs.size() * std::size_t{stride}, im.arenas.size(), copies_needed);
@@ -319,6 +332,17 @@ void PagedKVCacheManager::fetch_into(KVCacheBatch& out, std::span<const SeqId> s
     std::copy(s.pages.begin(), s.pages.end(), next.lookup_table_.begin() + b * stride);
   }
   next.recompute_maxima(num_new_tokens);
+  ++im.counters.fetches;
+  const std::uint64_t evicted = im.caching() ? im.store->counters().evictions - evicted_before : 0;
+  if ((evicted > 0 || copies_needed > 0) && log_enabled(LogLevel::debug)) {
+    const std::uint32_t free_now = im.pool.num_free(), cached_now = im.num_evictable();
+    lock.unlock();  // the sink runs outside the manager's lock
+    manager::log_after_commit(LogLevel::debug, [&] {
+      return "paged manager: fetch (batch of " + str(seqs.size()) + ") evicted " + str(evicted) +
+             " cached pages, made " + str(copies_needed) + " copy-on-write copies; " +
+             str(free_now) + " free, " + str(cached_now) + " cached";
+    });
+  }
 }
 
 void PagedKVCacheManager::step(std::span<const SeqId> seqs,
@@ -357,6 +381,7 @@ void PagedKVCacheManager::step_ids_unknown(std::span<const SeqId> seqs,
       s.tokens.clear();
     }
   }
+  im.counters.count_step(valid_lengths);
 }
 
 void PagedKVCacheManager::step(std::span<const SeqId> seqs,
@@ -396,6 +421,7 @@ void PagedKVCacheManager::step(std::span<const SeqId> seqs,
     s.length += valid_lengths[b];
     im.publish_full_pages(s);
   }
+  im.counters.count_step(valid_lengths);
 }
 
 void PagedKVCacheManager::release(SeqId seq) { release(seq, ReuseHint::unknown); }
@@ -414,6 +440,7 @@ void PagedKVCacheManager::release(SeqId seq, ReuseHint hint) {
     impl_->drop_ref(*p, hint);
   impl_->seqs.erase(it);
   impl_->ids.release(seq);
+  ++impl_->counters.released;
 }
 
 std::uint32_t PagedKVCacheManager::match_prefix(SeqId seq,
@@ -479,6 +506,7 @@ SeqId PagedKVCacheManager::fork(SeqId seq) {
     throw;
   }
   for (std::uint32_t page : im.seqs.find(id)->second.pages) im.pool.retain(page);
+  ++im.counters.forked;
   return id;
 }
 
@@ -539,6 +567,30 @@ PrefixCacheMetrics PagedKVCacheManager::metrics() const {
   m.pages_used = m.pages_total - m.pages_free - m.pages_cached;
   m.pages_pinned = im.caching() ? im.store->num_pinned() : 0;
   return m;
+}
+
+ManagerStats PagedKVCacheManager::stats() const {
+  const Impl& im = *impl_;
+  std::lock_guard lock(im.mu);
+  ManagerStats s;
+  s.blocks_total = im.num_pages();
+  s.blocks_free = im.pool.num_free();
+  s.blocks_cached = im.num_evictable();
+  s.blocks_used = s.blocks_total - s.blocks_free - s.blocks_cached;
+  s.blocks_pinned = im.caching() ? im.store->num_pinned() : 0;
+  s.block_tokens = im.params.page_size;
+  s.active_sequences = static_cast<std::uint32_t>(im.seqs.size());
+  s.pool_bytes = im.pool_bytes;
+  im.counters.fill(s);
+  s.prefix_lookups = im.metrics.match_calls;
+  s.prefix_prompt_tokens = im.metrics.prompt_tokens;
+  s.prefix_hit_tokens = im.metrics.reused_tokens;
+  s.cow_copies = im.metrics.cow_copies;
+  if (im.caching()) {
+    s.blocks_published = im.store->counters().pages_published;
+    s.evictions = im.store->counters().evictions;
+  }
+  return s;
 }
 
 void PagedKVCacheManager::reset_metrics() {
