@@ -105,7 +105,10 @@ TEST(CliReplay, ParsesListsOfCapacitiesAndPolicies) {
   KV_EXPECT_THROW(parse_capacity_list("1M,2parsecs"), InvalidArgument, "'2parsecs'");
   KV_EXPECT_THROW(parse_policy_list("lru,fifo9"), InvalidArgument, "fifo9");
   std::string many = "1";
-  for (int i = 2; i <= 257; ++i) many += "," + std::to_string(i);
+  for (int i = 2; i <= 257; ++i) {
+    many += ',';
+    many += std::to_string(i);
+  }
   KV_EXPECT_THROW(parse_capacity_list(many), InvalidArgument, "257", "256");
 }
 
