@@ -1,5 +1,6 @@
 // Google Benchmark micro-benchmarks of the CPU kernels on small, cache-resident
-// self-owned caches (shuffled page table). The DRAM-resident, roofline-checked
+// caches (a paged manager with a shuffled free list, built by the harness
+// `kvcache bench` shares: tools/bench_harness.h). The DRAM-resident, roofline-checked
 // figures come from `kvcache bench` (docs/PERFORMANCE.md, "Kernels").
 #include <benchmark/benchmark.h>
 
@@ -10,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "bench_harness.h"
 #include "kvcache/collection.h"
 #include "kvcache/kernels/attention.h"
 #include "kvcache/kernels/rope_table.h"
@@ -20,37 +22,32 @@ namespace {
 
 constexpr std::uint32_t kKv = 8, kDim = 128, kPage = 16;
 
+// A paged cache of `batch` sequences (8 KV heads x 128, pages of 16, the
+// free list shuffled), built and filled by the harness `kvcache bench` uses
+// (tools/bench_harness.h): `history` tokens committed, `fresh` fetched and
+// stored; col views the fetched batch, ro its row offsets.
 template <CacheElement T>
 struct Cache {
-  std::vector<T> blocks;
-  std::vector<std::uint32_t> lengths, lookup, ro;
-  CacheDesc d;
-  Cache(std::uint32_t batch, std::uint32_t history, std::uint32_t fresh) {
-    const std::uint32_t per = (history + fresh + kPage - 1) / kPage;
-    std::vector<std::uint32_t> ids(batch * per);
-    std::iota(ids.begin(), ids.end(), 0u);
-    std::shuffle(ids.begin(), ids.end(), std::mt19937(1));
-    lookup = ids;
-    lengths.assign(batch, history);
-    for (std::uint32_t b = 0; b <= batch; ++b) ro.push_back(b * fresh);
-    blocks.resize(std::size_t{batch} * per * 2 * kPage * kKv * kDim);
-    std::mt19937 rng(2);
-    std::uniform_real_distribution<float> dist(-1, 1);
-    for (auto& x : blocks) x = from_float<T>(dist(rng));
-    d.blocks = blocks.data();
-    d.cache_lengths = lengths.data();
-    d.lookup_table = lookup.data();
-    d.lookup_stride = per;
-    d.batch_size = batch;
-    d.max_seq_length = fresh;
-    d.max_cache_length = history;
-    d.max_full_context_length = history + fresh;
-    d.num_layers = 1;
-    d.page_size = kPage;
-    d.n_kv_heads = kKv;
-    d.head_dim = kDim;
-    d.num_blocks = batch * per;
-    d.dtype = dtype_of_v<T>;
+  bench::BenchCache c;
+  PagedKVCacheCollection<T> col;
+  std::vector<std::uint32_t> ro;
+  Cache(std::uint32_t batch, std::uint32_t history, std::uint32_t fresh)
+      : c(make(batch, history, fresh)),
+        col(c.batches[0].paged<T>()),
+        ro(bench::offsets(batch, fresh)) {}
+
+  static bench::BenchCache make(std::uint32_t batch, std::uint32_t history, std::uint32_t fresh) {
+    KVCacheParams p;
+    p.dtype = dtype_of_v<T>;
+    p.num_layers = 1;
+    p.n_kv_heads = kKv;
+    p.head_dim = kDim;
+    p.cache_strategy = CacheStrategy::paged;
+    p.page_size = kPage;
+    std::mt19937 rng(1);
+    bench::BenchCache c = bench::make_cache(p, batch, true, 1, history + fresh, rng);
+    bench::fill<T>(c, p, history, fresh, true, nullptr, rng);
+    return c;
   }
 };
 
@@ -59,13 +56,12 @@ struct Cache {
 template <CacheElement T>
 struct BatchOneDecode {
   Cache<T> c;
-  PagedKVCacheCollection<T> col;
   std::vector<float> q, out;
   BatchOneDecode(std::uint32_t q_heads, std::uint32_t context)
-      : c(1, context - 1, 1), col(c.d), q(q_heads * kDim, 0.3f), out(q.size()) {}
+      : c(1, context - 1, 1), q(q_heads * kDim, 0.3f), out(q.size()) {}
   void run(const AttentionOptions& options, ThreadPool& pool) {
     const auto q_heads = static_cast<std::uint32_t>(q.size() / kDim);
-    attention(col.get_key_cache(0), col.get_value_cache(0), std::span<const float>(q), q_heads,
+    attention(c.col.get_key_cache(0), c.col.get_value_cache(0), std::span<const float>(q), q_heads,
               std::span<const std::uint32_t>(c.ro), std::span(out), options, &pool);
     benchmark::DoNotOptimize(out.data());
   }
@@ -119,11 +115,10 @@ BENCHMARK(BM_DecodeAttentionBf16Precision)
 void BM_PrefillAttention(benchmark::State& state) {
   const auto tokens = static_cast<std::uint32_t>(state.range(0));
   Cache<BFloat16> c(1, 0, tokens);
-  PagedKVCacheCollection<BFloat16> col(c.d);
   std::vector<float> q(std::size_t{tokens} * 32 * kDim, 0.1f), out(q.size());
   ThreadPool pool(2);
   for (auto _ : state) {
-    attention(col.get_key_cache(0), col.get_value_cache(0), std::span<const float>(q), 32,
+    attention(c.col.get_key_cache(0), c.col.get_value_cache(0), std::span<const float>(q), 32,
               std::span<const std::uint32_t>(c.ro), std::span(out), {}, &pool);
     benchmark::DoNotOptimize(out.data());
   }
@@ -137,7 +132,6 @@ void BM_StoreKv(benchmark::State& state) {
   const auto tokens = static_cast<std::uint32_t>(state.range(0));
   const bool rope = state.range(1) != 0;  // 2: with a RopeTable
   Cache<T> c(1, 0, tokens);
-  PagedKVCacheCollection<T> col(c.d);
   std::vector<float> kv(std::size_t{tokens} * kKv * kDim, 0.5f);
   StoreOptions opt;
   opt.rope_k.enabled = rope;
@@ -147,7 +141,7 @@ void BM_StoreKv(benchmark::State& state) {
     opt.rope_table = &*table;
   }
   for (auto _ : state) {
-    store_kv(col.get_key_cache(0), col.get_value_cache(0), std::span<const float>(kv),
+    store_kv(c.col.get_key_cache(0), c.col.get_value_cache(0), std::span<const float>(kv),
              std::span<const float>(kv), std::span<const std::uint32_t>(c.ro), opt);
   }
   state.SetBytesProcessed(state.iterations() * std::int64_t(kv.size()) * 2 *

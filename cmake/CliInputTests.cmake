@@ -1,6 +1,8 @@
 # CliInputTests.cmake — ctest entries `cli.refuses_*`: hostile input to every
 # command-line parser (issue 40) exits 2 with a message naming the value and
-# the limit, never a signal, a hang, an "inf" or a wrapped number.
+# the limit, never a signal, a hang, an "inf" or a wrapped number; and, last,
+# the tests of the polished command line (presets, dtype aliases, sizes, bench
+# tables, generate's timing, replay sweeps, CSV and plots; issue 42).
 # Included from the top-level CMakeLists.txt with the other `cli.*` tests.
 
 # kvcache_cli_refuses(<name> <text> <args...>): `kvcache <args>` exits 2 and
@@ -102,3 +104,67 @@ kvcache_cli_refuses(bench_store_tokens "--tokens 4294967295 is past the limit of
   bench store --tokens 4294967295)
 kvcache_cli_refuses(bench_set_bytes "is past the limit of 274877906944 bytes"
   bench attention --batch 65536 --context 16777216)
+
+# ---- the polished command line (issue 42, items 6-8) ----------------------------
+set(_sweep_trace ${CMAKE_CURRENT_SOURCE_DIR}/tests/data/prefix_sweep_trace.jsonl)
+# One preset namespace: a published model's name runs in demo and generate (a stand-in).
+add_test(NAME cli.demo_published_preset COMMAND kvcache_cli demo --preset llama-3-8b
+  --requests 4 --system-prompt 64 --max-seq-len 256 --json)
+set_tests_properties(cli.demo_published_preset PROPERTIES PASS_REGULAR_EXPRESSION
+  "\"head_dim\": 128.*\"kv_heads\": 8.*\"preset\": \"llama-3-8b\".*\"q_heads\": 32.*\"stand_in\": true")
+add_test(NAME cli.plan_engine_preset COMMAND kvcache_cli plan --preset small --json)
+set_tests_properties(cli.plan_engine_preset PROPERTIES PASS_REGULAR_EXPRESSION "\"model\": \"small\"")
+# dtype aliases and the size rule (8G = 8 * 10^9 bytes, 8GiB = 8 * 2^30).
+add_test(NAME cli.plan_dtype_alias COMMAND kvcache_cli plan --preset llama-3-8b --dtype half
+  --memory 8G --json)
+set_tests_properties(cli.plan_dtype_alias PROPERTIES PASS_REGULAR_EXPRESSION
+  "\"dtype\": \"f16\".*\"memory_per_device_bytes\": 8000000000,")
+add_test(NAME cli.bench_dtype_alias COMMAND kvcache_cli bench store --dtype float16 --tokens 16
+  --batch 1 --repeats 1 --json)
+set_tests_properties(cli.bench_dtype_alias PROPERTIES PASS_REGULAR_EXPRESSION "\"dtype\":\"f16\"")
+# bench prints a table by default (the JSON behind --json).
+add_test(NAME cli.bench_store_table COMMAND kvcache_cli bench store --tokens 64 --batch 2
+  --repeats 3)
+set_tests_properties(cli.bench_store_table PROPERTIES PASS_REGULAR_EXPRESSION
+  "check against the reference +ok.*store rate +[0-9.]+ GB/s.*fraction of copy"
+  FAIL_REGULAR_EXPRESSION "[{]")
+add_test(NAME cli.bench_attention_table COMMAND kvcache_cli bench attention --resident cache
+  --context 64 --kv-heads 2 --q-heads 4 --repeats 4 --prefetch all)
+set_tests_properties(cli.bench_attention_table PROPERTIES PASS_REGULAR_EXPRESSION
+  "check against the reference +ok.*fraction of stream.*prefetch +resolves to.*fastest: ")
+# generate reports its timing (stderr) and has --json.
+add_test(NAME cli.generate_timing COMMAND kvcache_cli generate --prompt-tokens 1,2,3
+  --max-new-tokens 4)
+set_tests_properties(cli.generate_timing PROPERTIES PASS_REGULAR_EXPRESSION
+  "prefill 3 tokens in [0-9.]+ ms \\([0-9]+ tokens/s\\), decode 3 tokens in")
+add_test(NAME cli.generate_json COMMAND kvcache_cli generate --prompt-tokens 1,2,3
+  --max-new-tokens 4 --samples 2 --temperature 1 --json)
+set_tests_properties(cli.generate_json PROPERTIES PASS_REGULAR_EXPRESSION
+  "\"decode_tokens\": 6,.*\"decode_tokens_per_s\":.*\"prefill_tokens_per_s\":.*\"samples\": \\[")
+# replay sweeps: every pair, CSV on stdout, and the chart as well-formed SVG
+# (python3's xml.etree), one polyline per policy.
+add_test(NAME cli.replay_sweep_csv COMMAND kvcache_cli replay --trace ${_sweep_trace}
+  --sequential --capacity 2048,unlimited --policy lru,tiered --format csv)
+set_tests_properties(cli.replay_sweep_csv PROPERTIES PASS_REGULAR_EXPRESSION
+  "^policy,capacity_tokens,[^\n]*\nlru,2048,4,512,6,0,0.300000,[^\n]*\nlru,0,[^\n]*\ntiered,2048,[^\n]*\ntiered,0,26,512,6,0,0.500000,0.500000,20,10,0,4,[0-9]+\n$")
+add_test(NAME cli.replay_plot_svg COMMAND sh -c
+  "d=$(mktemp -d) && \"$0\" replay --trace \"$1\" --sequential --capacity 1024,2048,0 \
+   --policy lru,tiered,s3fifo --plot \"$d/hit.svg\" --csv \"$d/hit.csv\" >/dev/null && \
+   python3 -c 'import sys, xml.etree.ElementTree as E; r = E.parse(sys.argv[1]).getroot(); \
+n = len(r.findall(\"{http://www.w3.org/2000/svg}polyline\")); print(n, \"polylines\"); sys.exit(n != 3)' \
+   \"$d/hit.svg\" && [ $(wc -l < \"$d/hit.csv\") -eq 10 ]; rc=$?; rm -rf \"$d\"; exit $rc"
+  $<TARGET_FILE:kvcache_cli> ${_sweep_trace})
+set_tests_properties(cli.replay_plot_svg PROPERTIES PASS_REGULAR_EXPRESSION "^3 polylines")
+# .png goes through gnuplot: a PNG where it is installed, else exit 2 naming it.
+add_test(NAME cli.replay_plot_png COMMAND sh -c
+  "d=$(mktemp -d); out=$(\"$0\" replay --trace \"$1\" --sequential --plot \"$d/hit.png\" 2>&1 >/dev/null); \
+   rc=$?; if command -v gnuplot >/dev/null; then [ $rc -eq 0 ] && head -c 4 \"$d/hit.png\" | grep -q PNG; \
+   else echo \"$out\"; [ $rc -eq 2 ] && echo \"$out\" | grep -q gnuplot-nox; fi; ok=$?; rm -rf \"$d\"; exit $ok"
+  $<TARGET_FILE:kvcache_cli> ${_sweep_trace})
+kvcache_cli_refuses(replay_capacity_list_empty_field "has an empty field 2"
+  replay --trace ${_sweep_trace} --capacity 1M,,3M)
+kvcache_cli_refuses(replay_belady_timed "needs --sequential"
+  replay --trace ${_sweep_trace} --policy lru,belady)
+kvcache_cli_refuses(replay_plot_extension "must end in .svg or .png"
+  replay --trace ${_sweep_trace} --sequential --plot /tmp/kvcache-hit.gif)
+kvcache_cli_refuses(demo_memory_suffix "unknown suffix" demo --preset tiny --memory 32MiBs)

@@ -6,8 +6,6 @@
 // slots, a paged cache, and a paged cache with prefix caching — all under the
 // SAME KV memory budget — and prints one comparison table (or JSON).
 
-#include <unistd.h>
-
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <iostream>
@@ -18,8 +16,10 @@
 #include "commands.h"
 #include "kvcache/engine/model.h"
 #include "kvcache/engine/serve.h"
+#include "kvcache/engine/units.h"
 #include "kvcache/engine/workload.h"
-#include "plan.h"
+#include "presets.h"
+#include "progress.h"
 #include "table.h"
 
 namespace kvcache::tools {
@@ -28,9 +28,12 @@ namespace {
 using engine::ServeMode;
 using engine::ServeReport;
 
+// Tokens the default KV budget holds (32 MiB of the small model's f32 KV).
+constexpr std::uint64_t kDefaultBudgetTokens = 8192;
+
 struct DemoOptions {
   std::string preset = "small";
-  std::string memory = "32MiB";
+  std::string memory;  // empty: room for kDefaultBudgetTokens tokens
   std::uint32_t page_size = 16;
   std::uint32_t requests = 64;
   std::uint32_t system_prompt = 512;
@@ -52,25 +55,6 @@ std::string fixed(double v, int digits) {
 
 std::string ms(double seconds) { return fixed(seconds * 1000.0, 1) + " ms"; }
 
-// A one-line progress bar on stderr, only when stderr is a terminal.
-class Progress {
- public:
-  explicit Progress(std::string label) : label_(std::move(label)), tty_(isatty(2) != 0) {}
-  void operator()(std::size_t done, std::size_t total) {
-    if (!tty_ || total == 0) return;
-    const std::size_t width = 30, filled = done * width / total;
-    std::fprintf(stderr, "\r  %-24s [%s%s] %zu/%zu", label_.c_str(),
-                 std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(), done,
-                 total);
-    if (done == total) std::fprintf(stderr, "\r%*s\r", 80, "");
-    std::fflush(stderr);
-  }
-
- private:
-  std::string label_;
-  bool tty_;
-};
-
 nlohmann::json to_json(const ServeReport& r) {
   nlohmann::json j;
   j["config"] = r.config;
@@ -82,7 +66,7 @@ nlohmann::json to_json(const ServeReport& r) {
   j["prompt_tokens"] = r.prompt_tokens;
   j["requested_output_tokens"] = r.requested_output_tokens;
   j["blocks"] = r.blocks;
-  j["block_tokens"] = r.block_tokens;
+  j["page_size"] = r.page_size;
   j["kv_memory_bytes"] = r.memory_bytes;
   if (r.pending) return j;
   j["generated_tokens"] = r.generated_tokens;
@@ -116,7 +100,7 @@ void print_table(const std::vector<ServeReport>& reports, std::ostream& os) {
     t.add_row(std::move(cells));
   };
   row("KV blocks", [](const ServeReport& r) {
-    return std::to_string(r.blocks) + " x " + std::to_string(r.block_tokens) + " tok";
+    return std::to_string(r.blocks) + " x " + std::to_string(r.page_size) + " tok";
   });
   row("requests/s", [](const ServeReport& r) { return fixed(r.requests_per_s, 2); });
   row("output tokens/s", [](const ServeReport& r) { return fixed(r.output_tokens_per_s, 1); });
@@ -173,13 +157,21 @@ std::vector<engine::WorkloadRequest> make_workload(const DemoOptions& o,
   return w;
 }
 
+// --memory, or room for kDefaultBudgetTokens tokens of this model's KV.
+std::uint64_t memory_budget(const DemoOptions& o, const engine::ModelConfig& config) {
+  if (!o.memory.empty()) return engine::parse_byte_size(o.memory);
+  return kDefaultBudgetTokens *
+         config.cache_params(CacheStrategy::paged, o.page_size).bytes_per_token();
+}
+
 void run_demo(const DemoOptions& o) {
-  const engine::ModelConfig config = engine::model_preset(o.preset);
+  const ModelPreset& preset = find_preset(o.preset);
+  const engine::ModelConfig config = engine_model_config(preset);
   const engine::Model model = engine::Model::from_seed(config, o.seed);
   std::ostream* narrate = o.json ? nullptr : &std::cout;
   const auto workload = make_workload(o, config, narrate);
   engine::ServeOptions so;
-  so.memory_bytes = parse_memory(o.memory);
+  so.memory_bytes = memory_budget(o, config);
   so.page_size = o.page_size;
   so.max_seq_len = o.max_seq_len;
   so.max_num_tokens = o.token_budget;
@@ -187,9 +179,10 @@ void run_demo(const DemoOptions& o) {
   if (narrate) {
     *narrate << "Model: '" << config.name << "' Llama-style, " << config.num_layers
              << " layers, hidden " << config.hidden_size << ", " << config.num_heads << "/"
-             << config.num_kv_heads << " q/kv heads, " << with_commas(config.num_parameters())
-             << " parameters (seeded weights)\n"
-             << "KV budget: " << format_bytes(so.memory_bytes) << " for every configuration; "
+             << config.num_kv_heads << " q/kv heads, head dim " << config.head_dim << ", "
+             << with_commas(config.num_parameters()) << " parameters (seeded weights)\n";
+    if (!preset.engine_model) *narrate << "  (" << stand_in_note(preset) << ")\n";
+    *narrate << "KV budget: " << format_bytes(so.memory_bytes) << " for every configuration; "
              << "max_seq_len " << o.max_seq_len << ", page size " << o.page_size
              << ", step token budget " << o.token_budget;
     if (o.samples > 1) {
@@ -200,7 +193,7 @@ void run_demo(const DemoOptions& o) {
   }
   std::vector<ServeReport> reports;
   for (ServeMode mode : {ServeMode::continuous, ServeMode::paged, ServeMode::paged_prefix}) {
-    Progress progress{std::string(engine::serve_mode_name(mode))};
+    Progress progress{std::string(engine::serve_mode_name(mode)), Progress::terminal()};
     so.mode = mode;
     so.progress = [&](std::size_t d, std::size_t t) { progress(d, t); };
     reports.push_back(engine::serve(model, workload, so));
@@ -210,6 +203,10 @@ void run_demo(const DemoOptions& o) {
     j["model"] = {{"preset", config.name},
                   {"layers", config.num_layers},
                   {"hidden", config.hidden_size},
+                  {"q_heads", config.num_heads},
+                  {"kv_heads", config.num_kv_heads},
+                  {"head_dim", config.head_dim},
+                  {"stand_in", !preset.engine_model},
                   {"parameters", config.num_parameters()}};
     j["memory_budget_bytes"] = so.memory_bytes;
     j["page_size"] = o.page_size;
@@ -230,8 +227,15 @@ void add_demo_command(CLI::App& app) {
       "demo",
       "Serve a workload with the built-in engine: continuous slots vs paged vs paged + prefix "
       "caching under one KV memory budget");
-  cmd->add_option("--preset", o.preset, "model preset: tiny, small, base")->capture_default_str();
-  cmd->add_option("--memory", o.memory, "KV memory budget (e.g. 32MiB)")->capture_default_str();
+  cmd->add_option("--preset", o.preset,
+                  "model preset: " + preset_names() +
+                      " (a published model runs as a stand-in: its attention geometry in " +
+                      std::to_string(kStandInLayers) + " layers, see README)")
+      ->capture_default_str();
+  cmd->add_option("--memory", o.memory,
+                  "KV memory budget in bytes, e.g. 32MiB, 64MB (" +
+                      std::string(engine::kSizeSuffixHelp) + "); default: room for " +
+                      std::to_string(kDefaultBudgetTokens) + " tokens of the model's KV");
   cmd->add_option("--page-size", o.page_size, "tokens per page")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);

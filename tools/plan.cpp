@@ -4,9 +4,6 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <cctype>
-#include <charconv>
-#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <limits>
@@ -14,80 +11,12 @@
 
 #include "commands.h"
 #include "kvcache/continuous_manager.h"
+#include "kvcache/engine/units.h"
 #include "kvcache/error.h"
 #include "kvcache/paged_manager.h"
 #include "table.h"
 
 namespace kvcache::tools {
-
-const std::vector<ModelPreset>& model_presets() {
-  static const std::vector<ModelPreset> presets = {
-      {"llama-3-8b", 32, 8, 128},    {"llama-3-70b", 80, 8, 128}, {"mistral-7b", 32, 8, 128},
-      {"qwen2.5-7b", 28, 4, 128},    {"llama-2-7b", 32, 32, 128}, {"gemma-2-9b", 42, 8, 256},
-      {"tinyllama-1.1b", 22, 4, 64},
-  };
-  return presets;
-}
-
-const ModelPreset& find_preset(std::string_view name) {
-  std::string known;
-  for (const ModelPreset& p : model_presets()) {
-    if (p.name == name) return p;
-    known += (known.empty() ? "" : ", ") + std::string(p.name);
-  }
-  throw InvalidArgument("unknown preset '" + std::string(name) + "' (known: " + known + ")");
-}
-
-namespace {
-
-std::string lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
-
-// Multiplier of a size suffix; 0 if unknown. "G"/"GiB" binary, "GB" decimal.
-std::uint64_t unit_multiplier(std::string_view suffix) {
-  const std::string s = lower(suffix);
-  if (s.empty() || s == "b") return 1;
-  static constexpr std::string_view kPrefixes = "kmgtp";
-  if (s.size() > 3) return 0;
-  const std::size_t power = kPrefixes.find(s[0]) + 1;  // 0 when not found
-  if (power == 0) return 0;
-  const std::string_view rest = std::string_view(s).substr(1);
-  std::uint64_t base = 0;
-  if (rest.empty() || rest == "ib") base = 1024;
-  if (rest == "b") base = 1000;
-  std::uint64_t m = base == 0 ? 0 : 1;
-  for (std::size_t i = 0; i < power && base != 0; ++i) m *= base;
-  return m;
-}
-
-[[noreturn]] void bad_memory(std::string_view text, std::string_view why) {
-  throw InvalidArgument("memory '" + std::string(text) + "' " + std::string(why) +
-                        " (examples: 16GiB, 512MiB, 8G, 1.5GiB, 4096)");
-}
-
-}  // namespace
-
-std::size_t parse_memory(std::string_view text) {
-  std::size_t split = 0;
-  while (split < text.size() &&
-         (std::isdigit(static_cast<unsigned char>(text[split])) || text[split] == '.'))
-    ++split;
-  if (split == 0) bad_memory(text, "does not start with a number");
-  std::string_view suffix = text.substr(split);
-  while (!suffix.empty() && suffix.front() == ' ') suffix.remove_prefix(1);
-  const std::uint64_t mult = unit_multiplier(suffix);
-  if (mult == 0) bad_memory(text, "has an unknown unit '" + std::string(suffix) + "'");
-  double value = 0;
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + split, value);
-  if (ec != std::errc() || end != text.data() + split) bad_memory(text, "is not a number");
-  const double bytes = std::floor(value * static_cast<double>(mult));
-  if (!(bytes < 0x1p63)) bad_memory(text, "is too large");
-  if (bytes < 1) bad_memory(text, "must be at least 1 byte");
-  return static_cast<std::size_t>(bytes);
-}
 
 namespace {
 
@@ -100,10 +29,10 @@ StrategyPlan plan_continuous(const KVCacheParams& base, const PlanInput& in, std
   p.validate();
   StrategyPlan s;
   s.strategy = "continuous";
-  s.block_tokens = in.max_seq_len;
+  s.page_size = in.max_seq_len;
   s.block_bytes = ContinuousBatchingKVCacheManager::estimated_memory_size(p, 1, in.max_seq_len);
   s.blocks = std::min(total / s.block_bytes, kU32Max);
-  s.tokens = s.blocks * s.block_tokens;
+  s.tokens = s.blocks * s.page_size;
   if (s.blocks > 0) {
     s.used_bytes = ContinuousBatchingKVCacheManager::estimated_memory_size(
         p, static_cast<std::uint32_t>(s.blocks), in.max_seq_len);
@@ -118,10 +47,10 @@ StrategyPlan plan_paged(const KVCacheParams& base, const PlanInput& in, std::uin
   p.validate();
   StrategyPlan s;
   s.strategy = "paged";
-  s.block_tokens = in.page_size;
+  s.page_size = in.page_size;
   s.block_bytes = PagedKVCacheManager::estimated_memory_size(p, 1);
   s.blocks = PagedKVCacheManager::pages_for_memory(p, total);
-  s.tokens = s.blocks * s.block_tokens;
+  s.tokens = s.blocks * s.page_size;
   if (s.blocks > 0) {
     s.used_bytes =
         PagedKVCacheManager::estimated_memory_size(p, static_cast<std::uint32_t>(s.blocks));
@@ -197,7 +126,7 @@ nlohmann::json plan_to_json(const Plan& plan) {
   auto strategy = [](const StrategyPlan& s) {
     return nlohmann::json{{"blocks", s.blocks},
                           {"block_bytes", s.block_bytes},
-                          {"block_tokens", s.block_tokens},
+                          {"page_size", s.page_size},
                           {"tokens", s.tokens},
                           {"memory_used_bytes", s.used_bytes}};
   };
@@ -256,18 +185,11 @@ PlanInput resolve(const PlanArgs& a) {
   in.params.head_dim =
       shape_field(a.head_dim, a.head_dim_opt, preset, &ModelPreset::head_dim, "head-dim");
   in.params.n_devices = a.devices;
-  in.memory_per_device = parse_memory(a.memory);
+  in.memory_per_device = engine::parse_byte_size(a.memory);
   in.page_size = a.page_size;
   in.max_seq_len = a.max_seq_len;
   if (in.page_size == 0) throw InvalidArgument("page-size 0 must be at least 1");
   return in;
-}
-
-std::string preset_names() {
-  std::string names;
-  for (const ModelPreset& p : model_presets())
-    names += (names.empty() ? "" : ", ") + std::string(p.name);
-  return names;
 }
 
 }  // namespace
@@ -283,9 +205,11 @@ void add_plan_command(CLI::App& app) {
       cmd->add_option("--kv-heads", args->kv_heads, "KV heads, all devices (overrides the preset)");
   args->head_dim_opt =
       cmd->add_option("--head-dim", args->head_dim, "Head dimension (overrides the preset)");
-  cmd->add_option("--dtype", args->dtype, "Cache element type: f32, f16, bf16")
+  cmd->add_option("--dtype", args->dtype, "Cache element type: " + std::string(kDTypeNames))
       ->capture_default_str();
-  cmd->add_option("--memory", args->memory, "KV budget per device: 16GiB, 512MiB, 8G, bytes")
+  cmd->add_option("--memory", args->memory,
+                  "KV budget per device in bytes: 16GiB, 512MiB, 24GB (" +
+                      std::string(engine::kSizeSuffixHelp) + ")")
       ->capture_default_str();
   cmd->add_option("--page-size", args->page_size, "Tokens per page (paged)")->capture_default_str();
   cmd->add_option("--max-seq-len", args->max_seq_len, "Longest sequence")->capture_default_str();

@@ -7,6 +7,7 @@
 // manager of that size would allocate. Continuous batching reserves
 // max_seq_len tokens per sequence; the paged pool admits by actual length.
 // Pure functions; they throw kvcache::InvalidArgument naming the bad value.
+// Model presets: presets.h; sizes (--memory): kvcache/engine/units.h.
 #pragma once
 
 #include <cstddef>
@@ -18,25 +19,9 @@
 #include <vector>
 
 #include "kvcache/params.h"
+#include "presets.h"  // the model presets plan takes
 
 namespace kvcache::tools {
-
-// A model's KV shape (what the cache needs to know of it).
-struct ModelPreset {
-  std::string_view name;
-  std::uint32_t num_layers;
-  std::uint32_t n_kv_heads;
-  std::uint32_t head_dim;
-};
-
-// The built-in presets (llama-3-8b, mistral-7b, ...).
-const std::vector<ModelPreset>& model_presets();
-// Throws InvalidArgument listing the known names if `name` is not one.
-const ModelPreset& find_preset(std::string_view name);
-
-// "16GiB", "512MiB", "8G" (binary), "8GB" (decimal), "1.5GiB", "4096".
-// Throws InvalidArgument naming the text.
-std::size_t parse_memory(std::string_view text);
 
 struct PlanInput {
   std::string model = "custom";
@@ -50,8 +35,8 @@ struct StrategyPlan {
   std::string strategy;            // "continuous" | "paged"
   std::uint64_t blocks = 0;        // slots or pages that fit
   std::uint64_t block_bytes = 0;   // bytes of one slot / page over all devices
-  std::uint64_t block_tokens = 0;  // max_seq_len or page_size
-  std::uint64_t tokens = 0;        // blocks * block_tokens
+  std::uint64_t page_size = 0;  // max_seq_len or page_size
+  std::uint64_t tokens = 0;        // blocks * page_size
   std::uint64_t used_bytes = 0;    // the manager's estimated_memory_size
 };
 

@@ -1,32 +1,140 @@
 // tools/replay.cpp — `kvcache replay`: replay a Mooncake-format JSONL trace
-// against the paged manager's prefix cache and report hit rates. The trace
-// and --capacity are read with every number checked
-// (kvcache/engine/trace_file.h); the other flags are checked by replay_trace
-// (kvcache/replay/trace_replay.h). Bad input: exit 2 with a message naming it.
+// against the paged manager's prefix cache and report hit rates, for one or
+// several (policy, capacity) pairs (replay.h). The trace is read once, with
+// every number checked (kvcache/engine/trace_file.h); capacities are read by
+// parse_token_count (kvcache/engine/units.h); the other flags are checked
+// by replay_trace (kvcache/replay/trace_replay.h). Output: a table, --json,
+// --format csv (stdout), --csv FILE, --plot FILE.svg|.png. Bad input: exit 2
+// with a message naming it.
 
-#include <unistd.h>
+#include "replay.h"
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 
 #include "commands.h"
 #include "kvcache/engine/trace_file.h"
 #include "kvcache/error.h"
-#include "kvcache/replay/trace_replay.h"
+#include "progress.h"
 #include "table.h"
 
 namespace kvcache::tools {
 
 namespace {
 
+// Every field of a comma-separated list; an empty field is refused.
+std::vector<std::string> split_list(std::string_view text, const char* flag) {
+  std::vector<std::string> fields;
+  for (std::size_t begin = 0; begin <= text.size();) {
+    const std::size_t end = std::min(text.find(',', begin), text.size());
+    if (end == begin) {
+      throw InvalidArgument(std::string(flag) + " '" + std::string(text) + "' has an empty field " +
+                            std::to_string(fields.size() + 1));
+    }
+    fields.emplace_back(text.substr(begin, end - begin));
+    begin = end + 1;
+  }
+  return fields;
+}
+
+void check_runs(std::size_t policies, std::size_t capacities) {
+  if (policies * capacities > kMaxReplayRuns) {
+    throw InvalidArgument(std::to_string(policies) + " policies x " + std::to_string(capacities) +
+                          " capacities is past the limit of " + std::to_string(kMaxReplayRuns) +
+                          " runs");
+  }
+}
+
+}  // namespace
+
+std::vector<std::uint64_t> parse_capacity_list(std::string_view text) {
+  std::vector<std::uint64_t> out;
+  for (const std::string& field : split_list(text, "--capacity"))
+    out.push_back(engine::parse_token_count(field));
+  check_runs(1, out.size());
+  return out;
+}
+
+std::vector<std::string> parse_policy_list(std::string_view text) {
+  std::vector<std::string> out = split_list(text, "--policy");
+  for (const std::string& p : out)
+    if (p != "belady") (void)parse_policy(p);  // throws naming the name
+  check_runs(out.size(), 1);
+  return out;
+}
+
+std::vector<ReplayRun> run_replays(std::span<const TraceRequest> trace, const ReplayOptions& base,
+                                   const std::vector<std::string>& policies,
+                                   const std::vector<std::uint64_t>& capacities,
+                                   const ReplayProgress& progress) {
+  check_runs(policies.size(), capacities.size());
+  for (const std::string& p : policies) {
+    if (p == "belady" && !base.sequential)
+      throw InvalidArgument("--policy belady (the offline optimum) needs --sequential");
+  }
+  std::vector<ReplayRun> runs;
+  for (const std::string& policy : policies) {
+    for (std::uint64_t capacity : capacities) {
+      ReplayRun run{policy, capacity, {}};
+      ReplayOptions o = base;
+      o.capacity_tokens = capacity;
+      o.offline_belady = policy == "belady";
+      if (!o.offline_belady) o.policy = parse_policy(policy);
+      const std::size_t total = policies.size() * capacities.size();
+      if (progress) o.progress = progress(runs.size(), total, run);
+      run.result = replay_trace(trace, o);
+      runs.push_back(std::move(run));
+    }
+  }
+  return runs;
+}
+
+std::string replay_csv(const std::vector<ReplayRun>& runs, std::uint32_t page_size) {
+  std::ostringstream o;
+  o << "policy,capacity_tokens,capacity_pages,page_size,requests,rejected,block_hit_rate,"
+       "token_hit_rate,blocks_total,blocks_hit,evictions,peak_pages_used,"
+       "manager_ns_per_request\n";
+  char rates[64];
+  for (const ReplayRun& run : runs) {
+    const ReplayResult& r = run.result;
+    std::snprintf(rates, sizeof rates, "%.6f,%.6f", r.block_hit_rate(), r.token_hit_rate());
+    o << run.policy << ',' << run.capacity_tokens << ',' << r.capacity_pages << ',' << page_size
+      << ',' << r.requests << ',' << r.rejected << ',' << rates << ',' << r.blocks_total << ','
+      << r.blocks_hit << ',' << r.evictions << ',' << r.peak_pages_used << ','
+      << static_cast<std::uint64_t>(r.ns_per_request() + 0.5) << '\n';
+  }
+  return o.str();
+}
+
+LineChart replay_chart(const std::vector<ReplayRun>& runs, const std::string& trace_name) {
+  LineChart chart{"Prefix-cache block hit rate: " + trace_name,
+                  "cache capacity (tokens)",
+                  "block hit rate",
+                  {}};
+  for (const ReplayRun& run : runs) {
+    auto it = std::find_if(chart.series.begin(), chart.series.end(),
+                           [&](const PlotSeries& s) { return s.name == run.policy; });
+    if (it == chart.series.end())
+      it = chart.series.insert(chart.series.end(), PlotSeries{run.policy, {}, {}});
+    it->x.push_back(static_cast<double>(run.capacity_tokens));
+    it->y.push_back(run.result.block_hit_rate());
+  }
+  return chart;
+}
+
+namespace {
+
 struct ReplayArgs {
   std::string trace;
   std::uint32_t page_size = 512;
-  std::string capacity = "0";
+  std::string capacity = "unlimited";
   std::string policy = "lru";
   double small_fraction = 0.1;
   double ghost_factor = 16.0;
@@ -36,24 +144,24 @@ struct ReplayArgs {
   bool reuse_hints = false;
   std::uint32_t short_output = 32;
   bool json = false;
+  std::string format = "table";
+  std::string csv;
+  std::string plot;
 };
 
-void print_progress(std::size_t done, std::size_t total) {
-  if (done % 64 != 0 && done != total) return;
-  const int width = 40;
-  const int filled = static_cast<int>(width * done / std::max<std::size_t>(total, 1));
-  std::fprintf(stderr, "\r  [%s%s] %zu/%zu", std::string(filled, '#').c_str(),
-               std::string(width - filled, ' ').c_str(), done, total);
-  if (done == total) std::fputc('\n', stderr);
+std::string capacity_text(std::uint64_t tokens) {
+  return tokens == 0 ? "unlimited" : with_commas(tokens);
 }
 
-nlohmann::json to_json(const ReplayArgs& a, const ReplayResult& r) {
+nlohmann::json to_json(const ReplayArgs& a, const ReplayRun& run) {
+  const ReplayResult& r = run.result;
   return {{"trace", a.trace},
           {"mode", a.sequential ? "sequential" : "timed"},
-          {"policy", a.policy},
+          {"policy", run.policy},
           {"reuse_hints", a.reuse_hints},
           {"short_output", a.short_output},
           {"page_size", a.page_size},
+          {"capacity_tokens", run.capacity_tokens},
           {"capacity_pages", r.capacity_pages},
           {"requests", r.requests},
           {"rejected", r.rejected},
@@ -66,12 +174,60 @@ nlohmann::json to_json(const ReplayArgs& a, const ReplayResult& r) {
           {"manager_ns_per_request", r.ns_per_request()}};
 }
 
-void run_replay(const ReplayArgs& a) {
+std::string fixed(const char* format, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, format, v);
+  return buf;
+}
+
+void print_heading(const ReplayArgs& a, std::size_t requests) {
+  std::printf("replay %s: %zu requests, %s mode, page size %u%s\n", a.trace.c_str(), requests,
+              a.sequential ? "sequential" : "timed", a.page_size,
+              a.reuse_hints ? (", reuse hints (output < " + std::to_string(a.short_output) +
+                               " tokens: likely)")
+                                  .c_str()
+                            : "");
+}
+
+// One run: a metric / value table.
+void print_one(const ReplayRun& run) {
+  const ReplayResult& r = run.result;
+  std::printf("policy %s, capacity %s tokens = %s pages\n", run.policy.c_str(),
+              capacity_text(run.capacity_tokens).c_str(), with_commas(r.capacity_pages).c_str());
+  Table t({"metric", "value"});
+  t.add_row({"block_hit_rate", fixed("%.4f", r.block_hit_rate())});
+  t.add_row({"token_hit_rate", fixed("%.4f", r.token_hit_rate())});
+  t.add_row({"evictions", with_commas(r.evictions)});
+  t.add_row({"peak pages in use", with_commas(r.peak_pages_used)});
+  t.add_row({"rejected requests", with_commas(r.rejected)});
+  t.add_row({"manager ns / request", fixed("%.0f", r.ns_per_request())});
+  t.print(std::cout);
+}
+
+// Several runs: one row each.
+void print_sweep(const std::vector<ReplayRun>& runs) {
+  Table t({"policy", "capacity (tokens)", "pages", "block hit", "token hit", "evictions",
+           "peak pages", "rejected", "ns/request"});
+  for (const ReplayRun& run : runs) {
+    const ReplayResult& r = run.result;
+    t.add_row({run.policy, capacity_text(run.capacity_tokens), with_commas(r.capacity_pages),
+               fixed("%.4f", r.block_hit_rate()), fixed("%.4f", r.token_hit_rate()),
+               with_commas(r.evictions), with_commas(r.peak_pages_used), with_commas(r.rejected),
+               fixed("%.0f", r.ns_per_request())});
+  }
+  t.print(std::cout);
+}
+
+void write_file(const std::string& path, const std::string& text, const char* flag) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  out.close();
+  if (!out) throw InvalidArgument(std::string(flag) + " '" + path + "' could not be written");
+}
+
+ReplayOptions replay_options(const ReplayArgs& a) {
   ReplayOptions o;
   o.page_size = a.page_size;
-  o.capacity_tokens = engine::parse_token_count(a.capacity);
-  o.offline_belady = a.policy == "belady";
-  if (!o.offline_belady) o.policy = parse_policy(a.policy);
   o.s3fifo_small_fraction = a.small_fraction;
   o.ghost_factor = a.ghost_factor;
   o.sequential = a.sequential;
@@ -79,33 +235,49 @@ void run_replay(const ReplayArgs& a) {
   o.max_batch = a.max_batch;
   o.reuse_hints = a.reuse_hints;
   o.short_output = a.short_output;
-  if (isatty(STDERR_FILENO)) o.progress = print_progress;
-  const std::vector<TraceRequest> trace = engine::read_mooncake_trace(a.trace);
-  const ReplayResult r = replay_trace(trace, o);
-  if (a.json) {
-    std::cout << to_json(a, r).dump(2) << '\n';
-    return;
+  return o;
+}
+
+ReplayProgress terminal_progress() {
+  std::ostream* out = Progress::terminal();
+  if (out == nullptr) return {};
+  return [out](std::size_t index, std::size_t runs, const ReplayRun& run) {
+    auto bar = std::make_shared<Progress>(
+        run.policy + " " + capacity_text(run.capacity_tokens) +
+            (runs > 1 ? " (" + std::to_string(index + 1) + "/" + std::to_string(runs) + ")" : ""),
+        out);
+    return std::function<void(std::size_t, std::size_t)>(
+        [bar](std::size_t done, std::size_t total) { (*bar)(done, total); });
+  };
+}
+
+void run_replay(const ReplayArgs& a) {
+  const std::string format = a.json ? "json" : a.format;
+  if (format != "table" && format != "json" && format != "csv") {
+    throw InvalidArgument("--format must be table, json or csv, got '" + a.format + "'");
   }
-  std::printf(
-      "replay %s: %zu requests, %s mode, policy %s%s, page size %u, %s pages\n", a.trace.c_str(),
-      trace.size(), a.sequential ? "sequential" : "timed", a.policy.c_str(),
-      a.reuse_hints
-          ? (" + reuse hints (output < " + std::to_string(a.short_output) + " tokens: likely)")
-                .c_str()
-          : "",
-      a.page_size, with_commas(r.capacity_pages).c_str());
-  Table t({"metric", "value"});
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.4f", r.block_hit_rate());
-  t.add_row({"block_hit_rate", buf});
-  std::snprintf(buf, sizeof buf, "%.4f", r.token_hit_rate());
-  t.add_row({"token_hit_rate", buf});
-  t.add_row({"evictions", with_commas(r.evictions)});
-  t.add_row({"peak pages in use", with_commas(r.peak_pages_used)});
-  t.add_row({"rejected requests", with_commas(r.rejected)});
-  std::snprintf(buf, sizeof buf, "%.0f", r.ns_per_request());
-  t.add_row({"manager ns / request", buf});
-  t.print(std::cout);
+  const std::vector<std::uint64_t> capacities = parse_capacity_list(a.capacity);
+  const std::vector<std::string> policies = parse_policy_list(a.policy);
+  check_runs(policies.size(), capacities.size());
+  const std::vector<TraceRequest> trace = engine::read_mooncake_trace(a.trace);
+  const std::vector<ReplayRun> runs =
+      run_replays(trace, replay_options(a), policies, capacities, terminal_progress());
+  if (!a.csv.empty()) write_file(a.csv, replay_csv(runs, a.page_size), "--csv");
+  if (!a.plot.empty()) write_plot(replay_chart(runs, a.trace), a.plot);
+  if (format == "csv") {
+    std::cout << replay_csv(runs, a.page_size);
+  } else if (format == "json") {
+    nlohmann::json j = nlohmann::json::array();
+    for (const ReplayRun& run : runs) j.push_back(to_json(a, run));
+    std::cout << (runs.size() == 1 ? j[0] : j).dump(2) << '\n';
+  } else {
+    print_heading(a, trace.size());
+    if (runs.size() == 1) {
+      print_one(runs[0]);
+    } else {
+      print_sweep(runs);
+    }
+  }
 }
 
 }  // namespace
@@ -113,17 +285,21 @@ void run_replay(const ReplayArgs& a) {
 void add_replay_command(CLI::App& app) {
   auto args = std::make_shared<ReplayArgs>();
   CLI::App* cmd = app.add_subcommand(
-      "replay", "Replay a Mooncake JSONL trace against the prefix cache and report hit rates");
+      "replay",
+      "Replay a Mooncake JSONL trace against the prefix cache and report hit rates, for every "
+      "pair of the capacities and policies given");
   cmd->add_option("--trace", args->trace,
                   "JSONL trace (timestamp, input_length, output_length, hash_ids)")
       ->required();
   cmd->add_option("--page-size", args->page_size, "Tokens per page")->capture_default_str();
   cmd->add_option("--capacity", args->capacity,
-                  "Cache capacity in tokens (1M, 3000000, 1.5M, unlimited; at most 2^40)")
+                  "Cache capacity in tokens, or a comma-separated list of them: 250K,1M,3M,10M "
+                  "(K/M/G = 10^3/10^6/10^9, Ki/Mi/Gi = 2^10/2^20/2^30; at most 2^40); 0 or "
+                  "'unlimited': room for the whole trace, nothing evicted")
       ->capture_default_str();
   cmd->add_option("--policy", args->policy,
-                  "Eviction policy: lru | s3fifo | tiered | interval | belady (offline optimum, "
-                  "--sequential only)")
+                  "Eviction policy, or a comma-separated list: lru | s3fifo | tiered | interval | "
+                  "belady (offline optimum, --sequential only)")
       ->capture_default_str();
   cmd->add_option("--small-fraction", args->small_fraction,
                   "s3fifo: share of the pool for the probation queue, in (0, 1)")
@@ -145,7 +321,15 @@ void add_replay_command(CLI::App& app) {
   cmd->add_option("--short-output", args->short_output,
                   "--reuse-hints: outputs shorter than this many tokens mean likely reuse")
       ->capture_default_str();
-  cmd->add_flag("--json", args->json, "Print a JSON object");
+  cmd->add_option("--format", args->format,
+                  "Output on stdout: table | json (one object, or an array for several runs) | "
+                  "csv (a header and one line a run)")
+      ->capture_default_str();
+  cmd->add_flag("--json", args->json, "Same as --format json");
+  cmd->add_option("--csv", args->csv, "Also write the runs as CSV to this file");
+  cmd->add_option("--plot", args->plot,
+                  "Also draw block hit rate against capacity, one line per policy: FILE.svg "
+                  "(written directly) or FILE.png (needs gnuplot, Debian gnuplot-nox)");
   cmd->callback([args] { run_replay(*args); });
 }
 

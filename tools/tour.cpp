@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "kvcache/engine/units.h"
 #include "kvcache/kvcache.h"
 #include "plan.h"
 #include "table.h"
@@ -248,7 +249,7 @@ void run_tour(std::ostream& os) {
   in.params.num_layers = preset.num_layers;
   in.params.n_kv_heads = preset.n_kv_heads;
   in.params.head_dim = preset.head_dim;
-  in.memory_per_device = parse_memory("16GiB");
+  in.memory_per_device = engine::parse_byte_size("16GiB");
   os << "$ kvcache plan --preset llama-3-8b --memory 16GiB\n";
   print_plan(compute_plan(in), os);
 

@@ -45,8 +45,13 @@ constexpr std::string_view dtype_name(DType t) {
   return "?";
 }
 
-// Parses "f32" | "f16" | "bf16" (also "float32", "float16", "bfloat16").
-// Throws kvcache::InvalidArgument naming the string otherwise.
+// The names parse_dtype takes, for help texts and messages.
+inline constexpr std::string_view kDTypeNames =
+    "f32 (fp32, float32, float), f16 (fp16, float16, half), bf16 (bfloat16)";
+
+// Parses a dtype name, in any case: "f32" | "fp32" | "float32" | "float",
+// "f16" | "fp16" | "float16" | "half", "bf16" | "bfloat16" (kDTypeNames).
+// Throws kvcache::InvalidArgument naming the string and the names otherwise.
 DType parse_dtype(std::string_view name);
 
 // ---- binary16 ---------------------------------------------------------------

@@ -1,16 +1,39 @@
 #include "kvcache/dtype.h"
 
+#include <array>
+#include <cctype>
 #include <string>
+#include <utility>
 
 #include "kvcache/error.h"
 
 namespace kvcache {
+namespace {
+
+// Every spelling parse_dtype takes (compared lower-cased).
+constexpr std::array<std::pair<std::string_view, DType>, 10> kDTypeAliases{{
+    {"f32", DType::f32},
+    {"fp32", DType::f32},
+    {"float32", DType::f32},
+    {"float", DType::f32},
+    {"f16", DType::f16},
+    {"fp16", DType::f16},
+    {"float16", DType::f16},
+    {"half", DType::f16},
+    {"bf16", DType::bf16},
+    {"bfloat16", DType::bf16},
+}};
+
+}  // namespace
 
 DType parse_dtype(std::string_view name) {
-  if (name == "f32" || name == "float32") return DType::f32;
-  if (name == "f16" || name == "float16") return DType::f16;
-  if (name == "bf16" || name == "bfloat16") return DType::bf16;
-  throw InvalidArgument("unknown dtype '" + std::string(name) + "': expected f32, f16 or bf16");
+  std::string lower(name);
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (const auto& [alias, type] : kDTypeAliases) {
+    if (lower == alias) return type;
+  }
+  throw InvalidArgument("unknown dtype '" + std::string(name) + "': expected " +
+                        std::string(kDTypeNames));
 }
 
 }  // namespace kvcache

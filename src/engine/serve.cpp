@@ -52,7 +52,7 @@ std::unique_ptr<KVCacheManager> make_manager(const Model& model, const ServeOpti
       throw InvalidArgument("memory budget " + std::to_string(o.memory_bytes) +
                             " B holds no slot of " + std::to_string(slot) + " B");
     }
-    r.blocks = slots, r.block_tokens = o.max_seq_len;
+    r.blocks = slots, r.page_size = o.max_seq_len;
     r.memory_bytes =
         ContinuousBatchingKVCacheManager::estimated_memory_size(p, slots, o.max_seq_len);
     return std::make_unique<ContinuousBatchingKVCacheManager>(p, slots, o.max_seq_len);
@@ -64,7 +64,7 @@ std::unique_ptr<KVCacheManager> make_manager(const Model& model, const ServeOpti
     throw InvalidArgument("memory budget " + std::to_string(o.memory_bytes) +
                           " B holds no page of " + std::to_string(o.page_size) + " tokens");
   }
-  r.blocks = pages, r.block_tokens = o.page_size;
+  r.blocks = pages, r.page_size = o.page_size;
   r.memory_bytes = PagedKVCacheManager::estimated_memory_size(p, pages);
   return std::make_unique<PagedKVCacheManager>(p, pages, o.max_num_seqs, o.max_seq_len);
 }

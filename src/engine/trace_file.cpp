@@ -1,9 +1,7 @@
-// Mooncake JSONL traces and replay token counts, read with every number
-// checked (kvcache/engine/trace_file.h).
+// Mooncake JSONL traces, read with every number checked (kvcache/engine/trace_file.h).
 #include "kvcache/engine/trace_file.h"
 
 #include <algorithm>
-#include <charconv>
 #include <fstream>
 #include <ios>
 
@@ -44,20 +42,6 @@ bool blank(const std::string& line) { return line.find_first_not_of(" \t\r") == 
   std::string where = "trace " + json_input::printable(path, json_input::kMaxPathEcho);
   if (line != 0) where += ":" + std::to_string(line);
   throw InvalidArgument(where + ": " + what);
-}
-
-// The decimal exponent of a token-count suffix ("" 0, K 3, M 6), -1 if unknown.
-int token_exponent(std::string_view suffix) {
-  if (suffix.empty()) return 0;
-  if (suffix == "K" || suffix == "k") return 3;
-  if (suffix == "M" || suffix == "m") return 6;
-  return -1;
-}
-
-[[noreturn]] void bad_count(std::string_view text, const std::string& why) {
-  throw InvalidArgument("token count " + json_input::printable(text) + " " + why +
-                        " (examples: 1M, 3000000, 512K, 1.5M, unlimited; at most " +
-                        std::to_string(kMaxTokenCount) + ")");
 }
 
 }  // namespace
@@ -107,39 +91,6 @@ std::vector<TraceRequest> read_mooncake_trace(const std::string& path) {
     return true;
   });
   return trace;
-}
-
-std::uint64_t parse_token_count(std::string_view text) {
-  if (text == "unlimited") return 0;
-  const std::size_t digits = std::min(text.find_first_not_of("0123456789."), text.size());
-  const std::string_view number = text.substr(0, digits);
-  const int exponent = token_exponent(text.substr(digits));
-  if (number.empty()) bad_count(text, "does not start with a digit");
-  if (exponent < 0) bad_count(text, "has an unknown suffix (K or M)");
-  // Exact decimal arithmetic: whole part * 10^e + the first e fraction digits.
-  const std::size_t dot = std::min(number.find('.'), number.size());
-  const std::string_view whole = number.substr(0, dot);
-  const std::string_view fraction = dot < number.size() ? number.substr(dot + 1) : "";
-  if (whole.empty() || fraction.find('.') != std::string_view::npos) {
-    bad_count(text, "is not a number");
-  }
-  std::uint64_t tokens = 0;
-  const auto [end, ec] = std::from_chars(whole.data(), whole.data() + whole.size(), tokens);
-  std::uint64_t scale = 1;
-  for (int i = 0; i < exponent; ++i) scale *= 10;
-  if (ec != std::errc() || tokens > kMaxTokenCount / scale) bad_count(text, "is too large");
-  tokens *= scale;
-  for (std::size_t i = 0; i < fraction.size(); ++i) {
-    const std::uint64_t digit = static_cast<std::uint64_t>(fraction[i] - '0');
-    if (i >= static_cast<std::size_t>(exponent)) {
-      if (digit != 0) bad_count(text, "is not a whole number of tokens");
-      continue;
-    }
-    scale /= 10;
-    tokens += digit * scale;
-  }
-  if (tokens > kMaxTokenCount) bad_count(text, "is too large");
-  return tokens;
 }
 
 }  // namespace kvcache::engine

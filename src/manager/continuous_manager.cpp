@@ -207,7 +207,7 @@ ManagerStats ContinuousBatchingKVCacheManager::stats() const {
   s.blocks_total = impl_->max_batch_size;
   s.blocks_free = impl_->slots.num_free();
   s.blocks_used = s.blocks_total - s.blocks_free;
-  s.block_tokens = impl_->max_seq_len;
+  s.page_size = impl_->max_seq_len;
   s.active_sequences = static_cast<std::uint32_t>(impl_->seqs.size());
   s.pool_bytes = impl_->pool_bytes;
   impl_->counters.fill(s);

@@ -63,10 +63,10 @@ void log_after_commit(LogLevel level, MakeMessage&& make_message) noexcept {
 // The info line for a new manager: "<what>: <blocks> <unit>s of <tokens>
 // tokens (<geometry>): <bytes> bytes".
 inline std::string construction_line(std::string_view what, std::uint32_t blocks,
-                                     std::string_view unit, std::uint32_t block_tokens,
+                                     std::string_view unit, std::uint32_t page_size,
                                      const KVCacheParams& p, std::uint64_t bytes) {
   return std::string(what) + ": " + std::to_string(blocks) + " " + std::string(unit) + "s of " +
-         std::to_string(block_tokens) + " tokens (" + describe_geometry(p) +
+         std::to_string(page_size) + " tokens (" + describe_geometry(p) +
          "): " + std::to_string(bytes) + " bytes";
 }
 

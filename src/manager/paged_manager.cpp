@@ -578,7 +578,7 @@ ManagerStats PagedKVCacheManager::stats() const {
   s.blocks_cached = im.num_evictable();
   s.blocks_used = s.blocks_total - s.blocks_free - s.blocks_cached;
   s.blocks_pinned = im.caching() ? im.store->num_pinned() : 0;
-  s.block_tokens = im.params.page_size;
+  s.page_size = im.params.page_size;
   s.active_sequences = static_cast<std::uint32_t>(im.seqs.size());
   s.pool_bytes = im.pool_bytes;
   im.counters.fill(s);

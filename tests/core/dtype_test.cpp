@@ -1,4 +1,6 @@
 // f16 / bf16 conversions against independent references, and parse_dtype.
+#include "kvcache/dtype.h"
+
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -9,7 +11,6 @@
 #include <random>
 #include <vector>
 
-#include "kvcache/dtype.h"
 #include "kvcache/error.h"
 #include "test_util.h"
 
@@ -51,8 +52,9 @@ double ref_f16_value(std::uint16_t h) {
   const int e = (h >> 10) & 0x1f;
   const int m = h & 0x3ff;
   const double s = (h & 0x8000) ? -1.0 : 1.0;
-  if (e == 0x1f) return m ? std::numeric_limits<double>::quiet_NaN()
-                          : s * std::numeric_limits<double>::infinity();
+  if (e == 0x1f)
+    return m ? std::numeric_limits<double>::quiet_NaN()
+             : s * std::numeric_limits<double>::infinity();
   if (e == 0) return s * std::ldexp(static_cast<double>(m), -24);
   return s * std::ldexp(1.0 + m / 1024.0, e - 15);
 }
@@ -105,8 +107,8 @@ void check_bf16(float x) {
     EXPECT_TRUE(bf16_is_nan(got)) << std::hex << std::bit_cast<std::uint32_t>(x) << " -> " << got;
     return;
   }
-  ASSERT_EQ(got, ref_f32_to_bf16(x)) << "x = " << x << " (0x" << std::hex
-                                     << std::bit_cast<std::uint32_t>(x) << ")";
+  ASSERT_EQ(got, ref_f32_to_bf16(x))
+      << "x = " << x << " (0x" << std::hex << std::bit_cast<std::uint32_t>(x) << ")";
 }
 
 TEST(DTypeF16, ReferenceItselfIsSane) {
@@ -170,7 +172,7 @@ TEST(DTypeF16, EdgeCases) {
   EXPECT_EQ(f32_to_f16_bits(tiny * 2.5f), 0x0002);  // tie between 2 and 3 -> 2 (even)
   EXPECT_EQ(f32_to_f16_bits(tiny * 3.5f), 0x0004);
   EXPECT_EQ(f32_to_f16_bits(1e-10f), 0x0000);
-  EXPECT_EQ(f32_to_f16_bits(std::ldexp(1.0f, -14)), 0x0400);  // smallest normal
+  EXPECT_EQ(f32_to_f16_bits(std::ldexp(1.0f, -14)), 0x0400);     // smallest normal
   EXPECT_EQ(f32_to_f16_bits(std::ldexp(1023.0f, -24)), 0x03ff);  // largest subnormal
   // Largest subnormal + half a unit: tie between 0x3ff (odd) and 0x400 (even).
   EXPECT_EQ(f32_to_f16_bits(std::ldexp(1023.5f, -24)), 0x0400);
@@ -184,8 +186,8 @@ TEST(DTypeF16, EdgeCases) {
   EXPECT_EQ(f32_to_f16_bits(2047.5f), 0x6800);  // tie -> even (2048)
   EXPECT_EQ(f32_to_f16_bits(2049.0f), 0x6800);  // tie between 2048 and 2050 -> 2048
   EXPECT_EQ(f32_to_f16_bits(2051.0f), 0x6802);  // tie between 2050 and 2052 -> 2052
-  for (float x : {0.0f, -0.0f, 65504.0f, 65519.99f, 65520.0f, 1e-10f, tiny, tiny / 2, 0.1f,
-                  -0.1f, 3.14159f, 1e-5f, 6.1e-5f, 2047.5f}) {
+  for (float x : {0.0f, -0.0f, 65504.0f, 65519.99f, 65520.0f, 1e-10f, tiny, tiny / 2, 0.1f, -0.1f,
+                  3.14159f, 1e-5f, 6.1e-5f, 2047.5f}) {
     check_f16(x);
   }
 }
@@ -295,11 +297,18 @@ TEST(DTypeParse, AcceptsNamesAndAliases) {
   EXPECT_EQ(parse_dtype("float32"), DType::f32);
   EXPECT_EQ(parse_dtype("float16"), DType::f16);
   EXPECT_EQ(parse_dtype("bfloat16"), DType::bf16);
+  // The spellings users type (the CLI and Python take the same parser).
+  EXPECT_EQ(parse_dtype("fp32"), DType::f32);
+  EXPECT_EQ(parse_dtype("float"), DType::f32);
+  EXPECT_EQ(parse_dtype("fp16"), DType::f16);
+  EXPECT_EQ(parse_dtype("half"), DType::f16);
+  EXPECT_EQ(parse_dtype("BF16"), DType::bf16);
+  EXPECT_EQ(parse_dtype("Float16"), DType::f16);
   for (DType t : {DType::f32, DType::f16, DType::bf16}) EXPECT_EQ(parse_dtype(dtype_name(t)), t);
 }
 
 TEST(DTypeParse, RejectsOthersNamingTheString) {
-  for (const char* bad : {"f64", "fp16x", "int8", "float64"}) {
+  for (const char* bad : {"f64", "fp16x", "int8", "float64", "halff", "bfloat"}) {
     KV_EXPECT_THROW(parse_dtype(bad), InvalidArgument, bad);
   }
   EXPECT_THROW(parse_dtype(""), InvalidArgument);

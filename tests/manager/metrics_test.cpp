@@ -74,7 +74,7 @@ TEST(Metrics, StatsAfterScriptedLifecycle) {
   ManagerStats want;
   want.blocks_total = 4;
   want.blocks_used = 4;  // d's 4 pages; nothing free or cached
-  want.block_tokens = 4;
+  want.page_size = 4;
   want.active_sequences = 1;
   want.pool_bytes = 512;
   want.sequences_claimed = 3;
@@ -107,7 +107,7 @@ TEST(Metrics, TextAfterScriptedLifecycle) {
       {"kvcache_blocks_used" + pool, 4},
       {"kvcache_blocks_cached" + pool, 0},
       {"kvcache_blocks_pinned" + pool, 0},
-      {"kvcache_block_tokens" + plain, 4},
+      {"kvcache_page_size" + plain, 4},
       {"kvcache_pool_bytes" + pool, 512},
       {"kvcache_sequences_active" + plain, 1},
       {"kvcache_sequences_claimed_total" + plain, 3},
@@ -186,7 +186,7 @@ TEST(Metrics, ContinuousManager) {
   EXPECT_EQ(samples.at("engine:kv_blocks_free" + pool), 2u);
   EXPECT_EQ(samples.at("engine:kv_blocks_used" + pool), 1u);
   EXPECT_EQ(samples.at("engine:kv_blocks_cached" + pool), 0u);
-  EXPECT_EQ(samples.at("engine:kv_block_tokens" + plain), 16u);
+  EXPECT_EQ(samples.at("engine:kv_page_size" + plain), 16u);
   // 3 slots x 16 tokens x (K, V) x 2 layers x 8 floats.
   EXPECT_EQ(samples.at("engine:kv_pool_bytes" + pool), 3u * 16 * 2 * 2 * 8 * 4);
   EXPECT_EQ(samples.at("engine:kv_sequences_claimed_total" + plain), 2u);

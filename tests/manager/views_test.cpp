@@ -30,7 +30,7 @@ static_assert(PagedKVCache<float>::is_paged && !ContinuousBatchingKVCache<float>
 struct CacheSetup {
   KVCacheParams params;
   std::unique_ptr<KVCacheManager> mgr;
-  std::uint32_t block_tokens;  // page_size or max_seq_len
+  std::uint32_t page_size;  // page_size or max_seq_len
 };
 
 CacheSetup make_setup(CacheStrategy s, DType dtype, std::uint32_t layers, std::uint32_t heads,
@@ -45,10 +45,10 @@ CacheSetup make_setup(CacheStrategy s, DType dtype, std::uint32_t layers, std::u
   st.params.pool_arrangement = arrangement;
   if (s == CacheStrategy::paged) {
     st.mgr = std::make_unique<PagedKVCacheManager>(st.params, blocks, max_batch, max_seq);
-    st.block_tokens = page_size;
+    st.page_size = page_size;
   } else {
     st.mgr = std::make_unique<ContinuousBatchingKVCacheManager>(st.params, max_batch, max_seq);
-    st.block_tokens = max_seq;
+    st.page_size = max_seq;
   }
   return st;
 }
@@ -64,8 +64,8 @@ void with_collection(const KVCacheBatch& b, std::uint32_t device, F&& f) {
 
 // Hand-computed element offset of (b, kv, layer, head, tok, d) from the
 // documented layouts: interleaved blocks[num_blocks][2][num_layers][X],
-// per_layer blocks[num_layers][2][num_blocks][X], X = [block_tokens][heads][dim]
-// (NHD) or [heads][block_tokens][dim] (HND).
+// per_layer blocks[num_layers][2][num_blocks][X], X = [page_size][heads][dim]
+// (NHD) or [heads][page_size][dim] (HND).
 std::size_t expected_offset(const KVCacheBatch& batch, std::uint32_t b, std::uint32_t kv,
                             std::uint32_t layer, std::uint32_t head, std::uint32_t tok,
                             std::uint32_t d) {
@@ -126,23 +126,23 @@ void run_layout_test(CacheStrategy strategy, PageLayout layout, PoolArrangement 
         EXPECT_EQ(c.layout(), layout);
         EXPECT_EQ(c.token_stride(), layout == PageLayout::hnd ? D : std::size_t{H} * D);
         EXPECT_EQ(c.head_stride(),
-                  layout == PageLayout::hnd ? std::size_t{st.block_tokens} * D : D);
-        EXPECT_EQ(c.page_size(), st.block_tokens);
+                  layout == PageLayout::hnd ? std::size_t{st.page_size} * D : D);
+        EXPECT_EQ(c.page_size(), st.page_size);
         EXPECT_EQ(c.batch_size(), 3u);
         for (std::uint32_t b = 0; b < 3; ++b) {
           EXPECT_EQ(c.cache_length(b), lens[b]);
           const std::uint32_t end = lens[b] + new_tokens[b];
           for (std::uint32_t tok = 0; tok < end; ++tok) {
-            const std::uint32_t blk = tok / st.block_tokens;
+            const std::uint32_t blk = tok / st.page_size;
             ASSERT_EQ(c.block_id(b, blk),
                       batch.lookup_table()[std::size_t{b} * batch.lookup_stride() + blk]);
             ASSERT_EQ(c.page_ptr(b, blk),
-                      base + expected_offset(batch, b, kv, l, 0, blk * st.block_tokens, 0));
+                      base + expected_offset(batch, b, kv, l, 0, blk * st.page_size, 0));
             // MAX: block_idx * stride + tok_in_block, stride = rows between
             // consecutive blocks of this layer's K (or V) in the pool.
-            const std::uint64_t stride = per_layer ? st.block_tokens : 2 * L * st.block_tokens;
+            const std::uint64_t stride = per_layer ? st.page_size : 2 * L * st.page_size;
             const std::uint64_t row = c.row_idx(b, tok);
-            ASSERT_EQ(row, c.block_id(b, blk) * stride + tok % st.block_tokens);
+            ASSERT_EQ(row, c.block_id(b, blk) * stride + tok % st.page_size);
             for (std::uint32_t h = 0; h < H; ++h) {
               ASSERT_EQ(c.col_idx(h), h * D);
               for (std::uint32_t d = 0; d < D; ++d) {
@@ -174,7 +174,7 @@ void run_layout_test(CacheStrategy strategy, PageLayout layout, PoolArrangement 
       const T* k = coll.get_key_cache(l).ptr(0, 0, 0, 0);
       const T* v = coll.get_value_cache(l).ptr(0, 0, 0, 0);
       EXPECT_NE(k, v);
-      const std::ptrdiff_t layer_block = std::ptrdiff_t{st.block_tokens} * H * D;
+      const std::ptrdiff_t layer_block = std::ptrdiff_t{st.page_size} * H * D;
       EXPECT_EQ(v - k, per_layer ? std::ptrdiff_t(N) * layer_block : L * layer_block);
       if (l + 1 < L) {
         const T* k1 = coll.get_key_cache(l + 1).ptr(0, 0, 0, 0);

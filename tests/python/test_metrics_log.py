@@ -91,7 +91,7 @@ def test_metrics_text_after_scripted_lifecycle():
     assert samples == {
         "kvcache_blocks_capacity" + pool: 4, "kvcache_blocks_free" + pool: 0,
         "kvcache_blocks_used" + pool: 4, "kvcache_blocks_cached" + pool: 0,
-        "kvcache_blocks_pinned" + pool: 0, "kvcache_block_tokens" + plain: 4,
+        "kvcache_blocks_pinned" + pool: 0, "kvcache_page_size" + plain: 4,
         "kvcache_pool_bytes" + pool: 512, "kvcache_sequences_active" + plain: 1,
         "kvcache_sequences_claimed_total" + plain: 3,
         "kvcache_sequences_forked_total" + plain: 1,

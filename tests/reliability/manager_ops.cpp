@@ -47,9 +47,9 @@ class Driver {
   explicit Driver(std::unique_ptr<KVCacheManager> m) : m_(std::move(m)) {
     if (m_->params().enable_prefix_caching) prefix_ = static_cast<PagedKVCacheManager*>(m_.get());
     const KVCacheParams& p = m_->params();
-    const std::uint32_t block_tokens =
+    const std::uint32_t page_size =
         p.cache_strategy == CacheStrategy::paged ? p.page_size : m_->max_seq_len();
-    block_elements_ = std::size_t{2} * p.num_layers * block_tokens * p.n_kv_heads * p.head_dim;
+    block_elements_ = std::size_t{2} * p.num_layers * page_size * p.n_kv_heads * p.head_dim;
     mirror_.assign(block_elements_ * m_->total_blocks(), 0.0f);
   }
 

@@ -47,7 +47,7 @@ struct ServeReport {
   std::string note;
   std::uint32_t requests = 0, samples = 1;  // outputs = requests x samples
   std::uint64_t prompt_tokens = 0, requested_output_tokens = 0, generated_tokens = 0;
-  std::uint32_t blocks = 0, block_tokens = 0;  // slots x max_seq_len, or pages x page_size
+  std::uint32_t blocks = 0, page_size = 0;  // slots x max_seq_len, or pages x page_size
   std::size_t memory_bytes = 0;                // bytes the blocks occupy (<= budget)
   double elapsed_s = 0, requests_per_s = 0, output_tokens_per_s = 0;
   double ttft_mean_s = 0, ttft_p50_s = 0, ttft_p99_s = 0, tpot_mean_s = 0;

@@ -1,6 +1,7 @@
 // kvcache/engine/trace_file.h — Mooncake-format JSONL traces read with every
-// number checked (`kvcache replay --trace`, `kvcache demo --trace`), and the
-// token counts `kvcache replay --capacity` takes.
+// number checked (`kvcache replay --trace`, `kvcache demo --trace`). The
+// token counts `kvcache replay --capacity` takes are read by parse_token_count
+// (kvcache/engine/units.h, included here).
 //
 // One JSON object a line, other members ignored, blank lines skipped:
 //   {"timestamp": 27482, "input_length": 6955, "output_length": 52,
@@ -28,6 +29,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kvcache/engine/units.h"  // parse_token_count, kMaxTokenCount
 #include "kvcache/replay/trace.h"
 
 namespace kvcache::engine {
@@ -46,15 +48,5 @@ void for_each_trace_request(const std::string& path,
 
 // Every request of the file.
 std::vector<TraceRequest> read_mooncake_trace(const std::string& path);
-
-// The largest token count parse_token_count accepts (2^40).
-inline constexpr std::uint64_t kMaxTokenCount = std::uint64_t{1} << 40;
-
-// "unlimited" or "0" -> 0; "3000000", "512K", "1M", "1.5M" (K = 10^3,
-// M = 10^6, either case) -> tokens. The number is decimal digits with at most
-// one '.', and the count must come out a whole number of tokens in
-// [0, kMaxTokenCount]: "nan", "inf", "-1", "1e30M", "1.5" and "12parsecs"
-// are refused with InvalidArgument naming the text and the limit.
-std::uint64_t parse_token_count(std::string_view text);
 
 }  // namespace kvcache::engine
