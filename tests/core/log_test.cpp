@@ -142,8 +142,8 @@ TEST(Log, ManagersLogConstructionAndEvictions) {
 
 // ---- KVCACHE_LOG_LEVEL, read by a fresh process --------------------------------
 
-// Runs this test binary with only LogEnvChild.DISABLED_Emit selected and
-// KVCACHE_LOG_LEVEL set to `level` (unset when nullptr); returns its stderr.
+// Runs kvcache_log_child (log_child_main.cpp) with KVCACHE_LOG_LEVEL set to
+// `level` (unset when nullptr); returns its stderr.
 std::string child_stderr(const char* level) {
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
@@ -153,9 +153,8 @@ std::string child_stderr(const char* level) {
   std::vector<char*> envp;
   for (auto& e : env) envp.push_back(e.data());
   envp.push_back(nullptr);
-  std::string exe = "/proc/self/exe", filter = "--gtest_filter=LogEnvChild.DISABLED_Emit",
-              disabled = "--gtest_also_run_disabled_tests";
-  char* argv[] = {exe.data(), filter.data(), disabled.data(), nullptr};
+  std::string exe = KVCACHE_LOG_CHILD;
+  char* argv[] = {exe.data(), nullptr};
   int fds[2];
   if (pipe(fds) != 0) return "pipe failed";
   posix_spawn_file_actions_t actions;
@@ -164,7 +163,7 @@ std::string child_stderr(const char* level) {
   posix_spawn_file_actions_addclose(&actions, fds[0]);
   posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
   pid_t pid = 0;
-  const int rc = posix_spawn(&pid, "/proc/self/exe", &actions, nullptr, argv, envp.data());
+  const int rc = posix_spawn(&pid, exe.c_str(), &actions, nullptr, argv, envp.data());
   posix_spawn_file_actions_destroy(&actions);
   close(fds[1]);
   std::string out;
@@ -176,14 +175,6 @@ std::string child_stderr(const char* level) {
   waitpid(pid, &status, 0);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
   return out;
-}
-
-// Not a test on its own: what the child runs (a manager, then one line per level).
-TEST(LogEnvChild, DISABLED_Emit) {
-  kvcache::PagedKVCacheManager m(kvtest::paged_params(1, 1, 4, 4), 2, 2, 64);
-  for (LogLevel l : {LogLevel::trace, LogLevel::debug, LogLevel::info, LogLevel::error}) {
-    kvcache::log(l, "child " + std::string(kvcache::log_level_name(l)));
-  }
 }
 
 TEST(LogEnv, DebugFromTheEnvironment) {
