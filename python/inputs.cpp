@@ -21,6 +21,7 @@
 #include <variant>
 
 #include "py_common.h"
+#include "repr.h"
 
 namespace kvcache::python {
 
@@ -49,12 +50,9 @@ py::array blocks_view(const py::handle& self, std::uint32_t device) {
   const bool hnd = p.page_layout == PageLayout::hnd;
   const bool per_layer = p.pool_arrangement == PoolArrangement::per_layer;
   const py::ssize_t blocks = b.num_blocks(), layers = p.num_layers;
-  std::vector<py::ssize_t> shape = {per_layer ? layers : blocks,
-                                    2,
-                                    per_layer ? blocks : layers,
-                                    hnd ? heads : tokens,
-                                    hnd ? tokens : heads,
-                                    p.head_dim};
+  std::vector<py::ssize_t> shape = {per_layer ? layers : blocks, 2,
+                                    per_layer ? blocks : layers, hnd ? heads : tokens,
+                                    hnd ? tokens : heads,        p.head_dim};
   return py::array(numpy_dtype(p.dtype), std::move(shape), data, self);
 }
 
@@ -112,14 +110,6 @@ void increment_in_place(PyBatch& batch, const py::handle& row_offsets) {
   batch.sync();
 }
 
-std::string batch_fields(const PyBatch& b) {
-  return "batch_size=" + std::to_string(b.batch.batch_size()) +
-         ", devices=" + std::to_string(b.batch.params().n_devices) +
-         ", max_seq_length=" + std::to_string(b.batch.max_seq_length()) +
-         ", max_cache_length=" + std::to_string(b.batch.max_cache_length()) +
-         ", is_cache_empty=" + (b.is_cache_empty ? "True" : "False");
-}
-
 void bind_batch(py::module_& m) {
   py::class_<PyBatch>(m, "KVCacheBatch",
                       "The C++ batch of one fetch (KVCacheInputs.batch). Its arrays view C++ "
@@ -163,7 +153,7 @@ void bind_batch(py::module_& m) {
            "In place: cache_lengths += the previous step's tokens (row offsets, batch + 1 "
            "values); every array of this batch sees it. The manager's "
            "increment_cache_lengths returns a new KVCacheInputs instead.")
-      .def("__repr__", [](const PyBatch& b) { return "KVCacheBatch(" + batch_fields(b) + ")"; });
+      .def("__repr__", [](const PyBatch& b) { return batch_repr(b); });
 }
 
 // KVCacheInputs: a list of per-device tuples with the batch's attributes.
