@@ -9,6 +9,7 @@ import ast
 import inspect
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -217,3 +218,19 @@ def test_mypy_accepts_the_example_and_catches_misuse(tmp_path):
     bad = subprocess.run(cmd + [str(misuse)], capture_output=True, text=True, env=env)
     lines = sorted({int(m) for m in re.findall(r"misuse\.py:(\d+): error", bad.stdout)})
     assert lines == [3, 4, 5], bad.stdout
+
+
+def test_cmake_install_ships_module_and_stubs(tmp_path):
+    build = os.path.dirname(os.path.dirname(os.path.abspath(kvcache.__file__)))
+    if not os.path.exists(os.path.join(build, "CMakeCache.txt")) or not shutil.which("cmake"):
+        pytest.skip("kvcache is not imported from a CMake build tree")
+    subprocess.run(["cmake", "--install", build, "--component", "python", "--prefix",
+                    str(tmp_path)], check=True, capture_output=True)
+    site = [p for p in tmp_path.rglob("kvcache.pyi")]
+    assert len(site) == 1, site
+    site = site[0].parent
+    assert {p.relative_to(site).as_posix() for p in site.rglob("*") if p.is_file()} == {
+        os.path.basename(kvcache.__file__), "kvcache.pyi", "kvcache-stubs/__init__.pyi",
+        "kvcache-stubs/py.typed"}
+    with open(STUB) as f:
+        assert (site / "kvcache-stubs" / "__init__.pyi").read_text() == f.read()
