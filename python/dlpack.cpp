@@ -206,7 +206,12 @@ std::string dims_text(const DLTensor& t) {
 
 py::array dlpack_out(const py::handle& obj, const char* what) {
   const std::string name(what);
-  const py::object capsule = obj.attr("__dlpack__")();
+  py::object capsule;
+  try {
+    capsule = obj.attr("__dlpack__")();
+  } catch (py::error_already_set& e) {
+    throw InvalidArgument(name + " is a DLPack tensor that refused to export (" + e.what() + ")");
+  }
   if (PyCapsule_IsValid(capsule.ptr(), kCapsuleName) == 0) {
     throw InvalidArgument(name + ".__dlpack__() returned no 'dltensor' capsule");
   }

@@ -137,6 +137,9 @@ def test_kernels_refuse_dlpack_tensors_they_cannot_view():
         kvcache.attention(inputs, 0, q, offsets, out=Tensor(wide[:, ::2]))
     with pytest.raises(kvcache.InvalidArgument, match="out must be .* shaped like q"):
         kvcache.attention(inputs, 0, q, offsets, out=Tensor(np.zeros((8, N_Q, 2), np.float32)))
+    with pytest.raises(kvcache.InvalidArgument, match="out is a DLPack tensor that refused "
+                                                      "to export .*only supports"):
+        kvcache.attention(inputs, 0, q, offsets, out=Tensor(np.zeros((8, N_Q, DIM), bool)))
     with pytest.raises(kvcache.InvalidArgument, match="q is <class 'object'>"):
         kvcache.attention(inputs, 0, object(), offsets)
 
