@@ -21,7 +21,8 @@ _Int = int | np.integer[Any]
 # ints or a 1-D integer array.
 _Ints = int | Sequence[int] | npt.NDArray[np.integer[Any]]
 _SeqIds = _Ints
-_DTypeLike = str | DType | npt.DTypeLike
+# "float32" / "f32", "float16" / "f16", "bfloat16" / "bf16", a NumPy float dtype, or a DType.
+_DTypeLike = str | DType | type[np.floating[Any]] | np.dtype[np.floating[Any]]
 _StrategyLike = Literal["continuous", "paged"] | KVCacheStrategy
 
 class _SupportsDLPack(Protocol):

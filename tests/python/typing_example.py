@@ -53,7 +53,14 @@ def bf16_view() -> kvcache.BF16Array:
     return kvcache.as_bf16(inputs.blocks)
 
 
+def dtypes() -> list[kvcache.KVCacheParams]:
+    return [kvcache.KVCacheParams(np.float16, 1, 8), kvcache.KVCacheParams(kvcache.DType.bf16, 1, 8),
+            kvcache.KVCacheParams(np.dtype(np.float32), 1, 8),
+            kvcache.KVCacheParams(n_kv_heads=1, head_dim=8, cache_strategy="paged", page_size=4)]
+
+
 def main() -> None:
+    assert [p.numpy_dtype.itemsize for p in dtypes()] == [2, 2, 4, 4]
     serve_two_layers()
     assert bf16_view().dtype == "bfloat16"
 
