@@ -20,7 +20,8 @@ CMAKE_FLAGS ?=
 
 DEB_PACKAGES := cmake ninja-build g++ pkg-config libgtest-dev libbenchmark-dev libhwy-dev \
 	libxxhash-dev libcli11-dev nlohmann-json3-dev librapidcheck-dev libopenblas-dev \
-	python3-dev pybind11-dev python3-pybind11 python3-numpy python3-pytest clang libclang-rt-14-dev
+	python3-dev pybind11-dev python3-pybind11 python3-numpy python3-pytest python3-venv python3-mypy \
+	clang libclang-rt-14-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: all deps build install demo test asan tsan fuzz cuda format clean

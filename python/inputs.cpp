@@ -21,6 +21,7 @@
 #include <variant>
 
 #include "py_common.h"
+#include "repr.h"
 
 namespace kvcache::python {
 
@@ -109,14 +110,6 @@ void increment_in_place(PyBatch& batch, const py::handle& row_offsets) {
   batch.sync();
 }
 
-std::string batch_fields(const PyBatch& b) {
-  return "batch_size=" + std::to_string(b.batch.batch_size()) +
-         ", devices=" + std::to_string(b.batch.params().n_devices) +
-         ", max_seq_length=" + std::to_string(b.batch.max_seq_length()) +
-         ", max_cache_length=" + std::to_string(b.batch.max_cache_length()) +
-         ", is_cache_empty=" + (b.is_cache_empty ? "True" : "False");
-}
-
 void bind_batch(py::module_& m) {
   py::class_<PyBatch>(m, "KVCacheBatch",
                       "The C++ batch of one fetch (KVCacheInputs.batch). Its arrays view C++ "
@@ -160,7 +153,7 @@ void bind_batch(py::module_& m) {
            "In place: cache_lengths += the previous step's tokens (row offsets, batch + 1 "
            "values); every array of this batch sees it. The manager's "
            "increment_cache_lengths returns a new KVCacheInputs instead.")
-      .def("__repr__", [](const PyBatch& b) { return "KVCacheBatch(" + batch_fields(b) + ")"; });
+      .def("__repr__", [](const PyBatch& b) { return batch_repr(b); });
 }
 
 // KVCacheInputs: a list of per-device tuples with the batch's attributes.

@@ -9,15 +9,18 @@
 //
 // Which C++ kernels run is chosen by the one `using Kernels = ...;` line
 // below; `kvcache.kernels_backend` reports it.
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
 
+#include "dlpack.h"
 #include "kvcache/kernels/attention.h"
 #include "kvcache/kernels/reference.h"
 #include "kvcache/kernels/rope.h"
 #include "kvcache/kernels/rope_table.h"
 #include "py_common.h"
+#include "repr.h"
 
 namespace kvcache::python {
 
@@ -78,6 +81,20 @@ struct FastKernels {
 using Kernels = FastKernels;
 
 using FloatArray = py::array_t<float, py::array::c_style | py::array::forcecast>;
+
+// A kernel's float tensor argument as a C-contiguous float32 array: a NumPy
+// array or anything it converts (a copy when the dtype or layout differs), or
+// any DLPack tensor, viewed without a copy when it is float32 (dlpack_arg).
+FloatArray float_rows(const py::handle& obj, const char* what) {
+  const py::object arg = dlpack_arg(obj, what);
+  FloatArray a = FloatArray::ensure(arg);
+  if (!a) {
+    throw InvalidArgument(std::string(what) + " is " +
+                          py::repr(py::type::of(obj)).cast<std::string>() +
+                          ": pass a float array (NumPy, or any DLPack tensor)");
+  }
+  return a;
+}
 
 // Calls f(key_cache, value_cache) for `layer` of the batch, typed by its dtype and strategy.
 template <class F>
@@ -186,14 +203,16 @@ std::pair<const KVCacheBatch&, std::uint32_t> batch_and_device(const py::handle&
   return {ref.batch.batch, d};
 }
 
-void store_kv_py(const py::handle& inputs, const py::handle& layer, const FloatArray& k_new,
-                 const FloatArray& v_new, const py::handle& row_offsets, const py::handle& device,
+void store_kv_py(const py::handle& inputs, const py::handle& layer, const py::handle& k_obj,
+                 const py::handle& v_obj, const py::handle& row_offsets, const py::handle& device,
                  const py::handle& rope_theta, const py::handle& rotary_dim,
                  const RopeTable* rope_table, const py::handle& pool, const py::handle& prefetch) {
   const auto named = batch_and_device(inputs, device);
   const KVCacheBatch& b = named.first;
   const std::uint32_t dev = named.second;
   const KVCacheParams& p = b.params();
+  const FloatArray k_new = float_rows(k_obj, "k_new");
+  const FloatArray v_new = float_rows(v_obj, "v_new");
   check_rows(k_new, "k_new", p.n_kv_heads_per_device(), p.head_dim);
   check_rows(v_new, "v_new", p.n_kv_heads_per_device(), p.head_dim);
   const auto offsets = to_u32_vector(row_offsets, "row_offsets");
@@ -231,29 +250,39 @@ void bind_rope_table(py::module_& m) {
           },
           py::arg("pos"),
           "float32 [rotary_dim]: the cos of pairs 0 .. rotary_dim/2 - 1 at position pos, then "
-          "their sin.");
+          "their sin.")
+      .def("__repr__", &rope_table_repr);
 }
 
-py::array_t<float> attention_py(const py::handle& inputs, const py::handle& layer,
-                                const FloatArray& q, const py::handle& row_offsets,
-                                std::optional<py::array> out, const py::handle& scale,
-                                const py::handle& device, const py::handle& pool,
-                                const py::handle& prefetch, const py::handle& precision) {
+// The `out` keyword as a writable C-contiguous float32 array shaped like q
+// (a DLPack tensor is viewed, never copied); InvalidArgument otherwise.
+py::array_t<float> out_array(const py::handle& out, const FloatArray& q) {
+  const bool foreign = !py::isinstance<py::array>(out) && py::hasattr(out, "__dlpack__");
+  const py::object arg = foreign ? dlpack_out(out, "out") : py::reinterpret_borrow<py::object>(out);
+  auto result = py::array_t<float>::ensure(arg);
+  if (!result || result.ptr() != arg.ptr() || !(result.flags() & py::array::c_style) ||
+      !result.writeable() || result.ndim() != 3 ||
+      !std::equal(q.shape(), q.shape() + 3, result.shape())) {
+    throw InvalidArgument("out must be a writable C-contiguous float32 array shaped like q");
+  }
+  return result;
+}
+
+py::object attention_py(const py::handle& inputs, const py::handle& layer, const py::handle& q_obj,
+                        const py::handle& row_offsets, const py::handle& out,
+                        const py::handle& scale, const py::handle& device, const py::handle& pool,
+                        const py::handle& prefetch, const py::handle& precision) {
   const auto named = batch_and_device(inputs, device);
   const KVCacheBatch& b = named.first;
   const std::uint32_t dev = named.second;
   const std::uint32_t dim = b.params().head_dim;
+  const FloatArray q = float_rows(q_obj, "q");
   if (q.ndim() != 3 || q.shape(2) != dim) {
     throw InvalidArgument("q must have shape (tokens, n_q_heads, " + std::to_string(dim) + ")");
   }
   const auto n_q_heads = static_cast<std::uint32_t>(q.shape(1));
-  py::array_t<float> result = out ? py::array_t<float>::ensure(*out)
-                                  : py::array_t<float>({q.shape(0), q.shape(1), q.shape(2)});
-  if (out && (!result || result.ptr() != out->ptr() || !(result.flags() & py::array::c_style) ||
-              !result.writeable() || result.ndim() != 3 ||
-              !std::equal(q.shape(), q.shape() + 3, result.shape()))) {
-    throw InvalidArgument("out must be a writable C-contiguous float32 array shaped like q");
-  }
+  py::array_t<float> result =
+      out.is_none() ? py::array_t<float>({q.shape(0), q.shape(1), q.shape(2)}) : out_array(out, q);
   const auto offsets = to_u32_vector(row_offsets, "row_offsets");
   const AttentionOptions options{to_float(scale, "scale"),
                                  parse_attention_prefetch(to_name(prefetch, "prefetch")),
@@ -265,7 +294,8 @@ py::array_t<float> attention_py(const py::handle& inputs, const py::handle& laye
       Kernels::attention(k, v, span_of(q), n_q_heads, offsets, out_span, options, threads);
     });
   });
-  return result;
+  if (out.is_none()) return result;
+  return py::reinterpret_borrow<py::object>(out);  // the caller's tensor, now filled
 }
 
 }  // namespace

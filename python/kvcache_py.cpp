@@ -8,7 +8,9 @@
 #include <new>
 #include <string>
 
+#include "dlpack.h"
 #include "py_common.h"
+#include "repr.h"
 
 namespace kvcache::python {
 
@@ -229,21 +231,10 @@ void bind_params(py::module_& m) {
       .def_property_readonly("n_kv_heads_per_device", &KVCacheParams::n_kv_heads_per_device)
       .def("bytes_per_token", &KVCacheParams::bytes_per_token,
            "K and V bytes of one token over all layers and devices (needs num_layers).")
-      .def("__eq__", [](const KVCacheParams& a, const KVCacheParams& b) { return a == b; })
-      .def("__repr__", [](const KVCacheParams& p) {
-        std::string s = "KVCacheParams(dtype='" + std::string(dtype_name(p.dtype)) +
-                        "', n_kv_heads=" + std::to_string(p.n_kv_heads) +
-                        ", head_dim=" + std::to_string(p.head_dim) + ", num_layers=" +
-                        (p.num_layers ? std::to_string(p.num_layers) : std::string("None")) +
-                        ", cache_strategy='" + std::string(strategy_name(p.cache_strategy)) + "'";
-        if (p.cache_strategy == CacheStrategy::paged)
-          s += ", page_size=" + std::to_string(p.page_size);
-        if (p.enable_prefix_caching) s += ", enable_prefix_caching=True";
-        if (p.n_devices != 1) s += ", n_devices=" + std::to_string(p.n_devices);
-        if (p.page_layout == PageLayout::hnd) s += ", page_layout='hnd'";
-        if (p.pool_arrangement == PoolArrangement::per_layer) s += ", pool_arrangement='per_layer'";
-        return s + ")";
-      });
+      .def(
+          "__eq__", [](const KVCacheParams& a, const KVCacheParams& b) { return a == b; },
+          py::arg("other"))
+      .def("__repr__", &params_repr);
 }
 
 // Runs, at import and so on one thread, every function-local static that the
@@ -355,5 +346,6 @@ PYBIND11_MODULE(kvcache, m) {
   kp::bind_managers(m);
   kp::bind_kernels(m);
   kp::bind_metrics_and_logging(m);
+  kp::bind_dlpack(m);
   kp::register_shutdown_handler();
 }

@@ -19,6 +19,7 @@
 #include <type_traits>
 
 #include "py_common.h"
+#include "repr.h"
 
 namespace kvcache::python {
 
@@ -223,8 +224,10 @@ void bind_lifecycle(py::class_<Manager>& cls) {
           "contains",
           [](const Manager& m, SeqId s) { return unlocked([&] { return m.contains(s); }); },
           py::arg("seq_id"))
-      .def("__contains__",
-           [](const Manager& m, SeqId s) { return unlocked([&] { return m.contains(s); }); })
+      .def(
+          "__contains__",
+          [](const Manager& m, SeqId s) { return unlocked([&] { return m.contains(s); }); },
+          py::arg("seq_id"))
       .def(
           "block_shape",
           [](const Manager& m, const py::handle& n) {
@@ -255,9 +258,9 @@ void bind_lifecycle(py::class_<Manager>& cls) {
       .def_property_readonly("total_blocks", &Manager::total_blocks)
       .def_property_readonly(
           "free_blocks", [](const Manager& m) { return unlocked([&] { return m.free_blocks(); }); })
-      .def_property_readonly("used_blocks", [](const Manager& m) {
-        return unlocked([&] { return m.used_blocks(); });
-      });
+      .def_property_readonly(
+          "used_blocks", [](const Manager& m) { return unlocked([&] { return m.used_blocks(); }); })
+      .def("__repr__", [](const Manager& m) { return manager_repr(m); });
   if constexpr (std::is_same_v<Manager, PagedKVCacheManager>) {
     cls.def(
         "step",

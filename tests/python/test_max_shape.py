@@ -144,7 +144,7 @@ def test_kvcache_inputs_is_a_list_with_the_batch_attributes():
     assert len(inputs.per_device()) == 1 and inputs.per_device()[0] is inputs[0]
     assert inputs.device(0)[0].shape == inputs.blocks.shape
     assert inputs.block_copies.shape == (0, 2)
-    assert repr(inputs).startswith("KVCacheInputs(batch_size=2, devices=1")
+    assert repr(inputs).startswith("KVCacheInputs(paged f32, seq_ids=[0, 1], cache_lengths=[0, 0]")
     with pytest.raises(kvcache.InvalidArgument):
         inputs.device(1)
 
