@@ -6,6 +6,7 @@
 # name there, with the same parameters (names, order, keyword-only, defaults);
 # mypy checks tests/python/typing_example.py against this file.
 # The API is described in docs/python.md.
+import logging
 from typing import Any, Callable, ClassVar, Literal, Mapping, Protocol, Sequence, TypeVar, overload
 
 import numpy as np
@@ -214,6 +215,7 @@ class TensorType:
 # ---- managers --------------------------------------------------------------------------
 
 class ContinuousBatchingKVCacheManager:
+    def metrics_text(self, prefix: str = "kvcache") -> str: ...
     def __init__(
         self,
         params: KVCacheParams,
@@ -311,6 +313,7 @@ class PrefixCacheMetrics:
 _EvictionPolicy = Literal["lru", "s3fifo", "tiered", "interval"]
 
 class PagedKVCacheManager:
+    def metrics_text(self, prefix: str = "kvcache") -> str: ...
     def __init__(
         self,
         params: KVCacheParams,
@@ -497,3 +500,16 @@ class BF16Array:
     def __dlpack_device__(self) -> tuple[int, int]: ...
 
 def as_bf16(bits: npt.NDArray[np.uint16]) -> BF16Array: ...
+
+# ---- metrics and logging (docs/metrics.md) --------------------------------------------
+
+_LogLevel = Literal["trace", "debug", "info", "warn", "error", "off"]
+
+def metrics_text(
+    manager: PagedKVCacheManager | ContinuousBatchingKVCacheManager, prefix: str = "kvcache"
+) -> str: ...
+def set_log_level(level: _LogLevel) -> None: ...
+def log_level() -> _LogLevel: ...
+def set_log_handler(
+    handler: logging.Logger | Callable[[str, str], object] | None,
+) -> None: ...
