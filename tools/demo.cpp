@@ -178,8 +178,8 @@ void run_demo(const DemoOptions& o) {
   so.samples = o.samples;
   if (narrate) {
     *narrate << "Model: '" << config.name << "' Llama-style, " << config.num_layers
-             << " layers, hidden " << config.hidden_size << ", " << config.num_heads << "/"
-             << config.num_kv_heads << " q/kv heads, head dim " << config.head_dim << ", "
+             << " layers, hidden " << config.hidden_size << ", " << config.n_q_heads << "/"
+             << config.n_kv_heads << " q/kv heads, head dim " << config.head_dim << ", "
              << with_commas(config.num_parameters()) << " parameters (seeded weights)\n";
     if (!preset.engine_model) *narrate << "  (" << stand_in_note(preset) << ")\n";
     *narrate << "KV budget: " << format_bytes(so.memory_bytes) << " for every configuration; "
@@ -203,8 +203,8 @@ void run_demo(const DemoOptions& o) {
     j["model"] = {{"preset", config.name},
                   {"layers", config.num_layers},
                   {"hidden", config.hidden_size},
-                  {"q_heads", config.num_heads},
-                  {"kv_heads", config.num_kv_heads},
+                  {"q_heads", config.n_q_heads},
+                  {"kv_heads", config.n_kv_heads},
                   {"head_dim", config.head_dim},
                   {"stand_in", !preset.engine_model},
                   {"parameters", config.num_parameters()}};

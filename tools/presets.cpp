@@ -10,7 +10,7 @@ const std::vector<ModelPreset>& model_presets() {
     std::vector<ModelPreset> out;
     for (std::string_view name : engine::model_preset_names()) {
       const engine::ModelConfig c = engine::model_preset(name);
-      out.push_back({name, c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, true});
+      out.push_back({name, c.num_layers, c.n_q_heads, c.n_kv_heads, c.head_dim, true});
     }
     // Published models: layers, query heads, KV heads, head dim.
     const ModelPreset published[] = {
@@ -44,8 +44,8 @@ engine::ModelConfig engine_model_config(const ModelPreset& preset) {
   engine::ModelConfig c = engine::model_preset("small");  // hidden size, MLP, vocabulary
   c.name = std::string(preset.name);
   c.num_layers = kStandInLayers;
-  c.num_heads = preset.num_heads;
-  c.num_kv_heads = preset.n_kv_heads;
+  c.n_q_heads = preset.n_q_heads;
+  c.n_kv_heads = preset.n_kv_heads;
   c.head_dim = preset.head_dim;
   c.validate();
   return c;
@@ -55,7 +55,7 @@ std::string stand_in_note(const ModelPreset& preset) {
   if (preset.engine_model) return "";
   const engine::ModelConfig small = engine::model_preset("small");
   return "stand-in for " + std::string(preset.name) + ": its attention geometry (" +
-         std::to_string(preset.num_heads) + " query / " + std::to_string(preset.n_kv_heads) +
+         std::to_string(preset.n_q_heads) + " query / " + std::to_string(preset.n_kv_heads) +
          " KV heads, head dim " + std::to_string(preset.head_dim) + ") in " +
          std::to_string(kStandInLayers) + " of its " + std::to_string(preset.num_layers) +
          " layers, with small's hidden size " + std::to_string(small.hidden_size) +

@@ -29,7 +29,7 @@ inline constexpr std::uint32_t kStandInLayers = 2;
 struct ModelPreset {
   std::string_view name;
   std::uint32_t num_layers;
-  std::uint32_t num_heads;  // query heads
+  std::uint32_t n_q_heads;  // query heads
   std::uint32_t n_kv_heads;
   std::uint32_t head_dim;
   bool engine_model;  // one of the engine's own models (runs as is)

@@ -60,13 +60,13 @@ void ModelConfig::validate() const {
   require_positive("hidden_size", hidden_size);
   require_positive("intermediate_size", intermediate_size);
   require_positive("num_layers", num_layers);
-  require_positive("num_heads", num_heads);
-  require_positive("num_kv_heads", num_kv_heads);
+  require_positive("n_q_heads", n_q_heads);
+  require_positive("n_kv_heads", n_kv_heads);
   require_positive("head_dim", head_dim);
   require_positive("max_position", max_position);
-  if (num_heads % num_kv_heads != 0) {
-    throw InvalidArgument("model config: num_heads " + num(num_heads) +
-                          " is not a multiple of num_kv_heads " + num(num_kv_heads));
+  if (n_q_heads % n_kv_heads != 0) {
+    throw InvalidArgument("model config: n_q_heads " + num(n_q_heads) +
+                          " is not a multiple of n_kv_heads " + num(n_kv_heads));
   }
   if (head_dim % 2 != 0) {
     throw InvalidArgument("model config: head_dim " + num(head_dim) + " must be even (RoPE)");
@@ -80,7 +80,7 @@ KVCacheParams ModelConfig::cache_params(CacheStrategy strategy, std::uint32_t pa
   KVCacheParams p;
   p.dtype = DType::f32;
   p.num_layers = num_layers;
-  p.n_kv_heads = num_kv_heads;
+  p.n_kv_heads = n_kv_heads;
   p.head_dim = head_dim;
   p.cache_strategy = strategy;
   p.page_size = strategy == CacheStrategy::paged ? page_size : 0;
@@ -88,8 +88,8 @@ KVCacheParams ModelConfig::cache_params(CacheStrategy strategy, std::uint32_t pa
 }
 
 std::size_t ModelConfig::num_parameters() const {
-  const std::size_t h = hidden_size, qd = std::size_t{num_heads} * head_dim,
-                    kvd = std::size_t{num_kv_heads} * head_dim, f = intermediate_size;
+  const std::size_t h = hidden_size, qd = std::size_t{n_q_heads} * head_dim,
+                    kvd = std::size_t{n_kv_heads} * head_dim, f = intermediate_size;
   const std::size_t layer = 2 * h + h * qd * 2 + h * kvd * 2 + 3 * h * f;
   return std::size_t{vocab_size} * h * (tie_word_embeddings ? 1 : 2) + h + num_layers * layer;
 }
@@ -99,13 +99,13 @@ ModelConfig model_preset(std::string_view name) {
   c.name = std::string(name);
   if (name == "tiny") {
     c.vocab_size = 97, c.hidden_size = 32, c.intermediate_size = 64, c.num_layers = 2;
-    c.num_heads = 4, c.num_kv_heads = 2, c.head_dim = 8;
+    c.n_q_heads = 4, c.n_kv_heads = 2, c.head_dim = 8;
   } else if (name == "small") {
     c.vocab_size = 2048, c.hidden_size = 256, c.intermediate_size = 704, c.num_layers = 4;
-    c.num_heads = 4, c.num_kv_heads = 2, c.head_dim = 64;
+    c.n_q_heads = 4, c.n_kv_heads = 2, c.head_dim = 64;
   } else if (name == "base") {
     c.vocab_size = 4096, c.hidden_size = 512, c.intermediate_size = 1408, c.num_layers = 8;
-    c.num_heads = 8, c.num_kv_heads = 2, c.head_dim = 64;
+    c.n_q_heads = 8, c.n_kv_heads = 2, c.head_dim = 64;
   } else {
     throw InvalidArgument("unknown model preset '" + std::string(name) +
                           "' (known: tiny, small, base)");
@@ -118,8 +118,8 @@ std::vector<std::string_view> model_preset_names() { return {"tiny", "small", "b
 ModelWeights ModelWeights::random(const ModelConfig& c, std::uint64_t seed) {
   c.validate();
   SplitMix rng{seed};
-  const std::size_t h = c.hidden_size, qd = std::size_t{c.num_heads} * c.head_dim,
-                    kvd = std::size_t{c.num_kv_heads} * c.head_dim, f = c.intermediate_size;
+  const std::size_t h = c.hidden_size, qd = std::size_t{c.n_q_heads} * c.head_dim,
+                    kvd = std::size_t{c.n_kv_heads} * c.head_dim, f = c.intermediate_size;
   // Uniform(-a, a) has variance a^2/3: a = sqrt(3/fan_in) keeps unit variance.
   auto scale = [](std::size_t fan_in) { return std::sqrt(3.0f / static_cast<float>(fan_in)); };
   ModelWeights w;
@@ -144,8 +144,8 @@ ModelWeights ModelWeights::random(const ModelConfig& c, std::uint64_t seed) {
 
 void ModelWeights::check(const ModelConfig& c) const {
   c.validate();
-  const std::size_t h = c.hidden_size, qd = std::size_t{c.num_heads} * c.head_dim,
-                    kvd = std::size_t{c.num_kv_heads} * c.head_dim, f = c.intermediate_size;
+  const std::size_t h = c.hidden_size, qd = std::size_t{c.n_q_heads} * c.head_dim,
+                    kvd = std::size_t{c.n_kv_heads} * c.head_dim, f = c.intermediate_size;
   check_len("embed_tokens", embed_tokens.size(), c.vocab_size * h);
   if (layers.size() != c.num_layers) {
     throw InvalidArgument("weights have " + num(layers.size()) + " layers, config needs " +
@@ -203,8 +203,8 @@ template <class Attend>
 void run_layers(const ModelConfig& c, const ModelWeights& w, const RopeTable& rope, bool rotate_k,
                 std::size_t rows, std::span<const std::uint32_t> positions, ForwardScratch& s,
                 Attend&& attend) {
-  const std::size_t h = c.hidden_size, qd = std::size_t{c.num_heads} * c.head_dim,
-                    kvd = std::size_t{c.num_kv_heads} * c.head_dim, f = c.intermediate_size;
+  const std::size_t h = c.hidden_size, qd = std::size_t{c.n_q_heads} * c.head_dim,
+                    kvd = std::size_t{c.n_kv_heads} * c.head_dim, f = c.intermediate_size;
   s.h.resize(rows * h);
   s.q.resize(rows * qd);
   s.k.resize(rows * kvd);
@@ -218,8 +218,8 @@ void run_layers(const ModelConfig& c, const ModelWeights& w, const RopeTable& ro
     linear(s.h.data(), rows, h, lw.q_proj.data(), qd, s.q.data());
     linear(s.h.data(), rows, h, lw.k_proj.data(), kvd, s.k.data());
     linear(s.h.data(), rows, h, lw.v_proj.data(), kvd, s.v.data());
-    apply_rope(s.q.data(), rows, c.num_heads, c.head_dim, positions, rope);
-    if (rotate_k) apply_rope(s.k.data(), rows, c.num_kv_heads, c.head_dim, positions, rope);
+    apply_rope(s.q.data(), rows, c.n_q_heads, c.head_dim, positions, rope);
+    if (rotate_k) apply_rope(s.k.data(), rows, c.n_kv_heads, c.head_dim, positions, rope);
     attend(l);
     linear(s.attn.data(), rows, qd, lw.o_proj.data(), h, s.x.data(), /*accumulate=*/true);
     rms_norm(s.x.data(), rows, h, lw.post_norm.data(), c.rms_norm_eps, s.h.data());
@@ -257,13 +257,13 @@ void lm_head(const ModelConfig& c, const ModelWeights& w, std::span<const std::u
 // Plain causal GQA attention over rows [0, n) of q/k/v (no cache): the oracle.
 void attention_no_cache(const ModelConfig& c, std::size_t n, const float* q, const float* k,
                         const float* v, float* out) {
-  const std::size_t dim = c.head_dim, qd = std::size_t{c.num_heads} * dim,
-                    kvd = std::size_t{c.num_kv_heads} * dim;
-  const std::uint32_t group = c.num_heads / c.num_kv_heads;
+  const std::size_t dim = c.head_dim, qd = std::size_t{c.n_q_heads} * dim,
+                    kvd = std::size_t{c.n_kv_heads} * dim;
+  const std::uint32_t group = c.n_q_heads / c.n_kv_heads;
   const double scale = 1.0 / std::sqrt(static_cast<double>(dim));
   std::vector<double> p(n);
   for (std::size_t i = 0; i < n; ++i) {
-    for (std::uint32_t head = 0; head < c.num_heads; ++head) {
+    for (std::uint32_t head = 0; head < c.n_q_heads; ++head) {
       const float* qi = q + i * qd + head * dim;
       const std::size_t kvh = head / group;
       double mx = -std::numeric_limits<double>::infinity();
@@ -288,10 +288,10 @@ void attention_no_cache(const ModelConfig& c, std::size_t n, const float* q, con
 void check_batch(const ModelConfig& c, const KVCacheBatch& batch,
                  std::span<const std::uint32_t> row_offsets, std::size_t num_tokens) {
   const KVCacheParams& p = batch.params();
-  if (p.dtype != DType::f32 || p.num_layers != c.num_layers || p.n_kv_heads != c.num_kv_heads ||
+  if (p.dtype != DType::f32 || p.num_layers != c.num_layers || p.n_kv_heads != c.n_kv_heads ||
       p.head_dim != c.head_dim || p.n_devices != 1) {
     throw InvalidArgument("cache " + p.to_string() + " does not fit model '" + c.name +
-                          "' (needs f32 L" + num(c.num_layers) + " kv" + num(c.num_kv_heads) +
+                          "' (needs f32 L" + num(c.num_layers) + " kv" + num(c.n_kv_heads) +
                           " d" + num(c.head_dim) + " on one device)");
   }
   if (row_offsets.size() != std::size_t{batch.batch_size()} + 1) {
@@ -335,7 +335,7 @@ void Model::forward(std::span<const TokenId> tokens, std::span<const std::uint32
   store.rope_table = &rope_table_;
   run_layers(config_, weights_, rope_table_, /*rotate_k=*/false, rows, s.positions, s,
              [&](std::uint32_t layer) {
-               store_and_attend(batch, layer, s.k, s.v, store, s.q, config_.num_heads, row_offsets,
+               store_and_attend(batch, layer, s.k, s.v, store, s.q, config_.n_q_heads, row_offsets,
                                 s.attn);
              });
   lm_head(config_, weights_, logit_rows, logits, s);

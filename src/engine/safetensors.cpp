@@ -229,11 +229,11 @@ ModelConfig read_hf_config(const std::string& path) {
         json_input::to_uint<std::uint32_t>(j.at("intermediate_size"), "intermediate_size");
     c.num_layers =
         json_input::to_uint<std::uint32_t>(j.at("num_hidden_layers"), "num_hidden_layers");
-    c.num_heads =
+    c.n_q_heads =
         json_input::to_uint<std::uint32_t>(j.at("num_attention_heads"), "num_attention_heads");
-    c.num_kv_heads = json_uint_or<std::uint32_t>(j, "num_key_value_heads", c.num_heads);
+    c.n_kv_heads = json_uint_or<std::uint32_t>(j, "num_key_value_heads", c.n_q_heads);
     c.head_dim =
-        json_uint_or<std::uint32_t>(j, "head_dim", c.num_heads ? c.hidden_size / c.num_heads : 0u);
+        json_uint_or<std::uint32_t>(j, "head_dim", c.n_q_heads ? c.hidden_size / c.n_q_heads : 0u);
     c.rope_theta = json_float_or(j, "rope_theta", 10000.0f);
     c.rms_norm_eps = json_float_or(j, "rms_norm_eps", 1e-6f);
     c.max_position = json_uint_or<std::uint32_t>(j, "max_position_embeddings", 4096u);
@@ -251,8 +251,8 @@ ModelConfig read_hf_config(const std::string& path) {
 Model load_model(const std::string& config_path, const std::string& weights_path) {
   const ModelConfig c = read_hf_config(config_path);
   TensorMap m = read_safetensors(weights_path);
-  const std::uint64_t h = c.hidden_size, qd = std::uint64_t{c.num_heads} * c.head_dim,
-                      kvd = std::uint64_t{c.num_kv_heads} * c.head_dim, f = c.intermediate_size;
+  const std::uint64_t h = c.hidden_size, qd = std::uint64_t{c.n_q_heads} * c.head_dim,
+                      kvd = std::uint64_t{c.n_kv_heads} * c.head_dim, f = c.intermediate_size;
   const std::string& p = weights_path;
   ModelWeights w;
   w.embed_tokens = take(p, m, "model.embed_tokens.weight", {c.vocab_size, h});
@@ -282,8 +282,8 @@ Model load_model(const std::string& dir) {
 void save_model(const Model& model, const std::string& dir) {
   const ModelConfig& c = model.config();
   const ModelWeights& w = model.weights();
-  const std::uint64_t h = c.hidden_size, qd = std::uint64_t{c.num_heads} * c.head_dim,
-                      kvd = std::uint64_t{c.num_kv_heads} * c.head_dim, f = c.intermediate_size;
+  const std::uint64_t h = c.hidden_size, qd = std::uint64_t{c.n_q_heads} * c.head_dim,
+                      kvd = std::uint64_t{c.n_kv_heads} * c.head_dim, f = c.intermediate_size;
   TensorMap m;
   m["model.embed_tokens.weight"] = {{c.vocab_size, h}, w.embed_tokens};
   for (std::uint32_t l = 0; l < c.num_layers; ++l) {
@@ -308,8 +308,8 @@ void save_model(const Model& model, const std::string& dir) {
             {"hidden_size", c.hidden_size},
             {"intermediate_size", c.intermediate_size},
             {"num_hidden_layers", c.num_layers},
-            {"num_attention_heads", c.num_heads},
-            {"num_key_value_heads", c.num_kv_heads},
+            {"num_attention_heads", c.n_q_heads},
+            {"num_key_value_heads", c.n_kv_heads},
             {"head_dim", c.head_dim},
             {"rope_theta", c.rope_theta},
             {"rms_norm_eps", c.rms_norm_eps},

@@ -175,11 +175,11 @@ TEST(Model, RejectsBadInput) {
   const std::vector<std::uint32_t> bad_rows = {2};
   EXPECT_THROW(tiny_model().forward(ok, offs, b, bad_rows, logits, s), InvalidArgument);
   ModelConfig other = model_preset("tiny");
-  other.num_kv_heads = 4;
+  other.n_kv_heads = 4;
   const Model wrong = Model::from_seed(other, 1);
   EXPECT_THROW(wrong.forward(ok, offs, b, rows, logits, s), InvalidArgument);
   ModelConfig broken = model_preset("tiny");
-  broken.num_heads = 3;
+  broken.n_q_heads = 3;
   EXPECT_THROW(broken.validate(), InvalidArgument);
   EXPECT_THROW(model_preset("huge"), InvalidArgument);
   // Weights that do not fit an absurd head_dim are refused before the RoPE

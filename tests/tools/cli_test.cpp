@@ -69,8 +69,8 @@ TEST(CliPresets, OneNamespaceForEveryCommand) {
   const engine::ModelConfig c = engine_model_config(llama);
   EXPECT_EQ(c.name, "llama-3-8b");
   EXPECT_EQ(c.num_layers, kStandInLayers);
-  EXPECT_EQ(c.num_heads, 32u);
-  EXPECT_EQ(c.num_kv_heads, 8u);
+  EXPECT_EQ(c.n_q_heads, 32u);
+  EXPECT_EQ(c.n_kv_heads, 8u);
   EXPECT_EQ(c.head_dim, 128u);
   EXPECT_NE(stand_in_note(llama).find("2 of its 32 layers"), std::string::npos);
 }

@@ -39,16 +39,16 @@ struct ModelConfig {
   std::uint32_t hidden_size = 64;
   std::uint32_t intermediate_size = 128;
   std::uint32_t num_layers = 2;
-  std::uint32_t num_heads = 4;
-  std::uint32_t num_kv_heads = 2;
+  std::uint32_t n_q_heads = 4;
+  std::uint32_t n_kv_heads = 2;
   std::uint32_t head_dim = 16;
   float rope_theta = 10000.0f;
   float rms_norm_eps = 1e-5f;
   std::uint32_t max_position = 4096;
   bool tie_word_embeddings = false;
 
-  // Throws InvalidArgument naming the field: zero sizes, num_heads not a
-  // multiple of num_kv_heads, odd head_dim (RoPE pairs).
+  // Throws InvalidArgument naming the field: zero sizes, n_q_heads not a
+  // multiple of n_kv_heads, odd head_dim (RoPE pairs).
   void validate() const;
   // The KV cache shape this model needs (f32, given strategy / page size).
   KVCacheParams cache_params(CacheStrategy strategy, std::uint32_t page_size) const;
