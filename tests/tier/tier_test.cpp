@@ -1,0 +1,91 @@
+// The medium-independent part of the tier interface: fingerprints, page keys
+// and tickets.
+#include "kvcache/tier.h"
+
+#include <gtest/gtest.h>
+
+#include <thread>
+#include <vector>
+
+#include "kvcache/error.h"
+#include "tier/ticket_state.h"
+
+namespace kvcache {
+namespace {
+
+KVCacheParams params() {
+  KVCacheParams p;
+  p.dtype = DType::bf16;
+  p.num_layers = 4;
+  p.n_kv_heads = 8;
+  p.head_dim = 64;
+  p.cache_strategy = CacheStrategy::paged;
+  p.page_size = 16;
+  p.n_devices = 2;
+  return p;
+}
+
+TEST(TierFingerprint, OfParamsAndPageBytes) {
+  const TierFingerprint f = TierFingerprint::of(params(), "llama", "salt", 1);
+  EXPECT_EQ(f.n_kv_heads, 4u);  // per device
+  EXPECT_EQ(f.layer_end, 4u);
+  EXPECT_EQ(f.device_index, 1u);
+  EXPECT_EQ(f.page_bytes(), std::size_t{2} * 4 * 16 * 4 * 64 * 2);
+  EXPECT_THROW(TierFingerprint::of(params(), "", "", 2), InvalidArgument);
+}
+
+TEST(TierFingerprint, DigestChangesWithEveryField) {
+  const TierFingerprint base = TierFingerprint::of(params(), "m", "s");
+  std::vector<TierFingerprint> changed(11, base);
+  changed[0].dtype = DType::f16;
+  changed[1].layout = PageLayout::hnd;
+  changed[2].page_size = 32;
+  changed[3].n_kv_heads = 2;
+  changed[4].head_dim = 128;
+  changed[5].layer_begin = 1;
+  changed[6].layer_end = 3;
+  changed[7].device_index = 1;
+  changed[8].device_count = 4;
+  changed[9].model_id = "m2";
+  changed[10].cache_salt = "";
+  for (const TierFingerprint& c : changed) EXPECT_NE(c.digest(), base.digest());
+  EXPECT_EQ(TierFingerprint::of(params(), "m", "s").digest(), base.digest());
+  // The strings are length-prefixed: moving a character between them changes the digest.
+  TierFingerprint a = base, b = base;
+  a.model_id = "ab", a.cache_salt = "c";
+  b.model_id = "a", b.cache_salt = "bc";
+  EXPECT_NE(a.digest(), b.digest());
+}
+
+TEST(PageKeyTest, ChainsOverParentTokensAndNamespace) {
+  const std::vector<std::uint32_t> t1{1, 2, 3, 4}, t2{1, 2, 3, 5};
+  const PageKey k1 = page_key({}, t1, 7);
+  EXPECT_EQ(page_key({}, t1, 7), k1);
+  EXPECT_NE(page_key({}, t2, 7), k1);
+  EXPECT_NE(page_key({}, t1, 8), k1);
+  EXPECT_NE(page_key(k1, t1, 7), k1);
+  EXPECT_NE(page_key(k1, t1, 7), page_key(page_key({}, t2, 7), t1, 7));
+}
+
+TEST(TierTicketTest, DoneWhenEveryPageFinishedOnce) {
+  auto state = TierTicket::State::for_loads(3);
+  const TierTicket t(state);
+  EXPECT_FALSE(t.done());
+  state->finish_load(2, LoadResult::missing);
+  state->finish_load(0, LoadResult::loaded);
+  state->finish_load(0, LoadResult::corrupt);  // a second finish of one page is ignored
+  EXPECT_FALSE(t.done());
+  std::thread worker([&] { state->finish_load(1, LoadResult::corrupt); });
+  t.wait();
+  worker.join();
+  ASSERT_TRUE(t.done());
+  const std::vector<LoadResult> want{LoadResult::loaded, LoadResult::corrupt, LoadResult::missing};
+  EXPECT_EQ(std::vector<LoadResult>(t.load_results().begin(), t.load_results().end()), want);
+  EXPECT_TRUE(TierTicket().done());
+  EXPECT_TRUE(TierTicket().store_results().empty());
+  EXPECT_EQ(load_result_name(LoadResult::corrupt), "corrupt");
+  EXPECT_EQ(store_result_name(StoreResult::present), "present");
+}
+
+}  // namespace
+}  // namespace kvcache
