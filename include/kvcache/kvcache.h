@@ -39,6 +39,7 @@
 #include "kvcache/params.h"
 #include "kvcache/prefix_cache.h"
 #include "kvcache/thread_pool.h"
+#include "kvcache/tier.h"
 #include "kvcache/version.h"
 
 #endif
