@@ -10,8 +10,8 @@
 #include <random>
 #include <vector>
 
-#include "kvcache/kvcache.h"
 #include "kvcache/kv_scales.h"
+#include "kvcache/kvcache.h"
 
 namespace {
 
@@ -94,7 +94,8 @@ class Fp8 : public ::testing::TestWithParam<DType> {
 };
 
 TEST_P(Fp8, DecodeEveryCodeExactly) {
-  for (unsigned c = 0; c < 256; ++c) expect_same(decode_by_definition(format(), c), decode(GetParam(), c), c);
+  for (unsigned c = 0; c < 256; ++c)
+    expect_same(decode_by_definition(format(), c), decode(GetParam(), c), c);
 }
 
 TEST_P(Fp8, EveryFiniteCodeRoundTrips) {
@@ -146,7 +147,9 @@ TEST_P(Fp8, RandomFloatsOverTheWholeRange) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, Fp8, ::testing::Values(DType::fp8_e4m3, DType::fp8_e5m2),
-                         [](const auto& info) { return std::string(kvcache::dtype_name(info.param)); });
+                         [](const auto& info) {
+                           return std::string(kvcache::dtype_name(info.param));
+                         });
 
 TEST(Int8, RoundsToNearestEvenAndClamps) {
   EXPECT_EQ(kvcache::f32_to_int8(0.5f), 0);
