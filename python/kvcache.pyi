@@ -59,6 +59,9 @@ class DType:
     f32: ClassVar[DType]
     f16: ClassVar[DType]
     bf16: ClassVar[DType]
+    fp8_e4m3: ClassVar[DType]
+    fp8_e5m2: ClassVar[DType]
+    int8: ClassVar[DType]
     def __init__(self, value: int) -> None: ...
     @property
     def name(self) -> str: ...

@@ -186,10 +186,15 @@ KVCacheParams make_params(const py::object& dtype, const py::object& n_kv_heads,
 }
 
 void bind_params(py::module_& m) {
-  py::enum_<DType>(m, "DType", "Element type of the cache (bf16 is stored as uint16 in NumPy).")
+  py::enum_<DType>(m, "DType",
+                   "Element type of the cache (bf16 is stored as uint16 in NumPy, fp8 codes as "
+                   "uint8, int8 blocks as uint8 bytes: values then scales).")
       .value("f32", DType::f32)
       .value("f16", DType::f16)
-      .value("bf16", DType::bf16);
+      .value("bf16", DType::bf16)
+      .value("fp8_e4m3", DType::fp8_e4m3)
+      .value("fp8_e5m2", DType::fp8_e5m2)
+      .value("int8", DType::int8);
   py::enum_<CacheStrategy>(m, "KVCacheStrategy", "How sequences map to memory.")
       .value("CONTINUOUS", CacheStrategy::continuous)
       .value("PAGED", CacheStrategy::paged);
@@ -293,6 +298,10 @@ py::dtype numpy_dtype(DType t) {
       return py::dtype("float16");
     case DType::bf16:
       return py::dtype::of<std::uint16_t>();
+    case DType::fp8_e4m3:
+    case DType::fp8_e5m2:
+    case DType::int8:
+      return py::dtype::of<std::uint8_t>();
     case DType::f32:
       break;
   }

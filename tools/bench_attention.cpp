@@ -231,8 +231,7 @@ AttentionMeasurements run_attention(const AttentionArgs& a, AttentionSetup& s, T
   const Subject& main = s.subjects[0];
   auto read_pages = [&](std::size_t i) {
     with_layer<T>(s.caches[main.cache].c.batches[i % s.sets], [&](const auto& k, const auto& v) {
-      sink += kernels::paged_read(k.desc(), v.desc(),
-                                  tokens, &pool);
+      sink += kernels::paged_read(k.desc(), v.desc(), tokens, &pool);
     });
   };
   for (Subject& subject : s.subjects) {  // warm-up
@@ -401,6 +400,8 @@ nlohmann::json report_attention(const AttentionArgs& a, const AttentionSetup& s,
       {"min_s", min_of(times)},
       {"bytes_kv", bytes},
       {"gbps", bytes / med / 1e9},
+      // Query tokens a second through one layer (decode: one per sequence).
+      {"tokens_per_s", double(a.batch) * (a.mode == "decode" ? 1 : a.context) / med},
       {"stream_gbps", median(m.stream_rates)},
       {"fraction_of_stream", median(m.stream_fractions)},
       {"fraction_of_stream_min", min_of(m.stream_fractions)},
@@ -425,5 +426,8 @@ nlohmann::json bench_attention(const AttentionArgs& a) {
 template nlohmann::json bench_attention<float>(const AttentionArgs&);
 template nlohmann::json bench_attention<Half>(const AttentionArgs&);
 template nlohmann::json bench_attention<BFloat16>(const AttentionArgs&);
+template nlohmann::json bench_attention<Fp8E4M3>(const AttentionArgs&);
+template nlohmann::json bench_attention<Fp8E5M2>(const AttentionArgs&);
+template nlohmann::json bench_attention<Int8>(const AttentionArgs&);
 
 }  // namespace kvcache::tools

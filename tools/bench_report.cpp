@@ -82,6 +82,8 @@ void attention_rows(const json& j, Table& t) {
                                 text(j["sets"]) + " set(s)"});
   t.add_row({"calls timed", text(j["repeats"]) + " in " + text(j["rounds"]) + " rounds"});
   t.add_row({"kernel rate", gbps(j["gbps"])});
+  if (j.contains("tokens_per_s"))
+    t.add_row({"tokens/s (one layer)", fmt("%.0f", j["tokens_per_s"].get<double>())});
   t.add_row({"stream read", gbps(j["stream_gbps"])});
   t.add_row({"fraction of stream", ratio(j, "fraction_of_stream")});
   if (j.contains("paged_read_gbps")) {
@@ -114,6 +116,8 @@ void store_rows(const json& j, Table& t) {
              format_bytes(static_cast<std::uint64_t>(j["bytes_moved"].get<double>()))});
   t.add_row({"calls timed", text(j["repeats"]) + " in " + text(j["rounds"]) + " rounds"});
   t.add_row({"store rate", gbps(j["gbps"])});
+  if (j.contains("tokens_per_s"))
+    t.add_row({"tokens/s (one layer)", fmt("%.0f", j["tokens_per_s"].get<double>())});
   t.add_row({"copy rate", gbps(j["memcpy_gbps"])});
   t.add_row({"fraction of copy", ratio(j, "fraction_of_memcpy")});
   t.add_row({"RoPE on K", j["rope"].get<bool>()

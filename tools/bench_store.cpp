@@ -117,7 +117,9 @@ nlohmann::json bench_store(const StoreArgs& a) {
                opt, &pool);
     });
   };
-  const double bytes = 2.0 * n * (sizeof(float) + dtype_size(p.dtype));  // read f32 + write cache
+  // Read f32, write the cache (values, and int8's (token, head) scales).
+  const double bytes = 2.0 * n * sizeof(float) +
+                       double(a.batch) * a.tokens * (p.bytes_per_token_per_device() / p.num_layers);
   // The reference: a copy of bytes / 2 into another bytes / 2, so that it
   // moves as many bytes as the store. Store calls and copies alternate in
   // rounds and the fraction is the median of per-round ratios, as in bench
@@ -163,6 +165,7 @@ nlohmann::json bench_store(const StoreArgs& a) {
           {"median_s", med},
           {"bytes_moved", bytes},
           {"gbps", bytes / med / 1e9},
+          {"tokens_per_s", double(a.batch) * a.tokens / med},
           {"repeats", times.size()},
           {"rounds", rounds},
           {"memcpy_gbps", median(copy_rates)},
@@ -174,5 +177,8 @@ nlohmann::json bench_store(const StoreArgs& a) {
 template nlohmann::json bench_store<float>(const StoreArgs&);
 template nlohmann::json bench_store<Half>(const StoreArgs&);
 template nlohmann::json bench_store<BFloat16>(const StoreArgs&);
+template nlohmann::json bench_store<Fp8E4M3>(const StoreArgs&);
+template nlohmann::json bench_store<Fp8E5M2>(const StoreArgs&);
+template nlohmann::json bench_store<Int8>(const StoreArgs&);
 
 }  // namespace kvcache::tools

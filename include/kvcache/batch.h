@@ -131,6 +131,8 @@ class KVCacheBatch {
   std::uint32_t page_size_ = 0;
   std::vector<void*> device_blocks_;
   std::vector<BlockCopy> block_copies_;
+  // fp8: the manager's scales, [n_devices][num_layers][2][heads per device].
+  const float* head_scales_ = nullptr;
 };
 
 }  // namespace kvcache

@@ -79,7 +79,17 @@ const char* kvc_status_name(int32_t status);
 
 /* ---- parameters ---------------------------------------------------------- */
 
-typedef enum kvc_dtype { KVC_DTYPE_F32 = 0, KVC_DTYPE_F16 = 1, KVC_DTYPE_BF16 = 2 } kvc_dtype;
+/* The 8-bit types (docs/quantization.md): fp8 with static per-(layer, KV
+ * head) scales (all 1 unless set: kvc_manager_set_kv_scales), int8 with a
+ * (token, KV head) scale stored in the page beside the values. */
+typedef enum kvc_dtype {
+  KVC_DTYPE_F32 = 0,
+  KVC_DTYPE_F16 = 1,
+  KVC_DTYPE_BF16 = 2,
+  KVC_DTYPE_FP8_E4M3 = 3,
+  KVC_DTYPE_FP8_E5M2 = 4,
+  KVC_DTYPE_INT8 = 5
+} kvc_dtype;
 
 typedef enum kvc_strategy {
   KVC_STRATEGY_CONTINUOUS = 0, /* one max_seq_len slot per sequence */
@@ -260,6 +270,13 @@ typedef struct kvc_manager_stats {
 kvc_status kvc_manager_stats_get(const kvc_manager* manager, kvc_manager_stats* out,
                                  kvc_error* err);
 
+/* fp8 caches: the static K and V scales, each [num_layers][n_kv_heads]
+ * (kvcache::KVCacheManager::set_kv_scales). KVC_INVALID_ARGUMENT, nothing
+ * changed, for another dtype, n != num_layers * n_kv_heads, a scale that is
+ * zero, negative or not finite, or while a sequence is active. */
+kvc_status kvc_manager_set_kv_scales(kvc_manager* manager, const float* k_scales,
+                                     const float* v_scales, size_t n, kvc_error* err);
+
 /* Audits the manager's bookkeeping (tests, debugging); KVC_INTERNAL with the
  * first inconsistency found. */
 kvc_status kvc_check_invariants(const kvc_manager* manager, kvc_error* err);
@@ -347,6 +364,10 @@ typedef struct kvc_cache_desc {
   uint64_t kv_stride;               /* a layer's K to its V */
   uint64_t token_stride;            /* row r to r + 1 of one head in a block */
   uint64_t head_stride;             /* head h to h + 1 of one row */
+  /* fp8: [num_layers][2 (K, V)][n_kv_heads] static scales of this device's
+     heads (number = code * scale); NULL for other dtypes. int8 keeps one
+     float scale per (row, head) after each block's values (docs/quantization.md). */
+  const float* head_scales;
 } kvc_cache_desc;
 
 /* KVC_INVALID_ARGUMENT for a batch never fetched into. */

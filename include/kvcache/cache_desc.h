@@ -20,6 +20,22 @@
 //    layer l's K (kv 0) or V (kv 1). Everything else is the same, so
 //    element (block, row, head, d) of that layer is at
 //    blocks + elem_offset(block, row, head) + d.
+// 8-bit types (dtype.h, docs/quantization.md): elements are bytes.
+//  - fp8: `head_scales` points at the static dequantisation scales (number =
+//    fp8 value * scale): a whole-cache descriptor's at
+//    [num_layers][2][n_kv_heads] floats (layer, K or V, this device's heads),
+//    a per-layer descriptor's at that layer's K or V [n_kv_heads] (layer()
+//    advances it with blocks). Required (non-null) for fp8, ignored otherwise.
+//  - int8: each block (one layer's K or V of one page or slot) holds its
+//    values, then one float scale per (row, head) beside them:
+//      [block_values() int8 values, in the page layout]
+//      [page_size * n_kv_heads floats]  scale of (row, head) at index
+//                                        (row * token_stride + head * head_stride) / head_dim
+//    (NHD: [page_size][n_kv_heads], HND: [n_kv_heads][page_size], the same
+//    order as the rows), so block_elements() counts both (in bytes) and
+//    copy-on-write, prefix caching, tiers and a device pool that move or copy
+//    whole blocks move the scales with them. head_dim must be a multiple of 4
+//    (the scales stay 4-byte aligned).
 // Token t of entry b lies in block lookup_table[b * lookup_stride +
 // t / page_size] at row t % page_size. With the continuous strategy a block
 // is a sequence's slot and page_size is max_seq_len (one page per entry).
@@ -54,6 +70,8 @@ struct CacheDesc {
   // Memory: see the file comment for what blocks points at.
   void* blocks = nullptr;
   DType dtype = DType::f32;
+  // fp8 only: the static scales (see the file comment); null otherwise.
+  const float* head_scales = nullptr;
 
   // The batch.
   const std::uint32_t* cache_lengths = nullptr;     // [batch_size] committed tokens
@@ -81,9 +99,19 @@ struct CacheDesc {
   std::size_t token_stride = 0;  // row r to row r + 1 of one head in a block
   std::size_t head_stride = 0;   // head h to head h + 1 of one row
 
-  // Elements of one layer's K (or V) of one block.
-  constexpr std::size_t block_elements() const {
+  // Value elements of one layer's K (or V) of one block.
+  constexpr std::size_t block_values() const {
     return std::size_t{page_size} * n_kv_heads * head_dim;
+  }
+  // Elements of one layer's K (or V) of one block: the values, and for int8
+  // the (row, head) scales after them (4 bytes each; elements are bytes).
+  constexpr std::size_t block_elements() const {
+    return block_values() +
+           (has_page_scales(dtype) ? std::size_t{page_size} * n_kv_heads * sizeof(float) : 0);
+  }
+  // int8: from a block's first float scale to that of (row, head).
+  constexpr std::size_t scale_index(std::uint32_t row, std::uint32_t head) const {
+    return (std::size_t{row} * token_stride + std::size_t{head} * head_stride) / head_dim;
   }
   // Elements of the whole pool (every block, layer, K and V).
   constexpr std::size_t pool_elements() const {
@@ -117,11 +145,13 @@ struct CacheDesc {
 
   // The per-layer descriptor of layer `layer`'s K (kv 0) or V (kv 1), taken
   // from a whole-cache descriptor: blocks advanced by layer_offset, the rest
-  // unchanged. Throws InvalidArgument for layer >= num_layers or kv > 1.
+  // unchanged (head_scales advanced to the layer's K or V scales). Throws
+  // InvalidArgument for layer >= num_layers or kv > 1.
   CacheDesc layer(std::uint32_t layer, std::uint32_t kv) const;
 
   // Throws InvalidArgument naming the first field that breaks an invariant
-  // above; reads batch_size x lookup_stride table entries, allocates nothing
+  // above (and for fp8 a null head_scales, for int8 a head_dim that is not
+  // a multiple of 4); reads batch_size x lookup_stride table entries, allocates nothing
   // unless it throws.
   void validate() const;
 };

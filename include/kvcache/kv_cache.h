@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
 
 #include "kvcache/cache_desc.h"
 #include "kvcache/dtype.h"
@@ -166,7 +167,8 @@ class LayerCacheBase {
            std::size_t{col / d_.head_dim} * head_stride() + col % d_.head_dim;
   }
 
-  // `width` consecutive elements along head_dim starting at d.
+  // `width` consecutive elements (stored codes) along head_dim starting at
+  // d; load_float / store_row dequantise / quantise.
   template <std::size_t width>
   std::array<T, width> load(std::uint32_t b, std::uint32_t head, std::uint32_t tok,
                             std::uint32_t d) const {
@@ -180,6 +182,53 @@ class LayerCacheBase {
              const std::array<T, width>& val) const {
     T* p = ptr(b, head, tok, d);
     for (std::size_t i = 0; i < width; ++i) p[i] = val[i];
+  }
+
+  // The dequantisation scale of (b, head, tok): the number is to_float(code)
+  // * scale. 1 for f32 / f16 / bf16, the head's static scale for fp8
+  // (CacheDesc::head_scales), the (token, head) scale stored in the page
+  // for int8.
+  float scale(std::uint32_t b, std::uint32_t head, std::uint32_t tok) const {
+    if constexpr (std::is_same_v<T, Int8>) {
+      return *scale_ptr(b, head, tok);
+    } else if constexpr (std::is_same_v<T, Fp8E4M3> || std::is_same_v<T, Fp8E5M2>) {
+      return d_.head_scales[head];
+    } else {
+      return 1.0f;
+    }
+  }
+  // int8: where the page keeps the scale of (b, head, tok).
+  float* scale_ptr(std::uint32_t b, std::uint32_t head,
+                   std::uint32_t tok) const requires std::is_same_v<T, Int8> {
+    const std::uint32_t row = tok % page_size();
+    return reinterpret_cast<float*>(page_ptr(b, tok / page_size()) + d_.block_values()) +
+           d_.scale_index(row, head);
+  }
+  // The number at (b, head, tok, d), dequantised.
+  float load_float(std::uint32_t b, std::uint32_t head, std::uint32_t tok, std::uint32_t d) const {
+    return to_float(*ptr(b, head, tok, d)) * scale(b, head, tok);
+  }
+  // Writes the head_dim numbers of (b, head, tok), quantised as the kernels
+  // quantise them (int8: computes and stores the row's scale; fp8: divides
+  // by the head's static scale, i.e. multiplies by 1 / scale, and rounds).
+  // Throws InvalidArgument when row has another size.
+  void store_row(std::uint32_t b, std::uint32_t head, std::uint32_t tok,
+                 std::span<const float> row) const {
+    if (row.size() != d_.head_dim) {
+      throw InvalidArgument("store_row got " + std::to_string(row.size()) +
+                            " values, expected head_dim = " + std::to_string(d_.head_dim));
+    }
+    T* p = ptr(b, head, tok, 0);
+    float inverse = 1.0f;
+    if constexpr (std::is_same_v<T, Int8>) {
+      float absmax = 0.0f;
+      for (float x : row) absmax = std::max(absmax, x < 0.0f ? -x : x);
+      inverse = int8_inverse_scale(absmax);
+      *scale_ptr(b, head, tok) = int8_scale(absmax);
+    } else if constexpr (std::is_same_v<T, Fp8E4M3> || std::is_same_v<T, Fp8E5M2>) {
+      inverse = 1.0f / d_.head_scales[head];
+    }
+    for (std::size_t i = 0; i < row.size(); ++i) p[i] = from_float<T>(row[i] * inverse);
   }
 
   // Pointer to token start_tok of entry b; the tile_size tokens from there

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "kvcache/batch.h"
+#include "kvcache/kv_scales.h"
 #include "kvcache/params.h"
 
 namespace kvcache {
@@ -71,7 +72,7 @@ struct ManagerStats {
   std::uint32_t blocks_used = 0;    // held by a sequence
   std::uint32_t blocks_cached = 0;  // prefix cache: held by none, evictable
   std::uint32_t blocks_pinned = 0;  // prefix cache: pinned (used or cached)
-  std::uint32_t page_size = 0;   // tokens a block holds: page_size or max_seq_len
+  std::uint32_t page_size = 0;      // tokens a block holds: page_size or max_seq_len
   std::uint32_t active_sequences = 0;
   std::uint64_t pool_bytes = 0;  // the blocks' memory over all devices (estimated_memory_size)
   // Lifecycle counters: calls that succeeded.
@@ -158,7 +159,9 @@ class KVCacheManager {
   // Shape of the blocks tensor for n blocks (per device), e.g. continuous
   // [n_sequences, 2, num_layers, max_seq_len, n_kv_heads_per_device, head_dim]
   // (the last three as [heads, tokens, head_dim] with PageLayout::hnd); with
-  // PoolArrangement::per_layer the first three are [num_layers, 2, n].
+  // PoolArrangement::per_layer the first three are [num_layers, 2, n]. An
+  // int8 block is its values and then its scales (cache_desc.h): the last
+  // three are one dimension of page_size * heads * (head_dim + 4) bytes.
   virtual std::vector<std::size_t> block_shape(std::uint32_t n) const = 0;
 
   // MAX increment_cache_lengths: forwards to batch.increment_cache_lengths.
@@ -181,6 +184,18 @@ class KVCacheManager {
   // describing the first inconsistency. For tests and debugging.
   virtual void check_invariants() const = 0;
 
+  // fp8 caches: the static K/V scales the kernels read (kv_scales.h);
+  // every scale is 1 until set. `scales` must have params().num_layers
+  // layers and params().n_kv_heads heads. Refused (InvalidArgument, nothing
+  // changed) for a cache that is not fp8, another shape, or while any
+  // sequence is active (its stored codes were written with the old scales).
+  // Pages a prefix cache keeps were written with the scales of their time:
+  // reset the prefix cache when changing them on a serving manager. Not
+  // synchronised with other calls: set the scales before serving.
+  void set_kv_scales(const KVScales& scales);
+  // The scales set (all 1 by default); empty (0 layers) unless fp8.
+  const KVScales& kv_scales() const { return kv_scales_; }
+
  protected:
   // Throws InvalidArgument for bad params, a zero size or a policy outside SeqIdPolicy.
   KVCacheManager(const KVCacheParams& params, std::uint32_t max_batch_size,
@@ -191,6 +206,18 @@ class KVCacheManager {
   std::uint32_t max_batch_size_;
   std::uint32_t max_seq_len_;
   SeqIdPolicy seq_id_policy_;
+  KVScales kv_scales_;
+  // kv_scales_ per device, [n_devices][num_layers][2][n_kv_heads_per_device]
+  // (CacheDesc::head_scales of device d at d * num_layers * 2 * heads).
+  std::vector<float> device_scales_;
+
+ protected:
+  // Fills kv_scales_ and device_scales_ (strong guarantee).
+  void set_device_scales(const KVScales& scales);
+  // What fetch puts in a batch (KVCacheBatch::head_scales_): null unless fp8.
+  const float* device_scales() const {
+    return device_scales_.empty() ? nullptr : device_scales_.data();
+  }
 };
 
 }  // namespace kvcache

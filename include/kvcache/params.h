@@ -75,7 +75,8 @@ struct KVCacheParams {
   PoolArrangement pool_arrangement = PoolArrangement::interleaved;  // where layers lie
 
   // Throws InvalidArgument on: zero num_layers / n_kv_heads / head_dim /
-  // n_devices; paged with page_size 0; continuous with page_size != 0 is
+  // n_devices; int8 with head_dim not a multiple of 4 (its in-page scales
+  // must stay 4-byte aligned); paged with page_size 0; continuous with page_size != 0 is
   // allowed and ignored; prefix caching with continuous; n_devices not
   // dividing n_kv_heads (MAX floors silently; we refuse); an enum value
   // outside its type; one token of K/V over 2^31 bytes (so a token count up
@@ -86,7 +87,9 @@ struct KVCacheParams {
   std::uint32_t n_kv_heads_per_device() const { return n_kv_heads / n_devices; }
 
   // Bytes of K and V for one token over all layers and all devices:
-  // 2 * num_layers * n_kv_heads * head_dim * dtype_size.
+  // 2 * num_layers * n_kv_heads * (head_dim * dtype_size + scale bytes),
+  // the scale bytes being 4 for int8 (its in-page (token, head) scale) and 0
+  // otherwise (fp8's static scales live outside the pool: kv_scales.h).
   std::size_t bytes_per_token() const;
 
   // Same, for one device's shard.

@@ -103,7 +103,10 @@ void require_array(const void* p, std::size_t n, const char* name) {
 // here), so a C value converts by a range check and a cast.
 static_assert(KVC_DTYPE_F32 == static_cast<int>(kvcache::DType::f32) &&
               KVC_DTYPE_F16 == static_cast<int>(kvcache::DType::f16) &&
-              KVC_DTYPE_BF16 == static_cast<int>(kvcache::DType::bf16));
+              KVC_DTYPE_BF16 == static_cast<int>(kvcache::DType::bf16) &&
+              KVC_DTYPE_FP8_E4M3 == static_cast<int>(kvcache::DType::fp8_e4m3) &&
+              KVC_DTYPE_FP8_E5M2 == static_cast<int>(kvcache::DType::fp8_e5m2) &&
+              KVC_DTYPE_INT8 == static_cast<int>(kvcache::DType::int8));
 static_assert(KVC_STRATEGY_CONTINUOUS == static_cast<int>(kvcache::CacheStrategy::continuous) &&
               KVC_STRATEGY_PAGED == static_cast<int>(kvcache::CacheStrategy::paged));
 static_assert(KVC_LAYOUT_NHD == static_cast<int>(kvcache::PageLayout::nhd) &&
@@ -151,8 +154,10 @@ kvcache::KVCacheParams to_params(const kvc_params* p) {
                           std::to_string(p->enable_prefix_caching) + ", must be 0 or 1");
   }
   kvcache::KVCacheParams params;
-  params.dtype = from_c<kvcache::DType>(p->dtype, 3, "params->dtype",
-                                        "KVC_DTYPE_F32, KVC_DTYPE_F16 or KVC_DTYPE_BF16");
+  params.dtype = from_c<kvcache::DType>(
+      p->dtype, 6, "params->dtype",
+      "KVC_DTYPE_F32, KVC_DTYPE_F16, KVC_DTYPE_BF16, KVC_DTYPE_FP8_E4M3, KVC_DTYPE_FP8_E5M2 or "
+      "KVC_DTYPE_INT8");
   params.num_layers = p->num_layers;
   params.n_kv_heads = p->n_kv_heads;
   params.head_dim = p->head_dim;
@@ -228,6 +233,12 @@ void with_collection(const kvcache::KVCacheBatch& b, F&& fn) {
       return with_typed<kvcache::Half>(b, fn);
     case kvcache::DType::bf16:
       return with_typed<kvcache::BFloat16>(b, fn);
+    case kvcache::DType::fp8_e4m3:
+      return with_typed<kvcache::Fp8E4M3>(b, fn);
+    case kvcache::DType::fp8_e5m2:
+      return with_typed<kvcache::Fp8E5M2>(b, fn);
+    case kvcache::DType::int8:
+      return with_typed<kvcache::Int8>(b, fn);
   }
 }
 
@@ -445,6 +456,17 @@ kvc_status kvc_reset_metrics(kvc_manager* manager, kvc_error* err) {
   return guarded(err, [&] { paged_of(manager, "reset_metrics").reset_metrics(); });
 }
 
+kvc_status kvc_manager_set_kv_scales(kvc_manager* manager, const float* k_scales,
+                                     const float* v_scales, size_t n, kvc_error* err) {
+  return guarded(err, [&] {
+    kvcache::KVCacheManager& m = manager_of(manager);
+    require_array(k_scales, n, "k_scales");
+    require_array(v_scales, n, "v_scales");
+    const kvcache::KVCacheParams& p = m.params();
+    m.set_kv_scales(kvcache::KVScales(p.num_layers, p.n_kv_heads, {k_scales, n}, {v_scales, n}));
+  });
+}
+
 kvc_status kvc_manager_stats_get(const kvc_manager* manager, kvc_manager_stats* out,
                                  kvc_error* err) {
   return guarded(err, [&] {
@@ -523,6 +545,7 @@ kvc_status kvc_batch_describe(const kvc_batch* batch, kvc_cache_desc* out, kvc_e
     d.kv_stride = c.kv_stride;
     d.token_stride = c.token_stride;
     d.head_stride = c.head_stride;
+    d.head_scales = c.head_scales;
     *out = d;
   });
 }

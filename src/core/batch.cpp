@@ -32,6 +32,10 @@ CacheDesc KVCacheBatch::desc(std::uint32_t device) const {
   d.num_blocks = num_blocks_;
   d.layout = params_.page_layout;
   d.arrangement = params_.pool_arrangement;
+  if (head_scales_ != nullptr) {
+    d.head_scales = head_scales_ +
+                    std::size_t{device} * 2 * params_.num_layers * params_.n_kv_heads_per_device();
+  }
   return d.with_strides();
 }
 

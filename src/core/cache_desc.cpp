@@ -27,15 +27,26 @@ CacheDesc CacheDesc::layer(std::uint32_t layer, std::uint32_t kv) const {
   require(kv <= 1, [&] { return "kv " + u(kv) + " is neither 0 (K) nor 1 (V)"; });
   CacheDesc d = *this;
   d.blocks = static_cast<char*>(blocks) + layer_offset(layer, kv) * dtype_size(dtype);
+  if (head_scales != nullptr) {
+    d.head_scales = head_scales + (std::size_t{layer} * 2 + kv) * n_kv_heads;
+  }
   return d;
 }
 
 void CacheDesc::validate() const {
   const CacheDesc& d = *this;
   require(d.blocks != nullptr, [&] { return std::string("cache desc blocks pointer is null"); });
-  require(d.dtype == DType::f32 || d.dtype == DType::f16 || d.dtype == DType::bf16, [&] {
+  require(is_dtype(d.dtype), [&] {
     return "cache desc dtype value " + u(static_cast<std::uint32_t>(d.dtype)) +
-           " is not f32, f16 or bf16";
+           " is not f32, f16, bf16, fp8_e4m3, fp8_e5m2 or int8";
+  });
+  require(!is_fp8(d.dtype) || d.head_scales != nullptr, [&] {
+    return "cache desc dtype " + std::string(dtype_name(d.dtype)) +
+           " needs head_scales (the static K/V scales) but it is null";
+  });
+  require(!has_page_scales(d.dtype) || d.head_dim % 4 == 0, [&] {
+    return "cache desc head_dim " + u(d.head_dim) +
+           " is not a multiple of 4, which an int8 cache's in-page scales need";
   });
   require(d.layout == PageLayout::nhd || d.layout == PageLayout::hnd, [&] {
     return "cache desc layout value " + u(static_cast<std::uint32_t>(d.layout)) +
@@ -55,13 +66,14 @@ void CacheDesc::validate() const {
                ", num_blocks " + u(d.num_blocks) + ")";
       });
   // The pool's element count must fit 64 bits (the views' offsets use it).
-  detail::checked_product("cache desc pool elements",
-                          {{"num_blocks", d.num_blocks},
-                           {"2 * num_layers", 2 * std::uint64_t{d.num_layers}},
-                           {"page_size", d.page_size},
-                           {"n_kv_heads", d.n_kv_heads},
-                           {"head_dim", d.head_dim},
-                           {"element size", dtype_size(d.dtype)}});
+  detail::checked_product(
+      "cache desc pool elements",
+      {{"num_blocks", d.num_blocks},
+       {"2 * num_layers", 2 * std::uint64_t{d.num_layers}},
+       {"page_size", d.page_size},
+       {"n_kv_heads", d.n_kv_heads},
+       {"head_dim + scale bytes", d.head_dim + (has_page_scales(d.dtype) ? 4 : 0)},
+       {"element size", dtype_size(d.dtype)}});
   const CacheDesc resolved = d.with_strides();
   require(d.block_stride == resolved.block_stride && d.layer_stride == resolved.layer_stride &&
               d.kv_stride == resolved.kv_stride && d.token_stride == resolved.token_stride &&

@@ -11,7 +11,7 @@ namespace kvcache {
 namespace {
 
 // Every spelling parse_dtype takes (compared lower-cased).
-constexpr std::array<std::pair<std::string_view, DType>, 10> kDTypeAliases{{
+constexpr std::array<std::pair<std::string_view, DType>, 19> kDTypeAliases{{
     {"f32", DType::f32},
     {"fp32", DType::f32},
     {"float32", DType::f32},
@@ -22,6 +22,15 @@ constexpr std::array<std::pair<std::string_view, DType>, 10> kDTypeAliases{{
     {"half", DType::f16},
     {"bf16", DType::bf16},
     {"bfloat16", DType::bf16},
+    {"fp8_e4m3", DType::fp8_e4m3},
+    {"fp8", DType::fp8_e4m3},
+    {"e4m3", DType::fp8_e4m3},
+    {"float8_e4m3fn", DType::fp8_e4m3},
+    {"fp8_e5m2", DType::fp8_e5m2},
+    {"e5m2", DType::fp8_e5m2},
+    {"float8_e5m2", DType::fp8_e5m2},
+    {"int8", DType::int8},
+    {"i8", DType::int8},
 }};
 
 }  // namespace

@@ -39,6 +39,9 @@ PoolArrangement parse_arrangement(std::string_view name) {
 
 namespace {
 
+// Bytes of in-page scale per (token, KV head) row: int8's float scale.
+std::size_t scale_bytes(DType t) { return has_page_scales(t) ? sizeof(float) : 0; }
+
 void require_positive(const char* field, std::uint32_t value) {
   if (value == 0) throw InvalidArgument(std::string(field) + " is 0: it must be at least 1");
 }
@@ -60,9 +63,14 @@ void KVCacheParams::validate() const {
   require_positive("n_kv_heads", n_kv_heads);
   require_positive("head_dim", head_dim);
   require_positive("n_devices", n_devices);
-  if (dtype != DType::f32 && dtype != DType::f16 && dtype != DType::bf16) {
+  if (!is_dtype(dtype)) {
     throw InvalidArgument("dtype value " + std::to_string(static_cast<int>(dtype)) +
-                          " is not one of f32, f16, bf16");
+                          " is not one of f32, f16, bf16, fp8_e4m3, fp8_e5m2, int8");
+  }
+  if (has_page_scales(dtype) && head_dim % 4 != 0) {
+    throw InvalidArgument("head_dim " + std::to_string(head_dim) +
+                          " is not a multiple of 4: an int8 cache keeps float scales after "
+                          "each block's values and needs them 4-byte aligned");
   }
   if (cache_strategy != CacheStrategy::continuous && cache_strategy != CacheStrategy::paged) {
     throw InvalidArgument("cache_strategy value " +
@@ -93,8 +101,8 @@ void KVCacheParams::validate() const {
   }
   // 2 * layers * heads * dim * 4 bytes must fit comfortably in 64 bits even
   // when multiplied by 2^32 tokens: keep one token under 2^31 bytes.
-  const unsigned __int128 per_token =
-      static_cast<unsigned __int128>(2) * num_layers * n_kv_heads * head_dim * dtype_size(dtype);
+  const unsigned __int128 per_token = static_cast<unsigned __int128>(2) * num_layers * n_kv_heads *
+                                      (head_dim * dtype_size(dtype) + scale_bytes(dtype));
   if (per_token > (static_cast<unsigned __int128>(1) << 31)) {
     throw InvalidArgument("one token needs " + u128_string(per_token) +
                           " bytes of K/V, more than the limit of 2147483648");
@@ -102,7 +110,8 @@ void KVCacheParams::validate() const {
 }
 
 std::size_t KVCacheParams::bytes_per_token() const {
-  return 2 * std::size_t{num_layers} * n_kv_heads * head_dim * dtype_size(dtype);
+  return 2 * std::size_t{num_layers} * n_kv_heads *
+         (std::size_t{head_dim} * dtype_size(dtype) + scale_bytes(dtype));
 }
 
 std::size_t KVCacheParams::bytes_per_token_per_device() const {

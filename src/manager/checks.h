@@ -94,6 +94,11 @@ inline void check_claim(std::uint32_t n, std::uint32_t active, std::uint32_t max
 // [heads][tokens] (HND).
 inline std::vector<std::size_t> block_shape_of(const KVCacheParams& p, std::uint32_t n,
                                                std::uint32_t page_size) {
+  if (has_page_scales(p.dtype)) {  // int8: a block is its values then its scales, in bytes
+    const std::size_t bytes = std::size_t{page_size} * p.n_kv_heads_per_device() * (p.head_dim + 4);
+    if (p.pool_arrangement == PoolArrangement::per_layer) return {p.num_layers, 2, n, bytes};
+    return {n, 2, p.num_layers, bytes};
+  }
   const bool hnd = p.page_layout == PageLayout::hnd;
   const std::size_t a = hnd ? p.n_kv_heads_per_device() : page_size;
   const std::size_t b = hnd ? page_size : p.n_kv_heads_per_device();

@@ -135,6 +135,7 @@ void ContinuousBatchingKVCacheManager::fetch_into(KVCacheBatch& out, std::span<c
   next.page_size_ = impl_->max_seq_len;
   next.device_blocks_.clear();
   for (auto& arena : impl_->arenas) next.device_blocks_.push_back(arena.data());
+  next.head_scales_ = device_scales();
   next.block_copies_.clear();  // slots are never shared
   for (std::size_t b = 0; b < seqs.size(); ++b) {
     Impl::Sequence& s = impl_->seqs.find(seqs[b])->second;

@@ -1,8 +1,7 @@
 #include "kvcache/manager.h"
 
-#include <vector>
-
 #include <string>
+#include <vector>
 
 #include "kvcache/error.h"
 
@@ -21,6 +20,43 @@ KVCacheManager::KVCacheManager(const KVCacheParams& params, std::uint32_t max_ba
     throw InvalidArgument("seq_id_policy " + std::to_string(static_cast<unsigned>(seq_id_policy)) +
                           " is not a SeqIdPolicy (never_reuse = 0, lowest_free = 1)");
   }
+  if (is_fp8(params.dtype)) set_device_scales(KVScales(params.num_layers, params.n_kv_heads));
+}
+
+void KVCacheManager::set_device_scales(const KVScales& scales) {
+  const std::uint32_t per_device = params_.n_kv_heads_per_device();
+  std::vector<float> device(std::size_t{params_.n_kv_heads} * 2 * params_.num_layers);
+  std::size_t i = 0;
+  for (std::uint32_t d = 0; d < params_.n_devices; ++d) {
+    for (std::uint32_t l = 0; l < params_.num_layers; ++l) {
+      for (std::uint32_t kv = 0; kv < 2; ++kv) {
+        for (std::uint32_t h = 0; h < per_device; ++h) {
+          device[i++] = scales.get(l, kv, d * per_device + h);
+        }
+      }
+    }
+  }
+  kv_scales_ = scales;
+  device_scales_ = std::move(device);
+}
+
+void KVCacheManager::set_kv_scales(const KVScales& scales) {
+  if (!is_fp8(params_.dtype)) {
+    throw InvalidArgument("set_kv_scales: the cache dtype is " +
+                          std::string(dtype_name(params_.dtype)) +
+                          "; static K/V scales are for fp8_e4m3 and fp8_e5m2 caches");
+  }
+  if (scales.num_layers() != params_.num_layers || scales.n_kv_heads() != params_.n_kv_heads) {
+    throw InvalidArgument(
+        "set_kv_scales: the scales are for " + std::to_string(scales.num_layers()) +
+        " layers and " + std::to_string(scales.n_kv_heads()) + " KV heads, the cache has " +
+        std::to_string(params_.num_layers) + " and " + std::to_string(params_.n_kv_heads));
+  }
+  if (num_active_sequences() != 0) {
+    throw InvalidArgument("set_kv_scales: " + std::to_string(num_active_sequences()) +
+                          " sequences are active; their codes were written with the old scales");
+  }
+  set_device_scales(scales);
 }
 
 KVCacheBatch KVCacheManager::fetch(std::span<const SeqId> seqs,

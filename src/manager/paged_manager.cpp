@@ -302,6 +302,7 @@ void PagedKVCacheManager::fetch_into(KVCacheBatch& out, std::span<const SeqId> s
   next.lookup_table_.assign(seqs.size() * std::size_t{stride}, im.pool.num_blocks());
   next.device_blocks_.clear();
   for (auto& arena : im.arenas) next.device_blocks_.push_back(arena.data());
+  next.head_scales_ = device_scales();
   next.block_copies_.clear();
   // Commit.
   next.params_ = im.params;

@@ -79,13 +79,14 @@ inline void check_size(const char* what, std::size_t got, std::size_t want) {
 
 }  // namespace detail
 
-// Writes new K/V rows: token i of entry b goes to position cache_length(b) + i.
+// Writes new K/V rows: token i of entry b goes to position cache_length(b) + i,
+// each (token, head) row quantised as the view's store_row does (8-bit
+// types: kv_cache.h, docs/quantization.md).
 // The fetch that produced the views must have reserved room for them
 // (checked: InvalidArgument when an entry's rows pass reserved_length(b)).
 template <KVCacheT Cache>
 void store_kv_reference(const Cache& k_cache, const Cache& v_cache, std::span<const float> k_new,
                         std::span<const float> v_new, std::span<const std::uint32_t> row_offsets) {
-  using T = typename Cache::element_type;
   const std::uint32_t batch = k_cache.batch_size();
   detail::check_row_offsets(row_offsets, batch);
   const std::size_t row = std::size_t{k_cache.n_kv_heads()} * k_cache.head_dim();
@@ -96,18 +97,18 @@ void store_kv_reference(const Cache& k_cache, const Cache& v_cache, std::span<co
     for (std::uint32_t r = row_offsets[b]; r < row_offsets[b + 1]; ++r) {
       const std::uint32_t pos = k_cache.cache_length(b) + (r - row_offsets[b]);
       for (std::uint32_t h = 0; h < k_cache.n_kv_heads(); ++h) {
-        for (std::uint32_t d = 0; d < k_cache.head_dim(); ++d) {
-          const std::size_t src = r * row + std::size_t{h} * k_cache.head_dim() + d;
-          *k_cache.ptr(b, h, pos, d) = from_float<T>(k_new[src]);
-          *v_cache.ptr(b, h, pos, d) = from_float<T>(v_new[src]);
-        }
+        const std::size_t src = r * row + std::size_t{h} * k_cache.head_dim();
+        k_cache.store_row(b, h, pos, k_new.subspan(src, k_cache.head_dim()));
+        v_cache.store_row(b, h, pos, v_new.subspan(src, k_cache.head_dim()));
       }
     }
   }
 }
 
 // Causal attention of the new queries over history + new tokens, fp32
-// accumulation with a two-pass (max, then sum) softmax.
+// accumulation with a two-pass (max, then sum) softmax. 8-bit caches are
+// dequantised: score = (q . code) * k scale, and each probability is
+// multiplied by its V scale before it weighs the V codes.
 template <KVCacheT Cache>
 void attention_reference(const Cache& k_cache, const Cache& v_cache, std::span<const float> q,
                          std::uint32_t n_q_heads, std::span<const std::uint32_t> row_offsets,
@@ -150,6 +151,7 @@ void attention_reference(const Cache& k_cache, const Cache& v_cache, std::span<c
           const auto* k = k_cache.ptr(b, kvh, t, 0);
           float s = 0.0f;
           for (std::uint32_t d = 0; d < dim; ++d) s += qh[d] * to_float(k[d]);
+          s *= k_cache.scale(b, kvh, t);  // 8-bit: the dequantisation scale
           scores[t] = bf16_inputs ? s : s * scale;
           max_score = std::max(max_score, scores[t]);
         }
@@ -162,7 +164,8 @@ void attention_reference(const Cache& k_cache, const Cache& v_cache, std::span<c
         for (std::uint32_t d = 0; d < dim; ++d) o[d] = 0.0f;
         for (std::uint32_t t = 0; t < context; ++t) {
           const auto* v = v_cache.ptr(b, kvh, t, 0);
-          const float p = (bf16_inputs ? round_bf16(scores[t]) : scores[t]) / sum;
+          const float p =
+              (bf16_inputs ? round_bf16(scores[t]) : scores[t]) / sum * v_cache.scale(b, kvh, t);
           for (std::uint32_t d = 0; d < dim; ++d) o[d] += p * to_float(v[d]);
         }
       }

@@ -61,9 +61,17 @@ void check_same_shape(const CacheDesc& k, const CacheDesc& v) {
       k.page_size == 0) {
     throw InvalidArgument("cache view is empty (null blocks or zero head_dim / heads / page size)");
   }
+  if (is_fp8(k.dtype) && (k.head_scales == nullptr || v.head_scales == nullptr)) {
+    throw InvalidArgument("an " + std::string(dtype_name(k.dtype)) +
+                          " cache view has no head_scales (its static K / V scales)");
+  }
+  if (has_page_scales(k.dtype) && k.head_dim % 4 != 0) {
+    throw InvalidArgument("an int8 cache view's head_dim " + std::to_string(k.head_dim) +
+                          " is not a multiple of 4");
+  }
   const CacheDesc resolved = k.with_strides();
   if (k.block_stride != resolved.block_stride || k.token_stride != resolved.token_stride ||
-      k.head_stride != resolved.head_stride || !(k.dtype <= DType::bf16)) {
+      k.head_stride != resolved.head_stride || !is_dtype(k.dtype)) {
     throw InvalidArgument("cache view's dtype or strides (block " + std::to_string(k.block_stride) +
                           ", token " + std::to_string(k.token_stride) + ", head " +
                           std::to_string(k.head_stride) +
@@ -175,6 +183,13 @@ void attention(const CacheDesc& k, const CacheDesc& v, std::span<const float> q,
   // The residency probe where automatic was measured with it: on AMD.
   c.probe_residency = options.prefetch == AttentionPrefetch::automatic && kernels::running_on_amd();
   c.bf16_inputs = options.precision == AttentionPrecision::bf16 && dtype == DType::bf16;
+  c.k_head_scales = k.head_scales;
+  c.v_head_scales = v.head_scales;
+  c.scales_offset = k.block_values();
+  if (is_quantized(dtype)) {
+    kernels::attention_q8(dtype, c);
+    return;
+  }
   switch (dtype) {
     case DType::f32:
       kernels::attention_f32(c);
@@ -184,6 +199,8 @@ void attention(const CacheDesc& k, const CacheDesc& v, std::span<const float> q,
       break;
     case DType::bf16:
       kernels::attention_bf16(c);
+      break;
+    default:
       break;
   }
 }

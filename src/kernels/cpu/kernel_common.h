@@ -124,6 +124,11 @@ struct AttentionCtx {
   // AttentionPrecision::bf16 on a bf16 cache: the scaled queries and the
   // probabilities are rounded to bf16 before they multiply K and V.
   bool bf16_inputs = false;
+  // 8-bit caches (attention_q8): fp8's static K / V scales [n_kv], int8's
+  // offset (bytes) from a block's start to its (row, head) scales.
+  const float* k_head_scales = nullptr;
+  const float* v_head_scales = nullptr;
+  std::size_t scales_offset = 0;
 };
 
 // Runs the planned attention on the best target the processor has, one entry
@@ -133,6 +138,9 @@ struct AttentionCtx {
 void attention_f32(const AttentionCtx& c);
 void attention_f16(const AttentionCtx& c);
 void attention_bf16(const AttentionCtx& c);
+// The 8-bit caches (attention_q8.cpp): dequantised in registers, fp32
+// accumulation, the same plan and merge.
+void attention_q8(DType dtype, const AttentionCtx& c);
 
 // out[i] = ExpScores(x[i]) (kernels/cpu/exp_scores-inl.h: the softmax's e^x)
 // on the target the kernels dispatch to now (select_isa), so that tests can
@@ -229,6 +237,10 @@ struct StoreCtx {
   std::uint32_t rope_positions = 0;
   bool prefetch_next_row = true;  // StorePrefetch::next_row_l1
   ThreadPool* pool = nullptr;
+  // 8-bit caches: as in AttentionCtx.
+  const float* k_head_scales = nullptr;
+  const float* v_head_scales = nullptr;
+  std::size_t scales_offset = 0;
 };
 
 // Validation shared by attention and store_kv (implemented in attention_cpu.cpp):

@@ -573,8 +573,12 @@ void attention_cuda_tuned(DType dtype, const CacheDesc& k, const CacheDesc& v,
     throw InvalidArgument("attention needs " + std::to_string(items) +
                           " thread blocks per split, limit 2^31-1");
   }
-  visit_dtype(dtype,
-              [&](auto tag) { launch<decltype(tag)>(p, items, k.max_full_context_length, ctx); });
+  visit_dtype(dtype, [&](auto tag) {
+    // 8-bit caches are refused by check_cache_pair.
+    if constexpr (!is_quantized(dtype_of_v<decltype(tag)>)) {
+      launch<decltype(tag)>(p, items, k.max_full_context_length, ctx);
+    }
+  });
 }
 
 }  // namespace kvcache::cuda::detail

@@ -568,8 +568,12 @@ void launch_decode(DType dtype, AttnParams a, const CacheDesc& k, CallContext& c
                           " thread blocks per split, limit 2^31-1");
   }
   const std::uint32_t vectors = max_new * a.heads_per_block;
-  visit_dtype(dtype,
-              [&](auto tag) { launch_typed<decltype(tag)>(vectors, p, items, max_context, c, t); });
+  visit_dtype(dtype, [&](auto tag) {
+    // 8-bit caches are refused by check_cache_pair.
+    if constexpr (!is_quantized(dtype_of_v<decltype(tag)>)) {
+      launch_typed<decltype(tag)>(vectors, p, items, max_context, c, t);
+    }
+  });
 }
 
 }  // namespace kvcache::cuda::detail

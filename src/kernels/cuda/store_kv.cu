@@ -375,7 +375,9 @@ void store_kv_cuda(DType dtype, const CacheDesc& k, const CacheDesc& v,
   const bool rope = half != 0;
   visit_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    if (w == 8) {
+    if constexpr (is_quantized(dtype_of_v<T>)) {
+      return;  // 8-bit caches are refused by check_cache_pair
+    } else if (w == 8) {
       if constexpr (sizeof(T) == 2) launch<T, 8>(rope, grid, p, stream);
     } else if (w == 4) {
       launch<T, 4>(rope, grid, p, stream);

@@ -26,6 +26,10 @@ void check_device_ptr(const char* what, const void* p) {
 }  // namespace
 
 void check_cache_pair(const CacheDesc& k, const CacheDesc& v) {
+  if (is_quantized(k.dtype)) {
+    throw InvalidArgument("the CUDA kernels do not take " + std::string(dtype_name(k.dtype)) +
+                          " caches yet (the CPU kernels do: docs/quantization.md)");
+  }
   if (k.batch_size != v.batch_size || k.n_kv_heads != v.n_kv_heads || k.head_dim != v.head_dim ||
       k.page_size != v.page_size || k.block_stride != v.block_stride ||
       k.lookup_stride != v.lookup_stride || k.cache_lengths != v.cache_lengths ||
