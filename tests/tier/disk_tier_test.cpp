@@ -310,10 +310,9 @@ TEST(DiskTierTest, DiskFullFailsPagesThenDisablesTheTier) {
     DiskTier t(tier_test::fingerprint(), dir.path, pages_cap(4), o);  // one slab of 4 slots
     const Pages p(tier_test::fingerprint(), 9, 23);
     int code = 0;
-    const auto first = p.writes(0, 4);
-    if (results(t.store(first).store_results()) !=
-        std::vector<StoreResult>(4, StoreResult::stored)) {
-      code |= 1;
+    for (std::size_t i = 0; i < 4; ++i) {  // one at a time: page i in slot i, oldest first
+      const auto w = p.writes(i, i + 1);
+      if (t.store(w).store_results()[0] != StoreResult::stored) code |= 1;
     }
     const rlimit lim{t.slot_bytes(), t.slot_bytes()};  // slot 0 still fits, 1..3 do not
     setrlimit(RLIMIT_FSIZE, &lim);
