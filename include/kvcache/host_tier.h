@@ -9,7 +9,14 @@
 // evicts by the policy (HostTierOptions::policy, least-recently-used by
 // default), skipping slots being read or written; with none evictable the
 // store is `rejected`. A load verifies the header (key, fingerprint, token
-// ids) and the checksum while it copies.
+// ids) and, with `checksums`, the checksum while it copies.
+//
+// Checksums are off by default: a host page becomes visible only after its
+// copy finished, so it cannot be torn, and the checksum would guard only
+// against memory corruption at the price of half the bandwidth (an XXH3
+// pass beside each memcpy: docs/tiers.md has the figures). With them off
+// the header's checksum field is 0 and a load checks key, fingerprint and
+// token ids only.
 //
 // Threads: store() and load() queue one job a page on `threads` worker
 // threads and return at once; with `synchronous` they do the work in the
@@ -36,6 +43,7 @@ struct HostTierOptions {
   std::size_t threads = 2;   // worker threads (ignored when synchronous)
   bool synchronous = false;  // work in the caller's thread: tickets come back done
   bool huge_pages = true;    // madvise(MADV_HUGEPAGE) the slot memory
+  bool checksums = false;    // checksum each page at store, verify it at load
   std::size_t chunk_bytes = std::size_t{256} << 20;  // mapped at a time (at least one slot)
   std::shared_ptr<TierEvictionPolicy> policy;        // null: make_lru_tier_policy()
 };

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <limits>
 #include <mutex>
 #include <string>
@@ -39,6 +40,7 @@ struct HostTier::Impl {
         num_slots(page_bytes == 0 ? 0 : capacity / page_bytes),
         slots_per_chunk(std::max<std::size_t>(1, o.chunk_bytes / slot_bytes)),
         huge(o.huge_pages),
+        checksums(o.checksums),
         table(num_slots, std::move(o.policy)),
         workers(o.synchronous ? 0 : o.threads) {}
 
@@ -56,6 +58,7 @@ struct HostTier::Impl {
   const std::uint64_t num_slots;
   const std::size_t slots_per_chunk;
   const bool huge;
+  const bool checksums;
 
   mutable std::mutex mu;
   std::vector<std::unique_ptr<memory::HostArena>> chunks;  // under mu
@@ -100,8 +103,13 @@ void HostTier::Impl::store_one(const std::shared_ptr<TierTicket::State>& state, 
   tier::Checksum sum;
   const std::span<std::byte> meta(mem, meta_bytes);
   tier::write_meta(meta, digest, w.key, w.token_ids, page_bytes, sum);
-  tier::copy_and_hash(mem + meta_bytes, w.bytes.data(), page_bytes, sum);
-  const std::uint64_t checksum = tier::seal(meta, sum);
+  std::uint64_t checksum = 0;
+  if (checksums) {
+    tier::copy_and_hash(mem + meta_bytes, w.bytes.data(), page_bytes, sum);
+    checksum = tier::seal(meta, sum);
+  } else {
+    std::memcpy(mem + meta_bytes, w.bytes.data(), page_bytes);
+  }
   {
     std::lock_guard lock(mu);
     table.publish(c.slot, checksum);
@@ -126,6 +134,9 @@ void HostTier::Impl::load_one(const std::shared_ptr<TierTicket::State>& state, s
   LoadResult result = LoadResult::loaded;
   if (!tier::header_well_formed(h, r.key, fp.page_size, page_bytes)) {
     result = LoadResult::corrupt;
+  } else if (!checksums) {
+    std::memcpy(r.bytes.data(), mem + meta_bytes, page_bytes);
+    if (!tier::identity_matches(meta, digest, r.token_ids)) result = LoadResult::mismatch;
   } else {
     tier::Checksum sum;
     tier::hash_meta(meta, fp.page_size, sum);

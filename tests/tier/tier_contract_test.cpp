@@ -49,6 +49,12 @@ std::vector<TierCase> cases() {
          o.chunk_bytes = 64 << 10;  // several chunks
          return std::unique_ptr<Tier>(std::make_unique<HostTier>(std::move(f), cap, o));
        }},
+      {"host_checksums",
+       [](TierFingerprint f, std::uint64_t cap, const std::filesystem::path&) {
+         HostTierOptions o;
+         o.checksums = true;
+         return std::unique_ptr<Tier>(std::make_unique<HostTier>(std::move(f), cap, o));
+       }},
       {"disk_io_uring", disk(DiskIo::io_uring, true)},
       {"disk_threads", disk(DiskIo::threads, true)},
       {"disk_buffered", disk(DiskIo::automatic, false)},
