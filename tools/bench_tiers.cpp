@@ -291,8 +291,8 @@ void print_tiers_table(const nlohmann::json& j, std::ostream& os) {
   os << "  memcpy " << fixed(j["memcpy_gbps"].get<double>()) << " GB/s, sequential "
      << (j["sequential_read_direct"].get<bool>() ? "O_DIRECT" : "buffered") << " read "
      << fixed(j["sequential_read_gbps"].get<double>()) << " GB/s\n\n";
-  Table t({"tier", "io", "store GB/s", "load GB/s", "store/memcpy", "load/memcpy",
-           "load/seq read", "check"});
+  Table t({"tier", "io", "store GB/s", "load GB/s", "store/memcpy", "load/memcpy", "load/seq read",
+           "check"});
   for (const auto& r : j["tiers"]) {
     t.add_row({r["name"].get<std::string>(), r["io"].get<std::string>(),
                fixed(r["store_gbps"].get<double>()), fixed(r["load_gbps"].get<double>()),
@@ -321,7 +321,8 @@ void add_bench_tiers_command(CLI::App* bench) {
   c->add_option("--repeats", a->repeats, "Timed calls (the median is reported)")
       ->capture_default_str();
   c->add_option("--dir", a->dir, "Directory for the disk tiers (default: a fresh temp dir)");
-  c->add_option("--tiers", a->tiers, "Comma list of host, host-checksums, disk-io_uring, disk-threads")
+  c->add_option("--tiers", a->tiers,
+                "Comma list of host, host-checksums, disk-io_uring, disk-threads")
       ->capture_default_str();
   c->add_flag("--json", a->json, "Print one JSON object instead of the table");
   c->callback([a] {

@@ -168,22 +168,34 @@ void DiskTier::Impl::recover() {
   DiskRecovery& rep = recovery_report;
   rep.fresh = false;
   rep.torn_manifest_bytes = scan.torn_bytes;
+  // A stored record counts only where the slab files cover its slot (a
+  // truncated or missing slab loses its slots); sizes read once a slab.
+  std::vector<std::int64_t> slab_size;
+  std::uint64_t lost = 0;  // torn away with the slab: counted as corrupt
+  auto on_disk = [&](std::uint32_t slot) {
+    const std::uint64_t slab = slot / slab_slots;
+    if (slab >= slab_size.size()) slab_size.resize(slab + 1, -1);
+    if (slab_size[slab] < 0) {
+      std::error_code ec;
+      const auto n = std::filesystem::file_size(tier::SlabFiles::path_of(dir, slab), ec);
+      slab_size[slab] = ec ? 0 : static_cast<std::int64_t>(n);
+    }
+    return static_cast<std::uint64_t>(slab_size[slab]) >= slabs.offset_of(slot) + slot_bytes;
+  };
   for (const tier::ManifestRecord& r : scan.records) {
     if (r.kind == tier::ManifestRecord::Kind::removed) {
       if (r.slot < table.used() && table.key_of(r.slot) == r.key) table.forget(r.slot);
-    } else if (r.slot < max_slots) {
-      table.restore(r.slot, r.key, r.checksum);
-    }
-  }
-  for (const auto& e : table.held_entries()) {
-    if (!slabs.slot_on_disk(e.slot)) {
-      table.forget(e.slot);
+    } else if (r.slot >= max_slots || !on_disk(r.slot)) {
+      if (r.slot < table.used()) table.forget(r.slot);  // whatever it held before is gone too
       ++rep.dropped;
+      if (r.slot < max_slots) ++lost;
+    } else {
+      table.restore(r.slot, r.key, r.checksum);
     }
   }
   table.finish_restore();
   rep.pages = table.pages_held();
-  st.corrupt += rep.dropped;
+  st.corrupt += lost;
   if (scan.torn_bytes > 0) {
     log_with(LogLevel::warn, [&] {
       return "disk tier " + dir.string() + ": ignored " + std::to_string(scan.torn_bytes) +

@@ -94,12 +94,6 @@ int SlabFiles::fd_for(std::uint32_t slot, bool create) {
   return fds_[slab];
 }
 
-bool SlabFiles::slot_on_disk(std::uint32_t slot) const {
-  std::error_code ec;
-  const auto size = std::filesystem::file_size(path_of(dir_, slot / slots_per_slab_), ec);
-  return !ec && size >= offset_of(slot) + slot_bytes_;
-}
-
 void SlabFiles::mark_dirty(std::uint32_t slot) {
   std::lock_guard lock(mu_);
   const std::uint64_t slab = slot / slots_per_slab_;

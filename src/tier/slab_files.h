@@ -29,8 +29,6 @@ class SlabFiles {
   std::uint64_t offset_of(std::uint32_t slot) const {
     return (slot % slots_per_slab_) * slot_bytes_;
   }
-  // Whether slot's bytes lie inside its slab file as it is on disk now.
-  bool slot_on_disk(std::uint32_t slot) const;
   // fdatasync every slab written since the last call; false on an error.
   bool sync_dirty();
   void mark_dirty(std::uint32_t slot);
