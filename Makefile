@@ -19,7 +19,7 @@ JOBS ?= 2
 CMAKE_FLAGS ?=
 
 DEB_PACKAGES := cmake ninja-build g++ pkg-config libgtest-dev libbenchmark-dev libhwy-dev \
-	libxxhash-dev libcli11-dev nlohmann-json3-dev librapidcheck-dev libopenblas-dev \
+	libxxhash-dev liburing-dev libcli11-dev nlohmann-json3-dev librapidcheck-dev libopenblas-dev \
 	python3-dev pybind11-dev python3-pybind11 python3-numpy python3-pytest python3-venv python3-mypy \
 	clang libclang-rt-14-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)

@@ -168,3 +168,18 @@ kvcache_cli_refuses(replay_belady_timed "needs --sequential"
 kvcache_cli_refuses(replay_plot_extension "must end in .svg or .png"
   replay --trace ${_sweep_trace} --sequential --plot /tmp/kvcache-hit.gif)
 kvcache_cli_refuses(demo_memory_suffix "unknown suffix" demo --preset tiny --memory 32MiBs)
+# bench tiers (issue 43): every tier's pages come back byte-exact, beside
+# memcpy and the sequential read; a bad tier name or page count is refused.
+add_test(NAME cli.bench_tiers_json COMMAND kvcache_cli bench tiers --pages 4 --layers 2
+  --kv-heads 2 --head-dim 64 --repeats 1 --json)
+set_tests_properties(cli.bench_tiers_json PROPERTIES PASS_REGULAR_EXPRESSION
+  "\"memcpy_gbps\":.*\"sequential_read_gbps\":.*\"name\":\"host\".*\"name\":\"host-checksums\".*\"name\":\"disk-io_uring\".*\"name\":\"disk-threads\""
+  FAIL_REGULAR_EXPRESSION "\"check_ok\":false")
+add_test(NAME cli.bench_tiers_table COMMAND kvcache_cli bench tiers --pages 2 --layers 1
+  --kv-heads 1 --head-dim 64 --repeats 1 --tiers host,disk-threads)
+set_tests_properties(cli.bench_tiers_table PROPERTIES PASS_REGULAR_EXPRESSION
+  "load/seq read.*\n.*\n  host .* ok\n  disk-threads .* ok" FAIL_REGULAR_EXPRESSION "FAILED")
+kvcache_cli_refuses(bench_tiers_name "'disk' is not host" bench tiers --tiers host,disk)
+kvcache_cli_refuses(bench_tiers_pages "--pages must be at least 1" bench tiers --pages 0)
+kvcache_cli_refuses(bench_tiers_bytes "is past the limit of 68719476736 bytes"
+  bench tiers --pages 4294967295)

@@ -193,6 +193,8 @@ void add_bench_command(CLI::App& app) {
                       [&](auto tag) { return bench_store<decltype(tag)>(*store); }),
           store->json);
   });
+
+  add_bench_tiers_command(bench);
 }
 
 }  // namespace kvcache::tools

@@ -19,7 +19,14 @@
 #include "kvcache/kvcache.h"
 #include "kvcache/thread_pool.h"
 
+namespace CLI {
+class App;
+}  // namespace CLI
+
 namespace kvcache::tools {
+
+// `kvcache bench tiers` (bench_tiers.cpp), registered on the bench command.
+void add_bench_tiers_command(CLI::App* bench);
 
 // Flags both benchmarks take.
 struct Common {

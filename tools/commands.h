@@ -23,7 +23,8 @@ void add_tour_command(CLI::App& app);
 // `kvcache demo`: a workload through the engine under three cache configurations.
 void add_demo_command(CLI::App& app);
 
-// `kvcache bench attention|store`: kernels against memory bandwidth / FMA peak.
+// `kvcache bench attention|store|tiers`: kernels against memory bandwidth / FMA
+// peak; the storage tiers against memcpy and a sequential O_DIRECT read.
 void add_bench_command(CLI::App& app);
 // `kvcache generate`: one request through the engine, printing the generated ids.
 void add_generate_command(CLI::App& app);

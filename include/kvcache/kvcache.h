@@ -2,7 +2,8 @@
 // library (target kvcache::kvcache, libkvcache.a): dtypes, params, errors,
 // views, batches, the managers and the prefix cache, the reference and fast
 // CPU kernels (attention, store_kv, RoPE and its table, the ISA choice, the
-// bandwidth probes), the thread pool and the version.
+// bandwidth probes), the storage tiers (host, disk), the thread pool and the
+// version.
 //
 // Not included, because each is a separate target or language: the engine
 // (kvcache/engine/*, kvcache::engine), trace replay (kvcache/replay/*,
@@ -21,8 +22,10 @@
 #include "kvcache/cache_desc.h"
 #include "kvcache/collection.h"
 #include "kvcache/continuous_manager.h"
+#include "kvcache/disk_tier.h"
 #include "kvcache/dtype.h"
 #include "kvcache/error.h"
+#include "kvcache/host_tier.h"
 #include "kvcache/kernels/attention.h"
 #include "kvcache/kernels/bandwidth.h"
 #include "kvcache/kernels/isa.h"
@@ -40,6 +43,7 @@
 #include "kvcache/prefix_cache.h"
 #include "kvcache/thread_pool.h"
 #include "kvcache/tier.h"
+#include "kvcache/tier_policy.h"
 #include "kvcache/version.h"
 
 #endif

@@ -1,0 +1,68 @@
+#include "tier/workers.h"
+
+#include <string>
+
+#include "kvcache/error.h"
+
+namespace kvcache::tier {
+
+namespace {
+void run_guarded(const std::function<void()>& job) noexcept {
+  try {
+    job();
+  } catch (...) {  // a job reports its own failures; nothing may escape a worker
+  }
+}
+}  // namespace
+
+TierWorkers::TierWorkers(std::size_t threads) {
+  threads_.reserve(threads);
+  try {
+    for (std::size_t i = 0; i < threads; ++i) threads_.emplace_back([this] { run(); });
+  } catch (const std::system_error& e) {
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    for (std::thread& t : threads_) t.join();
+    throw OutOfMemory("tier could not start I/O thread " + std::to_string(threads_.size()) +
+                      " of " + std::to_string(threads) + ": " + e.what());
+  }
+}
+
+TierWorkers::~TierWorkers() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  for (std::thread& t : threads_) t.join();
+}
+
+void TierWorkers::post(std::function<void()> job) {
+  if (threads_.empty()) {
+    run_guarded(job);
+    return;
+  }
+  {
+    std::lock_guard lock(mu_);
+    jobs_.push_back(std::move(job));
+  }
+  cv_.notify_one();
+}
+
+void TierWorkers::run() {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
+    if (jobs_.empty()) return;  // stopping, and nothing left
+    std::function<void()> job = std::move(jobs_.front());
+    jobs_.pop_front();
+    lock.unlock();
+    run_guarded(job);
+    lock.lock();
+  }
+}
+
+}  // namespace kvcache::tier
