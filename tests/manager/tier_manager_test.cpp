@@ -8,6 +8,8 @@
 #include <thread>
 
 #include "kvcache/kernels/attention.h"
+#include "kvcache/metrics.h"
+#include "manager/exposition_format.h"
 #include "kvcache/paged_manager.h"
 #include "tier/memory_tier.h"
 
@@ -284,6 +286,29 @@ TEST_P(TierManager, SecondTierServesWhatTheFirstLacks) {
   EXPECT_EQ(st.tiers[0].lookups, 3u);
   EXPECT_EQ(st.tiers[1].pages_onboarded, 3u);
   second.m->check_invariants();
+}
+
+TEST(TierManagerMetrics, PerTierSamplesLabelledWithTheTierName) {
+  Rig r(PoolArrangement::interleaved);
+  std::mt19937 rng(10);
+  const auto a = iota_tokens(13, 7);
+  write_and_evict(r, a, rng);
+  const SeqId c = r.m->claim(1)[0];
+  r.m->match_prefix(c, a);
+  r.m->poll_loads();
+  const std::string text = metrics_text(*r.m);
+  EXPECT_EQ(kvtest::exposition_problems(text), "");
+  const auto samples = kvtest::exposition_samples(text);
+  const std::string host = "{strategy=\"paged\",tier=\"host\"}";
+  EXPECT_EQ(samples.at("kvcache_tier_onboarded_pages_total" + host), 3u);
+  EXPECT_EQ(samples.at("kvcache_tier_offloaded_pages_total" + host), 6u);
+  EXPECT_EQ(samples.at("kvcache_tier_loaded_bytes_total" + host), 3 * TierFingerprint::of(r.params).page_bytes());
+  EXPECT_EQ(samples.at("kvcache_tier_capacity_bytes" + host), 0u) << "unlimited";
+  EXPECT_EQ(samples.at("kvcache_tier_enabled" + host), 1u);
+  EXPECT_EQ(samples.size(), metric_catalog().size() + tier_metric_catalog().size());
+  // Without tiers: no tier_* metric at all.
+  PagedKVCacheManager plain(r.params, 4, 4, 64);
+  EXPECT_EQ(metrics_text(plain).find("tier_"), std::string::npos);
 }
 
 TEST(TierManagerConfig, FingerprintPrefixCachingAndDevicesAreChecked) {
