@@ -101,7 +101,7 @@ struct ManagerStats {
   std::uint32_t blocks_used = 0;    // held by a sequence
   std::uint32_t blocks_cached = 0;  // prefix cache: held by none, evictable
   std::uint32_t blocks_pinned = 0;  // prefix cache: pinned (used or cached)
-  std::uint32_t page_size = 0;   // tokens a block holds: page_size or max_seq_len
+  std::uint32_t page_size = 0;      // tokens a block holds: page_size or max_seq_len
   std::uint32_t active_sequences = 0;
   std::uint64_t pool_bytes = 0;  // the blocks' memory over all devices (estimated_memory_size)
   // Lifecycle counters: calls that succeeded.

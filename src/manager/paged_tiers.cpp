@@ -31,7 +31,8 @@ PagedKVCacheManager::Impl::TierPlan PagedKVCacheManager::Impl::plan_tiers(
   // Pages the run may take: free or evictable, less the matched pages that
   // attaching takes out of the evictable set.
   std::uint32_t attached_evictable = 0;
-  for (const prefix::PrefixStore::Match& m : scratch) attached_evictable += pool.ref_count(m.page) == 0;
+  for (const prefix::PrefixStore::Match& m : scratch)
+    attached_evictable += pool.ref_count(m.page) == 0;
   run = std::min<std::size_t>(run, available() - attached_evictable);
   if (run == 0) {
     plan.hashes.clear();
@@ -74,8 +75,8 @@ void PagedKVCacheManager::Impl::finish_job(std::size_t i) noexcept {
     for (std::size_t q = 0; q < loaded; ++q) {
       const std::uint32_t page = job.pages[q];
       if (!bytes.packed_in_place()) {
-        bytes.unpack(std::span<const std::byte>(job.staging).subspan(q * bytes.page_bytes(),
-                                                                     bytes.page_bytes()),
+        bytes.unpack(std::span<const std::byte>(job.staging)
+                         .subspan(q * bytes.page_bytes(), bytes.page_bytes()),
                      page);
       }
       if (publish_page(s, job.first + static_cast<std::uint32_t>(q), true) &&
@@ -123,17 +124,20 @@ void PagedKVCacheManager::Impl::check_tier_state(SeqId id, const Sequence& s) co
     const std::uint32_t page = s.pages[j];
     if (store->published(page) && store->hash_of(page) == s.hashes[j] &&
         !(store->key_of(page) == s.keys[j])) {
-      throw Error(name + " page " + str(j) + " (id " + str(page) + ") is published under another tier key");
+      throw Error(name + " page " + str(j) + " (id " + str(page) +
+                  ") is published under another tier key");
     }
   }
   const manager::LoadJob* job = nullptr;
   for (const manager::LoadJob& j : link->jobs())
     if (!j.orphaned && j.seq == id) job = &j;
   if (s.loading != (job != nullptr)) {
-    throw Error(name + (s.loading ? " is loading without a load job" : " has a load job but is not loading"));
+    throw Error(name + (s.loading ? " is loading without a load job"
+                                  : " has a load job but is not loading"));
   }
   if (job == nullptr) return;
-  if (s.pages.size() != job->first + job->size() || !std::equal(job->pages.begin(), job->pages.end(), s.pages.begin() + job->first)) {
+  if (s.pages.size() != job->first + job->size() ||
+      !std::equal(job->pages.begin(), job->pages.end(), s.pages.begin() + job->first)) {
     throw Error(name + " page table differs from the pages its loads fill");
   }
   for (std::uint32_t p : job->pages)

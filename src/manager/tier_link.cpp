@@ -67,7 +67,8 @@ PageBytes::PageBytes(const KVCacheParams& params, std::byte* arena, std::uint32_
 }
 
 // per_layer pool: [num_layers][2][num_pages][block]; packed: [2][num_layers][block].
-std::byte* PageBytes::run(std::uint32_t page, std::uint32_t kv, std::uint32_t layer) const noexcept {
+std::byte* PageBytes::run(std::uint32_t page, std::uint32_t kv,
+                          std::uint32_t layer) const noexcept {
   const std::size_t r = std::size_t{layer} * 2 + kv;
   return arena_ + r * pitch_ + std::size_t{page} * run_bytes_;
 }
@@ -225,7 +226,8 @@ void TierLink::flush() noexcept {
       StoreBatch b;
       b.slots.assign(staged_.begin(), staged_.end());
       b.writes.reserve(n);
-      for (std::uint32_t i : staged_) b.writes.push_back({slots_[i].key, slots_[i].tokens, slots_[i].bytes});
+      for (std::uint32_t i : staged_)
+        b.writes.push_back({slots_[i].key, slots_[i].tokens, slots_[i].bytes});
       b.ticket = tiers_.front()->store(b.writes);
       stores_.push_back(std::move(b));  // capacity: one batch per slot
     } catch (...) {
@@ -313,10 +315,11 @@ void TierLink::issue(LoadJob& job) noexcept {
     for (std::size_t i = 0; i < job.size(); ++i) {
       if (job.tier_of[i] != t) continue;
       job.slot[i] = static_cast<std::uint32_t>(job.reads.size() - begin);
-      const std::span<std::byte> dst =
-          bytes_.packed_in_place() ? bytes_.in_place(job.pages[i])
-                                   : std::span<std::byte>(job.staging).subspan(i * pb, pb);
-      const auto toks = std::span<const std::uint32_t>(job.tokens).subspan(i * page_size_, page_size_);
+      const std::span<std::byte> dst = bytes_.packed_in_place()
+                                           ? bytes_.in_place(job.pages[i])
+                                           : std::span<std::byte>(job.staging).subspan(i * pb, pb);
+      const auto toks =
+          std::span<const std::uint32_t>(job.tokens).subspan(i * page_size_, page_size_);
       job.reads.push_back({job.keys[i], toks, dst});  // capacity: prepare()
     }
     if (job.reads.size() == begin) continue;
@@ -354,10 +357,10 @@ void TierLink::count_results(const LoadJob& job, std::size_t loaded) noexcept {
     ++counters_[t].load_failures;
     if (r == LoadResult::missing || r == LoadResult::corrupt || r == LoadResult::mismatch) {
       if (on_event_) {  // the tier no longer holds it
-        on_event_(PageEvent{PageEvent::Kind::removed, job.pages[i], 0, 0, 0,
-                            std::span<const std::uint32_t>(job.tokens).subspan(i * page_size_,
-                                                                               page_size_),
-                            names_[t], job.keys[i]});
+        on_event_(PageEvent{
+            PageEvent::Kind::removed, job.pages[i], 0, 0, 0,
+            std::span<const std::uint32_t>(job.tokens).subspan(i * page_size_, page_size_),
+            names_[t], job.keys[i]});
       }
     }
   }

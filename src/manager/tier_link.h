@@ -79,9 +79,9 @@ struct LoadJob {
   std::vector<std::uint32_t> slot;    // its index in that tier's load() call
   std::vector<std::uint32_t> tokens;  // page_size per page (borrowed by the loads)
   std::vector<PageKey> keys;
-  std::vector<std::byte> staging;  // per_layer pools: the packed pages
-  std::vector<PageRead> reads;     // grouped by tier
-  std::vector<TierTicket> tickets;       // one per tier (default: none asked of it)
+  std::vector<std::byte> staging;         // per_layer pools: the packed pages
+  std::vector<PageRead> reads;            // grouped by tier
+  std::vector<TierTicket> tickets;        // one per tier (default: none asked of it)
   std::vector<std::uint8_t> issue_threw;  // per tier: load() threw (its pages failed)
 
   std::size_t size() const { return pages.size(); }
@@ -158,8 +158,7 @@ class TierLink {
     std::vector<PageWrite> writes;
   };
   struct Counters {
-    std::uint64_t pages_offloaded = 0, offload_dropped = 0, pages_onboarded = 0,
-                  load_failures = 0;
+    std::uint64_t pages_offloaded = 0, offload_dropped = 0, pages_onboarded = 0, load_failures = 0;
   };
   void issue(LoadJob& job) noexcept;
   void reap() noexcept;

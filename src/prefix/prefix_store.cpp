@@ -11,8 +11,7 @@ namespace {
 std::string str(std::uint64_t v) { return std::to_string(v); }
 }  // namespace
 
-PrefixStore::PrefixStore(memory::BlockPool& pool, std::uint32_t page_size,
-                         PrefixCacheConfig config)
+PrefixStore::PrefixStore(memory::BlockPool& pool, std::uint32_t page_size, PrefixCacheConfig config)
     : pool_(pool),
       page_size_(page_size),
       config_(std::move(config)),

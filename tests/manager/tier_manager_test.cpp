@@ -9,8 +9,8 @@
 
 #include "kvcache/kernels/attention.h"
 #include "kvcache/metrics.h"
-#include "manager/exposition_format.h"
 #include "kvcache/paged_manager.h"
+#include "manager/exposition_format.h"
 #include "tier/memory_tier.h"
 
 namespace kvcache {
@@ -145,7 +145,9 @@ class TierManager : public ::testing::TestWithParam<PoolArrangement> {};
 INSTANTIATE_TEST_SUITE_P(Arrangements, TierManager,
                          ::testing::Values(PoolArrangement::interleaved,
                                            PoolArrangement::per_layer),
-                         [](const auto& info) { return std::string(arrangement_name(info.param)); });
+                         [](const auto& info) {
+                           return std::string(arrangement_name(info.param));
+                         });
 
 TEST_P(TierManager, EvictedPagesComeBackByteExact) {
   Rig r(GetParam());
@@ -302,7 +304,8 @@ TEST(TierManagerMetrics, PerTierSamplesLabelledWithTheTierName) {
   const std::string host = "{strategy=\"paged\",tier=\"host\"}";
   EXPECT_EQ(samples.at("kvcache_tier_onboarded_pages_total" + host), 3u);
   EXPECT_EQ(samples.at("kvcache_tier_offloaded_pages_total" + host), 6u);
-  EXPECT_EQ(samples.at("kvcache_tier_loaded_bytes_total" + host), 3 * TierFingerprint::of(r.params).page_bytes());
+  EXPECT_EQ(samples.at("kvcache_tier_loaded_bytes_total" + host),
+            3 * TierFingerprint::of(r.params).page_bytes());
   EXPECT_EQ(samples.at("kvcache_tier_capacity_bytes" + host), 0u) << "unlimited";
   EXPECT_EQ(samples.at("kvcache_tier_enabled" + host), 1u);
   EXPECT_EQ(samples.size(), metric_catalog().size() + tier_metric_catalog().size());
@@ -401,8 +404,7 @@ TEST(TierManagerConcurrency, TicketsCompleteOnAnotherThread) {
       known[i] = true;
     } else {
       expect_holds(*r.m, s, written[i], 13, have);
-      r.m->step(std::vector<SeqId>{s}, std::vector<std::uint32_t>{0},
-                std::vector<std::uint32_t>{});
+      r.m->step(std::vector<SeqId>{s}, std::vector<std::uint32_t>{0}, std::vector<std::uint32_t>{});
     }
     r.m->release(s);
     r.m->check_invariants();
@@ -414,8 +416,9 @@ TEST(TierManagerConcurrency, TicketsCompleteOnAnotherThread) {
   r.m->wait_tiers();
   r.m->check_invariants();
   const TierFigures& f = r.m->stats().tiers[0];
-  EXPECT_GT(f.pages_onboarded, 0u) << f.pages_offloaded << " offloaded, " << f.offload_dropped
-                                   << " dropped, " << f.lookups << " lookups, " << f.hits << " hits";
+  EXPECT_GT(f.pages_onboarded, 0u)
+      << f.pages_offloaded << " offloaded, " << f.offload_dropped << " dropped, " << f.lookups
+      << " lookups, " << f.hits << " hits";
 }
 
 }  // namespace

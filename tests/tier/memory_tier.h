@@ -43,7 +43,8 @@ class MemoryTier final : public Tier {
 
   MemoryTier(TierFingerprint fingerprint, Options options)
       : fp_(std::move(fingerprint)), opt_(std::move(options)), digest_(fp_.digest()) {}
-  explicit MemoryTier(TierFingerprint fingerprint) : MemoryTier(std::move(fingerprint), Options{}) {}
+  explicit MemoryTier(TierFingerprint fingerprint)
+      : MemoryTier(std::move(fingerprint), Options{}) {}
   ~MemoryTier() override { complete_all(); }
 
   std::string_view name() const override { return opt_.name; }
@@ -229,10 +230,10 @@ class MemoryTier final : public Tier {
     std::memcpy(r.bytes.data(), v.bytes.data(), v.bytes.size());
     ++stats_.pages_loaded;
     stats_.bytes_loaded += v.bytes.size();
-    stats_.load_nanoseconds += static_cast<std::uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
-                                                             start)
-            .count());
+    stats_.load_nanoseconds +=
+        static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                       std::chrono::steady_clock::now() - start)
+                                       .count());
     return LoadResult::loaded;
   }
 
