@@ -33,6 +33,7 @@
 #include "kvcache/kernels/reference.h"
 #include "kvcache/kernels/rope.h"
 #include "kvcache/kernels/rope_table.h"
+#include "kvcache/kv_scales.h"
 #include "kvcache/kv_cache.h"
 #include "kvcache/layer_kv_cache.h"
 #include "kvcache/log.h"

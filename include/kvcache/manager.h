@@ -29,6 +29,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "kvcache/batch.h"
@@ -57,6 +58,35 @@ struct ManagerSnapshot {
   std::vector<std::uint32_t> cached_blocks;
   std::vector<std::uint32_t> cached_priorities;
   friend bool operator==(const ManagerSnapshot&, const ManagerSnapshot&) = default;
+};
+
+// One tier below the paged manager's device pool (PrefixCacheConfig::tiers)
+// in a ManagerStats reading: the tier's own figures (TierStats, read with
+// the manager's) and what the manager did with it. Counters run from
+// construction (reset_metrics leaves them).
+struct TierFigures {
+  std::string name;  // Tier::name(): the metrics' and events' tier label
+  bool enabled = true;
+  // The tier's own (TierStats).
+  std::uint64_t pages_held = 0;
+  std::uint64_t bytes_held = 0;
+  std::uint64_t capacity_bytes = 0;  // UINT64_MAX: unlimited
+  std::uint64_t lookups = 0;         // keys asked of contains()
+  std::uint64_t hits = 0;
+  std::uint64_t pages_stored = 0;
+  std::uint64_t bytes_stored = 0;
+  std::uint64_t pages_loaded = 0;
+  std::uint64_t bytes_loaded = 0;
+  std::uint64_t evictions = 0;
+  std::uint64_t corrupt = 0;
+  std::uint64_t io_errors = 0;
+  std::uint64_t load_nanoseconds = 0;  // summed over its loads
+  // The manager's.
+  std::uint64_t pages_offloaded = 0;  // evicted device pages the tier stored
+  std::uint64_t offload_dropped = 0;  // evicted pages not written: staging full, refused, failed
+  std::uint64_t pages_onboarded = 0;  // pages loaded back into the device pool
+  std::uint64_t load_failures = 0;    // loads that came back missing, mismatch, corrupt or failed
+  friend bool operator==(const TierFigures&, const TierFigures&) = default;
 };
 
 // One reading of a manager's figures, taken at one instant under its lock
@@ -89,6 +119,9 @@ struct ManagerStats {
   std::uint64_t blocks_published = 0;      // pages entered into the hash index
   std::uint64_t evictions = 0;             // cached pages evicted for reuse
   std::uint64_t cow_copies = 0;            // copy-on-write page copies
+  // Tiers below the device pool, nearest first (paged with tiers only).
+  std::uint32_t pending_loads = 0;  // pages being loaded from a tier now (gauge)
+  std::vector<TierFigures> tiers;
   friend bool operator==(const ManagerStats&, const ManagerStats&) = default;
 };
 

@@ -5,8 +5,9 @@
 // manager's lock, kvcache/manager.h) and writes every metric of
 // metric_catalog(), in that order: a `# HELP` and a `# TYPE` line, then one
 // sample, named <prefix>_<name>, labelled strategy="paged"|"continuous" and,
-// for figures of the block pool, tier="device" (the tier a later host or disk
-// tier will label its own samples with). Counters end in `_total`; gauges
+// for figures of the block pool, tier="device"; then, for a paged manager
+// with tiers below its pool, the tier_* metrics of tier_metric_catalog(),
+// one sample per tier labelled with the tier's name (tier="host"). Counters end in `_total`; gauges
 // never do. Every metric is written for both strategies (0 where a strategy
 // has no such thing), so a dashboard sees one set of names. The names are the
 // contract, listed with their meaning in docs/metrics.md; the `kvcache serve`
@@ -46,6 +47,11 @@ struct MetricInfo {
 
 // Every metric metrics_text writes, in its order.
 std::span<const MetricInfo> metric_catalog() noexcept;
+// The per-tier metrics metrics_text writes after those when the manager has
+// tiers below its pool (ManagerStats::tiers; none without): one sample per
+// tier, labelled tier="<Tier::name()>" (quotes and backslashes escaped),
+// in this order. tier_capacity_bytes is 0 for an unlimited tier.
+std::span<const MetricInfo> tier_metric_catalog() noexcept;
 
 std::string metrics_text(const KVCacheManager& manager, std::string_view prefix = "kvcache");
 

@@ -32,6 +32,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "kvcache/manager.h"
 #include "kvcache/prefix_cache.h"
@@ -112,11 +113,53 @@ class PagedKVCacheManager final : public KVCacheManager {
   // pages of the longest cached prefix of full pages of prompt_tokens under
   // extra_key, leaving at least one prompt token to compute; sets its cache
   // length (and reserved room) to the tokens reused and returns that count.
-  // The sequence keeps extra_key for the pages it publishes later. Throws
+  // The sequence keeps extra_key for the pages it publishes later. With
+  // tiers, the prefix goes on past the device index into the tiers (see
+  // "Tiers" below): the count includes pages still loading. Throws
   // InvalidArgument (prefix caching disabled: enable_prefix_caching; seq not
   // fresh), UnknownSequence.
   std::uint32_t match_prefix(SeqId seq, std::span<const std::uint32_t> prompt_tokens,
                              std::uint64_t extra_key = 0);
+
+  // ---- Tiers (PrefixCacheConfig::tiers, kvcache/tier.h, docs/tiers.md) ----
+  // Write-back: a published page the pool evicts is copied (packed
+  // [2][num_layers][block], both arrangements) into a staging slot and
+  // handed to the first tier's store(); the eviction never waits (no free
+  // slot: the page is not written, TierFigures::offload_dropped).
+  // Onboard: match_prefix hashes the prompt's remaining full pages into
+  // 128-bit keys (chained from {0, extra_key}), asks each tier once which it
+  // holds (contains(), first tier first, the next for what is still
+  // missing), takes device pages for the leading run of hits (as many as
+  // are free or evictable) and enqueues one load() per tier into them
+  // (straight into an interleaved pool; a per_layer pool through staging,
+  // scattered when the load finishes). Those pages are pending: the
+  // sequence's cache_length counts them, but fetch / fetch_into, fork and
+  // truncate throw InvalidArgument naming it until they are finished by
+  // poll_loads, wait_loads or wait_tiers. Finishing publishes the loaded
+  // pages in the device index; a page that comes back missing, mismatch,
+  // corrupt or failed ends the hit there: it and the pages after it are
+  // released and cache_length drops to the pages before it (the prefix
+  // computes the rest). release() of a loading sequence is allowed (the
+  // pages go back to the free list when the loads end). No I/O runs under
+  // the manager's lock (contains is in memory; store and load enqueue).
+  // A pool kept apart from the manager's (a GPU pool) would need the loads
+  // reported instead of done, as block_copies are: not provided yet
+  // (docs/tiers.md says how it would work).
+  bool has_tiers() const noexcept;
+  // Whether seq has pages still loading from a tier (false without tiers);
+  // a scheduler leaves it out of the batch until this turns false.
+  // Throws UnknownSequence.
+  bool has_pending_loads(SeqId seq) const;
+  // Finishes the loads that are done (never waits) and the write-backs that
+  // are done; returns the sequences whose loads it finished (ready for
+  // fetch; some may have been truncated). Empty without tiers.
+  std::vector<SeqId> poll_loads();
+  // Waits (outside the lock) until seq's loads are done, then finishes them
+  // (and every other finished load). Throws UnknownSequence.
+  void wait_loads(SeqId seq);
+  // Waits until every load and write-back in flight is done and finishes
+  // them (tests, replay, shutdown).
+  void wait_tiers();
 
   // A new sequence sharing every page of seq that holds committed tokens
   // (ref count +1), with the same length, tokens and extra key; its id

@@ -15,13 +15,23 @@
 // Pinned pages (priority > 0) are evicted only when no unpinned page is
 // evictable, lowest priority first.
 //
+// Tiers (TierConfig, kvcache/tier.h): below the device pool, a published
+// page the pool evicts is written back to the first tier, and match_prefix
+// continues a prompt's chain into the tiers and loads the hits back
+// (PagedKVCacheManager, docs/tiers.md "The manager and the tiers").
+//
 // Plain value types; no thread-safety concerns of their own.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
+#include <string>
 #include <string_view>
+#include <vector>
+
+#include "kvcache/tier.h"
 
 namespace kvcache {
 
@@ -69,15 +79,46 @@ using BlockHashFn = std::function<std::uint64_t(
 std::uint64_t default_block_hash(std::uint64_t parent, std::span<const std::uint32_t> tokens,
                                  std::uint64_t extra_key);
 
-// A page entering or leaving the hash index (what KV-aware routers consume).
+// A page entering or leaving a medium (what KV-aware routers consume):
+// medium "device" for the hash index of the device pool; a tier's name
+// (Tier::name(), "host", "disk") when a page written back to that tier is
+// stored there, or when a load finds the tier no longer holds it (removed;
+// a tier's own evictions are not reported, as Tier has no hook for them).
+// vLLM's BlockStored / BlockRemoved carry the same `medium`.
 struct PageEvent {
   enum class Kind : std::uint8_t { stored, removed };
   Kind kind = Kind::stored;
-  std::uint32_t page = 0;
+  std::uint32_t page = 0;  // the device page (for a tier: the page the bytes were written from)
   std::uint64_t hash = 0;
   std::uint64_t parent_hash = 0;  // 0 for a sequence's first page
   std::uint64_t extra_key = 0;
   std::span<const std::uint32_t> tokens;  // the page's tokens; valid during the callback only
+  std::string_view medium = "device";     // valid during the callback only
+  PageKey key;  // the page's 128-bit tier key; {0, 0} when the manager has no tiers
+};
+
+// Which evicted pages go down to the first tier.
+enum class OffloadAdmission : std::uint8_t {
+  every_page,  // every published page the device pool evicts (default)
+  reused,      // only pages a later request attached (or that came back from a tier)
+};
+
+// The tiers below the device pool (kvcache/tier.h), nearest first. Each
+// tier's fingerprint must equal TierFingerprint::of(params, model_id,
+// cache_salt) (the manager's constructor throws InvalidArgument naming the
+// first field that differs); tiers need prefix caching and one device
+// (params.n_devices == 1). Keys chain from {0, extra_key} (the request's
+// extra key roots the chain, so tenants stay apart in the tiers too).
+struct TierConfig {
+  std::vector<std::shared_ptr<Tier>> tiers;  // empty: no tiers (today's behaviour)
+  std::string model_id;                      // the weights' identity, in the fingerprint
+  std::string cache_salt;                    // in the fingerprint
+  OffloadAdmission admission = OffloadAdmission::every_page;
+  // Host staging for write-back: evicted pages being written to the first
+  // tier, page bytes + 4 x page_size each, allocated at construction. An
+  // eviction that finds every slot busy skips the write-back (counted as
+  // offload_dropped); it never waits. In [1, 65536].
+  std::uint32_t staging_pages = 16;
 };
 
 // Every value is checked by the manager's constructor (InvalidArgument naming
@@ -93,9 +134,11 @@ struct PrefixCacheConfig {
   double ghost_factor = 16.0;
   BlockHashFn hash;  // empty: default_block_hash
   // Called (under the manager's lock) for every page stored in / removed from
-  // the index. Must not call back into the manager and must not throw
+  // the index, and for the tiers' stored / removed pages (PageEvent::medium).
+  // Must not call back into the manager and must not throw
   // (an exception escaping it terminates the program).
   std::function<void(const PageEvent&)> on_event;
+  TierConfig tiers;  // none by default
 };
 
 // Counters since construction (or the last reset_metrics()); gauges are now.

@@ -66,12 +66,87 @@ constexpr std::array kMetrics{
 };
 // clang-format on
 
+// Per tier below the device pool (ManagerStats::tiers): one sample per tier,
+// labelled tier="<name>".
+struct TierMetric {
+  MetricInfo info;
+  std::string (*value)(const TierFigures&);
+};
+
+template <std::uint64_t TierFigures::*Field>
+std::string field(const TierFigures& f) {
+  return std::to_string(f.*Field);
+}
+
+std::string capacity(const TierFigures& f) {
+  return f.capacity_bytes == UINT64_MAX ? "0" : std::to_string(f.capacity_bytes);
+}
+
+// clang-format off
+const std::array kTierMetrics{
+  TierMetric{{"tier_enabled", gauge, "1 while the tier serves, 0 once it disabled itself.", true},
+             [](const TierFigures& f) { return std::string(f.enabled ? "1" : "0"); }},
+  TierMetric{{"tier_pages", gauge, "Pages the tier holds.", true}, field<&TierFigures::pages_held>},
+  TierMetric{{"tier_bytes", gauge, "Page bytes the tier holds (headers excluded).", true}, field<&TierFigures::bytes_held>},
+  TierMetric{{"tier_capacity_bytes", gauge, "The tier's capacity in page bytes (0: unlimited).", true}, capacity},
+  TierMetric{{"tier_lookups_total", counter, "Page keys asked of the tier.", true}, field<&TierFigures::lookups>},
+  TierMetric{{"tier_hits_total", counter, "Page keys the tier held when asked.", true}, field<&TierFigures::hits>},
+  TierMetric{{"tier_stored_pages_total", counter, "Pages the tier stored.", true}, field<&TierFigures::pages_stored>},
+  TierMetric{{"tier_stored_bytes_total", counter, "Page bytes the tier stored.", true}, field<&TierFigures::bytes_stored>},
+  TierMetric{{"tier_loaded_pages_total", counter, "Pages the tier loaded out.", true}, field<&TierFigures::pages_loaded>},
+  TierMetric{{"tier_loaded_bytes_total", counter, "Page bytes the tier loaded out.", true}, field<&TierFigures::bytes_loaded>},
+  TierMetric{{"tier_load_nanoseconds_total", counter, "Nanoseconds the tier's loads took, summed over pages (mean: / tier_loaded_pages_total).", true}, field<&TierFigures::load_nanoseconds>},
+  TierMetric{{"tier_evictions_total", counter, "Pages the tier dropped for room.", true}, field<&TierFigures::evictions>},
+  TierMetric{{"tier_corrupt_total", counter, "Pages the tier refused on a checksum mismatch.", true}, field<&TierFigures::corrupt>},
+  TierMetric{{"tier_io_errors_total", counter, "I/O errors of the tier.", true}, field<&TierFigures::io_errors>},
+  TierMetric{{"tier_offloaded_pages_total", counter, "Evicted device pages the manager wrote to the tier.", true}, field<&TierFigures::pages_offloaded>},
+  TierMetric{{"tier_offload_dropped_total", counter, "Evicted device pages not written (staging full, refused, failed).", true}, field<&TierFigures::offload_dropped>},
+  TierMetric{{"tier_onboarded_pages_total", counter, "Pages loaded back from the tier into the device pool.", true}, field<&TierFigures::pages_onboarded>},
+  TierMetric{{"tier_load_failures_total", counter, "Loads from the tier that came back missing, mismatch, corrupt or failed.", true}, field<&TierFigures::load_failures>},
+};
+// clang-format on
+
+std::string label_value(std::string_view v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\' || c == '"') out.push_back('\\');
+    if (c == '\n') {
+      out.append("\\n");
+      continue;
+    }
+    out.push_back(c);
+  }
+  return out;
+}
+
+void append_tiers(std::string& out, const ManagerStats& stats, const std::string& labels,
+                  std::string_view prefix) {
+  if (stats.tiers.empty()) return;
+  for (const TierMetric& m : kTierMetrics) {
+    std::string name(prefix);
+    name.append("_").append(m.info.name);
+    out.append("# HELP ").append(name).append(" ").append(m.info.help).append("\n");
+    out.append("# TYPE ").append(name).append(m.info.type == gauge ? " gauge\n" : " counter\n");
+    for (const TierFigures& f : stats.tiers) {
+      out.append(name).append(labels).append(",tier=\"").append(label_value(f.name)).append("\"} ");
+      out.append(m.value(f)).append("\n");
+    }
+  }
+}
+
 constexpr std::array<MetricInfo, kMetrics.size()> infos() {
   std::array<MetricInfo, kMetrics.size()> out{};
   for (std::size_t i = 0; i < kMetrics.size(); ++i) out[i] = kMetrics[i].info;
   return out;
 }
 constexpr std::array kInfos = infos();
+
+std::array<MetricInfo, kTierMetrics.size()> tier_infos() {
+  std::array<MetricInfo, kTierMetrics.size()> out{};
+  for (std::size_t i = 0; i < kTierMetrics.size(); ++i) out[i] = kTierMetrics[i].info;
+  return out;
+}
+const std::array kTierInfos = tier_infos();
 
 bool name_start(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || c == ':';
@@ -91,6 +166,8 @@ void check_prefix(std::string_view prefix) {
 
 std::span<const MetricInfo> metric_catalog() noexcept { return kInfos; }
 
+std::span<const MetricInfo> tier_metric_catalog() noexcept { return kTierInfos; }
+
 std::string metrics_text(const ManagerStats& stats, CacheStrategy strategy,
                          std::string_view prefix) {
   check_prefix(prefix);
@@ -105,6 +182,7 @@ std::string metrics_text(const ManagerStats& stats, CacheStrategy strategy,
     out.append(name).append(labels).append(m.info.per_tier ? ",tier=\"device\"} " : "} ");
     out.append(std::to_string(m.value(stats))).append("\n");
   }
+  append_tiers(out, stats, labels, prefix);
   return out;
 }
 

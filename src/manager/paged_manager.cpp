@@ -1,159 +1,13 @@
 #include "kvcache/paged_manager.h"
 
-#include <algorithm>
-#include <cstring>
-#include <mutex>
 #include <new>
-#include <string>
-#include <unordered_map>
 
 #include "core/checked_math.h"
-#include "manager/checks.h"
-#include "manager/observability.h"
-#include "manager/seq_ids.h"
-#include "memory/block_pool.h"
-#include "memory/host_arena.h"
-#include "prefix/prefix_store.h"
+#include "manager/paged_impl.h"
 
 namespace kvcache {
 
 using manager::seq_name;
-
-namespace {
-std::uint32_t pages_for(std::uint64_t tokens, std::uint32_t page_size) {
-  return static_cast<std::uint32_t>((tokens + page_size - 1) / page_size);
-}
-std::string str(std::uint64_t v) { return std::to_string(v); }
-}  // namespace
-
-struct PagedKVCacheManager::Impl {
-  struct Sequence {
-    std::vector<std::uint32_t> pages;  // page table: page j holds tokens [j*ps, (j+1)*ps)
-    std::uint32_t length = 0;
-    std::uint32_t reserved = 0;
-    std::uint64_t mark = 0;
-    // Prefix caching only.
-    std::vector<std::uint32_t> tokens;  // committed token ids (while tokens_known)
-    std::vector<std::uint64_t> hashes;  // chain hash of each full page hashed so far
-    bool tokens_known = true;
-    std::uint64_t extra_key = 0;
-    bool extends_cached = false;  // match_prefix reused at least one page
-  };
-
-  Impl(const KVCacheParams& p, std::uint32_t num_pages, std::uint32_t max_batch,
-       std::uint32_t max_seq, PrefixCacheConfig cfg)
-      : params(p), max_batch_size(max_batch), max_seq_len(max_seq), pool(num_pages) {
-    page_bytes = std::size_t{p.page_size} * p.bytes_per_token_per_device();
-    const std::size_t per_device = estimated_memory_size(p, num_pages) / p.n_devices;
-    for (std::uint32_t d = 0; d < p.n_devices; ++d) arenas.emplace_back(per_device);
-    if (p.enable_prefix_caching) {
-      store = std::make_unique<prefix::PrefixStore>(pool, p.page_size, std::move(cfg));
-    }
-  }
-
-  // ---- lookups ---------------------------------------------------------------
-  void mark_all(std::span<const SeqId> ids) { manager::mark_batch(seqs, ids, epoch); }
-  Sequence& find(SeqId id) { return manager::find_sequence(seqs, id); }
-  const Sequence& find(SeqId id) const { return manager::find_sequence(seqs, id); }
-
-  bool caching() const { return store != nullptr; }
-  std::uint32_t num_pages() const { return pool.num_blocks(); }
-  std::uint32_t num_evictable() const { return caching() ? store->num_evictable() : 0; }
-  std::uint32_t available() const { return pool.num_free() + num_evictable(); }
-  bool published(std::uint32_t page) const { return caching() && store->published(page); }
-
-  void require_caching(const char* what) const {
-    if (!caching()) {
-      throw InvalidArgument(std::string(what) +
-                            " needs params.enable_prefix_caching = true (it is false)");
-    }
-  }
-
-  // A page with ref count 1: from the free list, else evicted. Precondition: available() > 0.
-  std::uint32_t take_page() { return caching() ? store->take_page() : pool.allocate(); }
-  // Drops one reference; a published page at ref 0 becomes evictable.
-  void drop_ref(std::uint32_t page, ReuseHint hint = ReuseHint::unknown) {
-    if (caching()) {
-      store->drop_ref(page, hint);
-    } else {
-      pool.release(page);
-    }
-  }
-
-  // Copies every layer's K and V of page `from` into page `to`, on every
-  // device: one run of page_bytes (interleaved) or one run per layer and K/V
-  // (per_layer, each its own array of pages).
-  void copy_page(std::uint32_t from, std::uint32_t to) {
-    const bool per_layer = params.pool_arrangement == PoolArrangement::per_layer;
-    const std::size_t runs = per_layer ? 2 * std::size_t{params.num_layers} : 1;
-    const std::size_t run_bytes = page_bytes / runs;
-    const std::size_t pitch = per_layer ? run_bytes * num_pages() : page_bytes;
-    for (auto& arena : arenas) {
-      for (std::size_t r = 0; r < runs; ++r) {
-        std::byte* base = arena.data() + r * pitch;
-        std::memcpy(base + std::size_t{to} * run_bytes, base + std::size_t{from} * run_bytes,
-                    run_bytes);
-      }
-    }
-    ++metrics.cow_copies;
-  }
-
-  // Copy-on-write copies a batch needs, from the shared pages its entries
-  // write into (shared_writes, one item per writer, cleared here): the
-  // writers of a page with ref count r copy in turn until one holds it
-  // alone, so k writers make min(k, r - 1) copies (a fork pair fetched
-  // together: one copy, not two).
-  std::uint64_t count_copies() {
-    std::sort(shared_writes.begin(), shared_writes.end());
-    std::uint64_t copies = 0;
-    for (std::size_t i = 0; i < shared_writes.size();) {
-      std::size_t k = i;
-      while (k < shared_writes.size() && shared_writes[k] == shared_writes[i]) ++k;
-      copies += std::min<std::uint64_t>(k - i, pool.ref_count(shared_writes[i]) - 1);
-      i = k;
-    }
-    shared_writes.clear();
-    return copies;
-  }
-
-  // Hashes full page j of s (j == s.hashes.size()) and publishes it if its
-  // parent is published under the chain's previous hash. Needs s.hashes capacity.
-  void hash_and_publish(Sequence& s, std::uint32_t j) {
-    const std::uint32_t ps = params.page_size;
-    const std::uint64_t parent_hash = j == 0 ? 0 : s.hashes[j - 1];
-    const auto toks = std::span<const std::uint32_t>(s.tokens).subspan(std::size_t{j} * ps, ps);
-    const std::uint64_t h = store->hash(parent_hash, toks, s.extra_key);
-    s.hashes.push_back(h);
-    const std::uint32_t page = s.pages[j];
-    if (store->published(page)) return;
-    const std::uint32_t parent = j == 0 ? num_pages() : s.pages[j - 1];
-    if (j > 0 && !(store->published(parent) && store->hash_of(parent) == parent_hash)) return;
-    store->publish(page, parent, h, parent_hash, s.extra_key, toks, s.extends_cached);
-  }
-
-  void publish_full_pages(Sequence& s) {
-    if (!caching() || !s.tokens_known) return;
-    const std::uint32_t full = s.length / params.page_size;
-    while (s.hashes.size() < full) hash_and_publish(s, static_cast<std::uint32_t>(s.hashes.size()));
-  }
-
-  KVCacheParams params;
-  std::uint32_t max_batch_size;
-  std::uint32_t max_seq_len;
-  std::vector<memory::HostArena> arenas;
-  std::size_t page_bytes = 0;  // per device
-  memory::BlockPool pool;
-  std::unordered_map<SeqId, Sequence> seqs;
-  manager::SeqIdAllocator ids{SeqIdPolicy::never_reuse};  // set by the constructor
-  std::uint64_t epoch = 0;
-  std::unique_ptr<prefix::PrefixStore> store;  // prefix caching only
-  PrefixCacheMetrics metrics;  // the manager's counters (match calls, tokens, copies)
-  manager::LifecycleCounters counters;
-  std::uint64_t pool_bytes = 0;
-  std::vector<prefix::PrefixStore::Match> scratch;
-  std::vector<std::uint32_t> shared_writes;  // fetch's scratch: see count_copies
-  mutable std::mutex mu;
-};
 
 PagedKVCacheManager::PagedKVCacheManager(const KVCacheParams& params, std::uint32_t total_num_pages,
                                          std::uint32_t max_batch_size, std::uint32_t max_seq_len,
@@ -176,7 +30,9 @@ PagedKVCacheManager::PagedKVCacheManager(const KVCacheParams& params, std::uint3
   }
   const std::size_t bytes = estimated_memory_size(params, total_num_pages);  // past 64 bits first
   const std::size_t bookkeeping = estimated_bookkeeping_size(params, total_num_pages, config);
+  manager::TierLink::check(params, config.tiers);
   const EvictionPolicyKind policy = config.policy;
+  const std::size_t num_tiers = config.tiers.tiers.size();
   try {
     impl_ = std::make_unique<Impl>(params, total_num_pages, max_batch_size, max_seq_len,
                                    std::move(config));
@@ -192,7 +48,8 @@ PagedKVCacheManager::PagedKVCacheManager(const KVCacheParams& params, std::uint3
     return manager::construction_line("paged manager", total_num_pages, "page", params.page_size,
                                       params, bytes) +
            ", " + std::to_string(bookkeeping) + " bytes of bookkeeping, prefix caching " +
-           (params.enable_prefix_caching ? std::string(policy_name(policy)) : "off");
+           (params.enable_prefix_caching ? std::string(policy_name(policy)) : "off") +
+           (num_tiers > 0 ? ", " + std::to_string(num_tiers) + " tiers below" : "");
   });
 }
 
@@ -217,6 +74,7 @@ std::size_t PagedKVCacheManager::estimated_bookkeeping_size(const KVCacheParams&
     (void)detail::checked_product(
         "stored token ids", {{"total_num_pages", n}, {"page_size", params.page_size}, {"4", 4}});
     bytes += prefix::PrefixStore::bytes_for(total_num_pages, params.page_size, config);
+    bytes += manager::TierLink::staging_bytes(params, config.tiers);
   }
   return bytes;
 }
@@ -266,6 +124,7 @@ void PagedKVCacheManager::fetch_into(KVCacheBatch& out, std::span<const SeqId> s
   std::uint32_t stride = 1;
   im.shared_writes.clear();
   im.mark_all(seqs);
+  im.check_loaded(seqs, "fetch");
   for (std::size_t b = 0; b < seqs.size(); ++b) {
     Impl::Sequence& s = im.seqs.find(seqs[b])->second;
     const std::uint32_t target =
@@ -334,6 +193,7 @@ void PagedKVCacheManager::fetch_into(KVCacheBatch& out, std::span<const SeqId> s
   }
   next.recompute_maxima(num_new_tokens);
   ++im.counters.fetches;
+  im.flush_offloads();
   const std::uint64_t evicted = im.caching() ? im.store->counters().evictions - evicted_before : 0;
   if ((evicted > 0 || copies_needed > 0) && log_enabled(LogLevel::debug)) {
     const std::uint32_t free_now = im.pool.num_free(), cached_now = im.num_evictable();
@@ -409,6 +269,7 @@ void PagedKVCacheManager::step(std::span<const SeqId> seqs,
       if (!s.tokens_known) continue;
       s.tokens.reserve(s.length + valid_lengths[b]);
       s.hashes.reserve((s.length + valid_lengths[b]) / im.params.page_size);
+      if (im.tiered()) s.keys.reserve((s.length + valid_lengths[b]) / im.params.page_size);
     }
   }
   std::size_t offset = 0;
@@ -439,6 +300,7 @@ void PagedKVCacheManager::release(SeqId seq, ReuseHint hint) {
   // evicts the tail before the head.
   for (auto p = it->second.pages.rbegin(); p != it->second.pages.rend(); ++p)
     impl_->drop_ref(*p, hint);
+  if (it->second.loading) impl_->link->job_of(seq)->orphaned = true;  // its loads keep their pages
   impl_->seqs.erase(it);
   impl_->ids.release(seq);
   ++impl_->counters.released;
@@ -461,25 +323,33 @@ std::uint32_t PagedKVCacheManager::match_prefix(SeqId seq,
       std::min<std::uint64_t>(prompt_tokens.empty() ? 0 : prompt_tokens.size() - 1, im.max_seq_len);
   im.scratch.clear();
   im.scratch.reserve(usable / ps);
-  im.store->walk(prompt_tokens, extra_key, static_cast<std::uint32_t>(usable / ps), im.scratch);
+  const std::uint32_t max_pages = static_cast<std::uint32_t>(usable / ps);
+  im.store->walk(prompt_tokens, extra_key, max_pages, im.scratch);
   const std::uint32_t n = static_cast<std::uint32_t>(im.scratch.size());
-  const std::uint32_t reused = n * ps;
-  s.pages.reserve(n);
-  s.hashes.reserve(n);
+  Impl::TierPlan plan;
+  if (im.tiered()) plan = im.plan_tiers(prompt_tokens, extra_key, max_pages);
+  const std::uint32_t loads = static_cast<std::uint32_t>(plan.hashes.size());
+  const std::uint32_t reused = (n + loads) * ps;
+  s.pages.reserve(n + loads);
+  s.hashes.reserve(n + loads);
+  if (im.tiered()) s.keys.reserve(n + loads);
   s.tokens.reserve(prompt_tokens.size());
   // Commit.
   for (const prefix::PrefixStore::Match& m : im.scratch) {
     im.store->attach(m.page);
     s.pages.push_back(m.page);
     s.hashes.push_back(m.hash);
+    if (im.tiered()) s.keys.push_back(im.store->key_of(m.page));
   }
+  if (loads > 0) im.commit_tiers(seq, s, plan);
   s.tokens.assign(prompt_tokens.begin(), prompt_tokens.begin() + reused);
   s.length = s.reserved = reused;
   s.extra_key = extra_key;
-  s.extends_cached = n > 0;
+  s.extends_cached = n + loads > 0;
   ++im.metrics.match_calls;
   im.metrics.prompt_tokens += prompt_tokens.size();
-  im.metrics.reused_tokens += reused;
+  im.metrics.reused_tokens += n * ps;  // loaded pages count when they arrive
+  im.flush_offloads();
   return reused;
 }
 
@@ -487,6 +357,7 @@ SeqId PagedKVCacheManager::fork(SeqId seq) {
   Impl& im = *impl_;
   std::lock_guard lock(im.mu);
   const Impl::Sequence& parent = im.find(seq);
+  im.check_loaded(std::span(&seq, 1), "fork");
   manager::check_claim(1, static_cast<std::uint32_t>(im.seqs.size()), im.max_batch_size);
   Impl::Sequence child;
   const std::uint32_t shared = pages_for(parent.length, im.params.page_size);
@@ -494,6 +365,7 @@ SeqId PagedKVCacheManager::fork(SeqId seq) {
   child.length = child.reserved = parent.length;
   child.tokens = parent.tokens;
   child.hashes = parent.hashes;
+  child.keys = parent.keys;
   child.tokens_known = parent.tokens_known;
   child.extra_key = parent.extra_key;
   child.extends_cached = parent.extends_cached;
@@ -515,6 +387,7 @@ void PagedKVCacheManager::truncate(SeqId seq, std::uint32_t new_length) {
   Impl& im = *impl_;
   std::lock_guard lock(im.mu);
   Impl::Sequence& s = im.find(seq);
+  im.check_loaded(std::span(&seq, 1), "truncate");
   if (new_length > s.length) {
     throw InvalidArgument("truncate " + seq_name(seq) + " to " + str(new_length) +
                           " tokens: it only has " + str(s.length));
@@ -531,6 +404,7 @@ void PagedKVCacheManager::truncate(SeqId seq, std::uint32_t new_length) {
     if (im.published(page) && im.pool.ref_count(page) == 1) im.store->unpublish(page);
   }
   if (s.hashes.size() > full) s.hashes.resize(full);
+  if (s.keys.size() > full) s.keys.resize(full);
   if (s.tokens.size() > new_length) s.tokens.resize(new_length);
   s.length = s.reserved = new_length;
 }
@@ -591,6 +465,7 @@ ManagerStats PagedKVCacheManager::stats() const {
     s.blocks_published = im.store->counters().pages_published;
     s.evictions = im.store->counters().evictions;
   }
+  if (im.tiered()) im.link->fill(s);
   return s;
 }
 
@@ -664,6 +539,7 @@ void PagedKVCacheManager::check_invariants() const {
       ++refs[p];
     }
     if (!im.caching()) continue;
+    if (im.tiered()) im.check_tier_state(id, s);
     if (s.tokens_known && s.tokens.size() != s.length) {
       throw Error(seq_name(id) + " keeps " + str(s.tokens.size()) + " token ids for length " +
                   str(s.length));
@@ -687,6 +563,10 @@ void PagedKVCacheManager::check_invariants() const {
         throw Error(seq_name(id) + " page " + str(j) + " stored tokens differ from its own");
       }
     }
+  }
+  if (im.tiered()) {  // a load holds its own reference on each of its pages
+    for (const manager::LoadJob& job : im.link->jobs())
+      for (std::uint32_t p : job.pages) ++refs[p];
   }
   std::vector<std::uint8_t> free(n, 0);
   for (std::uint32_t p : im.pool.free_list()) {

@@ -11,8 +11,7 @@ namespace {
 std::string str(std::uint64_t v) { return std::to_string(v); }
 }  // namespace
 
-PrefixStore::PrefixStore(memory::BlockPool& pool, std::uint32_t page_size,
-                         PrefixCacheConfig config)
+PrefixStore::PrefixStore(memory::BlockPool& pool, std::uint32_t page_size, PrefixCacheConfig config)
     : pool_(pool),
       page_size_(page_size),
       config_(std::move(config)),
@@ -33,7 +32,8 @@ std::uint64_t PrefixStore::bytes_for(std::uint32_t num_pages, std::uint32_t page
 void PrefixStore::emit(PageEvent::Kind kind, std::uint32_t page) const noexcept {
   if (!config_.on_event) return;
   const PageMeta& m = meta_[page];
-  config_.on_event(PageEvent{kind, page, m.hash, m.parent_hash, m.extra_key, stored_tokens(page)});
+  config_.on_event(PageEvent{kind, page, m.hash, m.parent_hash, m.extra_key, stored_tokens(page),
+                             "device", m.key});
 }
 
 void PrefixStore::make_evictable(std::uint32_t page, ReuseHint hint) {
@@ -74,10 +74,10 @@ void PrefixStore::walk(std::span<const std::uint32_t> tokens, std::uint64_t extr
   }
 }
 
-void PrefixStore::publish(std::uint32_t page, std::uint32_t parent, std::uint64_t hash,
+bool PrefixStore::publish(std::uint32_t page, std::uint32_t parent, std::uint64_t hash,
                           std::uint64_t parent_hash, std::uint64_t extra_key,
-                          std::span<const std::uint32_t> tokens, bool extension) {
-  if (!index_.insert(hash, page)) return;  // duplicate content or a collision: stays private
+                          std::span<const std::uint32_t> tokens, bool extension, PageKey key) {
+  if (!index_.insert(hash, page)) return false;  // duplicate content or a collision: stays private
   PageMeta& m = meta_[page];
   m.hash = hash;
   m.parent_hash = parent_hash;
@@ -86,10 +86,13 @@ void PrefixStore::publish(std::uint32_t page, std::uint32_t parent, std::uint64_
   m.parent_gen = parent == num_pages() ? 0 : meta_[parent].gen;
   m.pin = 0;
   m.published = true;
+  m.reused = false;
+  m.key = key;
   std::copy(tokens.begin(), tokens.end(), page_tokens_.begin() + std::size_t{page} * page_size_);
   policy_->on_publish(page, hash, extension);
   ++counters_.pages_published;
   emit(PageEvent::Kind::stored, page);
+  return true;
 }
 
 void PrefixStore::unpublish(std::uint32_t page) {
@@ -111,6 +114,7 @@ std::uint32_t PrefixStore::take_page() {
     page = pinned_.begin()->second;
     pinned_.erase(pinned_.begin());
   }
+  if (evict_hook_) evict_hook_(page);
   unpublish(page);
   ++counters_.evictions;
   pool_.retain(page);  // 0 -> 1
@@ -128,6 +132,7 @@ void PrefixStore::drop_ref(std::uint32_t page, ReuseHint hint) {
 void PrefixStore::attach(std::uint32_t page) {
   if (pool_.ref_count(page) == 0) make_unevictable(page);
   pool_.retain(page);
+  meta_[page].reused = true;
   policy_->on_hit(page);
 }
 

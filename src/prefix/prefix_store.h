@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <set>
 #include <span>
@@ -59,6 +60,14 @@ class PrefixStore {
   bool published(std::uint32_t page) const { return meta_[page].published; }
   std::uint64_t hash_of(std::uint32_t page) const { return meta_[page].hash; }
   std::uint32_t pin_of(std::uint32_t page) const { return meta_[page].pin; }
+  std::uint64_t parent_hash_of(std::uint32_t page) const { return meta_[page].parent_hash; }
+  std::uint64_t extra_key_of(std::uint32_t page) const { return meta_[page].extra_key; }
+  // The page's 128-bit tier key (kvcache/tier.h); {0, 0} without tiers.
+  PageKey key_of(std::uint32_t page) const { return meta_[page].key; }
+  // Whether a request attached the page since it was published (or it came
+  // back from a tier): OffloadAdmission::reused.
+  bool reused(std::uint32_t page) const { return meta_[page].reused; }
+  void mark_reused(std::uint32_t page) { meta_[page].reused = true; }
   std::uint32_t num_evictable() const {
     return policy_->size() + static_cast<std::uint32_t>(pinned_.size());
   }
@@ -68,23 +77,30 @@ class PrefixStore {
   // `tokens` under extra_key (at most max_pages), each verified against its
   // stored tokens, extra key and parent (id and generation): a colliding
   // hash never matches. Appends to out (reserve it first).
-  void walk(std::span<const std::uint32_t> tokens, std::uint64_t extra_key,
-            std::uint32_t max_pages, std::vector<Match>& out) const;
+  void walk(std::span<const std::uint32_t> tokens, std::uint64_t extra_key, std::uint32_t max_pages,
+            std::vector<Match>& out) const;
 
   // Publishes full page `page` holding `tokens` under `hash`, the next page
   // of `parent` (num_pages for a sequence's first page) whose hash is
   // parent_hash. Does nothing when the index already holds the hash
-  // (duplicate content or a collision: the page stays private). extension:
-  // published by a sequence that started from a cached prefix.
-  void publish(std::uint32_t page, std::uint32_t parent, std::uint64_t hash,
+  // (duplicate content or a collision: the page stays private); returns
+  // whether it published. extension: published by a sequence that started
+  // from a cached prefix. key: its tier key (kept beside the hash).
+  bool publish(std::uint32_t page, std::uint32_t parent, std::uint64_t hash,
                std::uint64_t parent_hash, std::uint64_t extra_key,
-               std::span<const std::uint32_t> tokens, bool extension);
+               std::span<const std::uint32_t> tokens, bool extension, PageKey key = {});
   // Removes a page from the index (it stays wherever its references are).
   void unpublish(std::uint32_t page);
 
   // A page with ref count 1: from the free list, else an evicted cached page
-  // (unpublished first). Precondition: pool free + num_evictable() > 0.
+  // (unpublished first; the evict hook sees it while it is still
+  // published). Precondition: pool free + num_evictable() > 0.
   std::uint32_t take_page();
+  // Called with each page take_page evicts, before it leaves the index (the
+  // manager's write-back to a tier). Must not throw.
+  void set_evict_hook(std::function<void(std::uint32_t page)> hook) {
+    evict_hook_ = std::move(hook);
+  }
   // Drops one reference; a published page at ref 0 becomes evictable (with
   // the releasing caller's hint), an unpublished one goes back to the pool.
   void drop_ref(std::uint32_t page, ReuseHint hint = ReuseHint::unknown);
@@ -122,6 +138,8 @@ class PrefixStore {
     std::uint32_t gen = 0;         // bumped whenever the page leaves the index
     std::uint32_t pin = 0;         // pin priority, 0 = unpinned
     bool published = false;
+    bool reused = false;  // attached since published
+    PageKey key;          // tier key
   };
 
   std::uint32_t num_pages() const { return pool_.num_blocks(); }
@@ -139,6 +157,7 @@ class PrefixStore {
   std::set<std::pair<std::uint32_t, std::uint32_t>> pinned_;  // evictable pinned (pin, page)
   std::uint32_t num_pinned_ = 0;                              // published pages with pin > 0
   PrefixCacheMetrics counters_;
+  std::function<void(std::uint32_t)> evict_hook_;
 };
 
 }  // namespace kvcache::prefix

@@ -1,0 +1,411 @@
+#include "manager/tier_link.h"
+
+#define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack: a key never allocates
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "core/checked_math.h"
+#include "kvcache/error.h"
+#include "manager/observability.h"
+#include "prefix/prefix_store.h"
+
+namespace kvcache::manager {
+
+namespace {
+
+std::string str(std::uint64_t v) { return std::to_string(v); }
+
+constexpr std::uint8_t kNoTier = 0xff;
+
+template <class T>
+void check_field(std::string_view tier, const char* field, const T& have, const T& want) {
+  if (have == want) return;
+  auto show = [](const T& v) {
+    if constexpr (std::is_same_v<T, std::string>) {
+      return "'" + v + "'";
+    } else if constexpr (std::is_same_v<T, DType>) {
+      return std::string(dtype_name(v));
+    } else if constexpr (std::is_same_v<T, PageLayout>) {
+      return std::string(layout_name(v));
+    } else {
+      return std::to_string(v);
+    }
+  };
+  throw InvalidArgument("tier '" + std::string(tier) + "' fingerprint " + field + " is " +
+                        show(have) + " but this manager's is " + show(want));
+}
+
+void check_fingerprint(std::string_view tier, const TierFingerprint& have,
+                       const TierFingerprint& want) {
+  check_field(tier, "dtype", have.dtype, want.dtype);
+  check_field(tier, "layout", have.layout, want.layout);
+  check_field(tier, "page_size", have.page_size, want.page_size);
+  check_field(tier, "n_kv_heads", have.n_kv_heads, want.n_kv_heads);
+  check_field(tier, "head_dim", have.head_dim, want.head_dim);
+  check_field(tier, "layer_begin", have.layer_begin, want.layer_begin);
+  check_field(tier, "layer_end", have.layer_end, want.layer_end);
+  check_field(tier, "device_index", have.device_index, want.device_index);
+  check_field(tier, "device_count", have.device_count, want.device_count);
+  check_field(tier, "model_id", have.model_id, want.model_id);
+  check_field(tier, "cache_salt", have.cache_salt, want.cache_salt);
+}
+
+}  // namespace
+
+// ---- PageBytes ---------------------------------------------------------------------
+
+PageBytes::PageBytes(const KVCacheParams& params, std::byte* arena, std::uint32_t num_pages)
+    : arena_(arena), num_layers_(params.num_layers) {
+  const std::size_t page = std::size_t{params.page_size} * params.bytes_per_token_per_device();
+  const bool per_layer = params.pool_arrangement == PoolArrangement::per_layer;
+  runs_ = per_layer ? 2 * std::size_t{params.num_layers} : 1;
+  run_bytes_ = page / runs_;
+  pitch_ = per_layer ? run_bytes_ * num_pages : page;
+}
+
+// per_layer pool: [num_layers][2][num_pages][block]; packed: [2][num_layers][block].
+std::byte* PageBytes::run(std::uint32_t page, std::uint32_t kv,
+                          std::uint32_t layer) const noexcept {
+  const std::size_t r = std::size_t{layer} * 2 + kv;
+  return arena_ + r * pitch_ + std::size_t{page} * run_bytes_;
+}
+
+void PageBytes::pack(std::uint32_t page, std::span<std::byte> out) const noexcept {
+  if (packed_in_place()) {
+    std::memcpy(out.data(), in_place(page).data(), run_bytes_);
+    return;
+  }
+  for (std::uint32_t kv = 0; kv < 2; ++kv)
+    for (std::uint32_t l = 0; l < num_layers_; ++l)
+      std::memcpy(out.data() + (std::size_t{kv} * num_layers_ + l) * run_bytes_, run(page, kv, l),
+                  run_bytes_);
+}
+
+void PageBytes::unpack(std::span<const std::byte> in, std::uint32_t page) const noexcept {
+  if (packed_in_place()) {
+    std::memcpy(in_place(page).data(), in.data(), run_bytes_);
+    return;
+  }
+  for (std::uint32_t kv = 0; kv < 2; ++kv)
+    for (std::uint32_t l = 0; l < num_layers_; ++l)
+      std::memcpy(run(page, kv, l), in.data() + (std::size_t{kv} * num_layers_ + l) * run_bytes_,
+                  run_bytes_);
+}
+
+// ---- LoadJob -----------------------------------------------------------------------
+
+bool LoadJob::done() const {
+  return std::all_of(tickets.begin(), tickets.end(), [](const TierTicket& t) { return t.done(); });
+}
+
+LoadResult LoadJob::result(std::size_t i) const {
+  const std::uint8_t t = tier_of[i];
+  if (issue_threw[t]) return LoadResult::failed;
+  const auto results = tickets[t].load_results();
+  return slot[i] < results.size() ? results[slot[i]] : LoadResult::failed;
+}
+
+// ---- TierLink ----------------------------------------------------------------------
+
+void TierLink::check(const KVCacheParams& params, const TierConfig& config) {
+  if (config.tiers.empty()) return;
+  if (!params.enable_prefix_caching) {
+    throw InvalidArgument("tiers need prefix caching: params.enable_prefix_caching is false");
+  }
+  if (params.n_devices != 1) {
+    throw InvalidArgument("tiers serve a one-device manager: params.n_devices is " +
+                          str(params.n_devices));
+  }
+  if (config.tiers.size() > 8) {
+    throw InvalidArgument("tiers: " + str(config.tiers.size()) + " given, at most 8");
+  }
+  if (config.staging_pages == 0 || config.staging_pages > 65536) {
+    throw InvalidArgument("tiers.staging_pages is " + str(config.staging_pages) +
+                          ": it must be in [1, 65536]");
+  }
+  const TierFingerprint want = TierFingerprint::of(params, config.model_id, config.cache_salt);
+  for (std::size_t i = 0; i < config.tiers.size(); ++i) {
+    if (config.tiers[i] == nullptr) throw InvalidArgument("tiers[" + str(i) + "] is null");
+    check_fingerprint(config.tiers[i]->name(), config.tiers[i]->fingerprint(), want);
+  }
+  (void)staging_bytes(params, config);  // past 64 bits: throws
+}
+
+std::uint64_t TierLink::staging_bytes(const KVCacheParams& params, const TierConfig& config) {
+  if (config.tiers.empty()) return 0;
+  const std::uint64_t page = detail::checked_product(
+      "tier staging page", {{"page_size", params.page_size},
+                            {"bytes_per_token_per_device", params.bytes_per_token_per_device()}});
+  return detail::checked_product(
+      "tier staging", {{"staging_pages", config.staging_pages},
+                       {"page bytes + token ids", page + 4 * std::uint64_t{params.page_size}}});
+}
+
+TierLink::TierLink(const KVCacheParams& params, std::uint32_t num_pages, std::byte* arena,
+                   const TierConfig& config, std::function<void(const PageEvent&)> on_event)
+    : tiers_(config.tiers),
+      digest_(TierFingerprint::of(params, config.model_id, config.cache_salt).digest()),
+      page_size_(params.page_size),
+      admission_(config.admission),
+      bytes_(params, arena, num_pages),
+      on_event_(std::move(on_event)),
+      slots_(config.staging_pages),
+      counters_(config.tiers.size()) {
+  for (const auto& t : tiers_) names_.emplace_back(t->name());
+  free_slots_.reserve(slots_.size());
+  staged_.reserve(slots_.size());
+  for (std::uint32_t i = 0; i < slots_.size(); ++i) {
+    slots_[i].bytes.resize(bytes_.page_bytes());
+    slots_[i].tokens.resize(page_size_);
+    free_slots_.push_back(static_cast<std::uint32_t>(slots_.size()) - 1 - i);
+  }
+  stores_.reserve(slots_.size());
+}
+
+TierLink::~TierLink() {
+  for (const StoreBatch& b : stores_) b.ticket.wait();
+  for (const LoadJob& j : jobs_)
+    for (const TierTicket& t : j.tickets) t.wait();
+}
+
+PageKey TierLink::key(PageKey parent, std::span<const std::uint32_t> tokens) const noexcept {
+  // The streaming form of kvcache::page_key (same bytes, same seed), with
+  // the state on the stack.
+  XXH3_state_t state;
+  XXH3_INITSTATE(&state);
+  XXH3_128bits_reset_withSeed(&state, digest_);
+  const std::uint64_t head[2] = {parent.hi, parent.lo};
+  XXH3_128bits_update(&state, head, sizeof head);
+  XXH3_128bits_update(&state, tokens.data(), tokens.size_bytes());
+  const XXH128_hash_t h = XXH3_128bits_digest(&state);
+  return PageKey{h.high64, h.low64};
+}
+
+void TierLink::emit(PageEvent::Kind kind, const Slot& info, std::size_t tier) const noexcept {
+  if (!on_event_) return;
+  on_event_(PageEvent{kind, info.page, info.hash, info.parent_hash, info.extra_key, info.tokens,
+                      names_[tier], info.key});
+}
+
+void TierLink::stage(const prefix::PrefixStore& store, std::uint32_t page) noexcept {
+  Tier& tier = *tiers_.front();
+  if (!tier.enabled()) return;
+  if (admission_ == OffloadAdmission::reused && !store.reused(page)) return;
+  const PageKey key = store.key_of(page);
+  try {
+    if (tier.contains(std::span(&key, 1)).at(0) != 0) return;  // held already
+  } catch (...) {
+    return;  // the tier could not answer: skip the write-back
+  }
+  if (free_slots_.empty()) reap();
+  if (free_slots_.empty()) {
+    ++counters_.front().offload_dropped;
+    return;
+  }
+  const std::uint32_t i = free_slots_.back();
+  free_slots_.pop_back();
+  Slot& s = slots_[i];
+  bytes_.pack(page, s.bytes);
+  const auto toks = store.stored_tokens(page);
+  std::copy(toks.begin(), toks.end(), s.tokens.begin());
+  s.page = page;
+  s.hash = store.hash_of(page);
+  s.parent_hash = store.parent_hash_of(page);
+  s.extra_key = store.extra_key_of(page);
+  s.key = key;
+  staged_.push_back(i);  // capacity: every slot
+}
+
+void TierLink::flush() noexcept {
+  if (!staged_.empty()) {
+    const std::size_t n = staged_.size();
+    try {
+      StoreBatch b;
+      b.slots.assign(staged_.begin(), staged_.end());
+      b.writes.reserve(n);
+      for (std::uint32_t i : staged_)
+        b.writes.push_back({slots_[i].key, slots_[i].tokens, slots_[i].bytes});
+      b.ticket = tiers_.front()->store(b.writes);
+      stores_.push_back(std::move(b));  // capacity: one batch per slot
+    } catch (...) {
+      for (std::uint32_t i : staged_) free_slots_.push_back(i);
+      counters_.front().offload_dropped += n;
+      log_after_commit(LogLevel::warn, [&] {
+        return "paged manager: tier '" + names_.front() + "' refused a write-back of " + str(n) +
+               " pages";
+      });
+    }
+    staged_.clear();
+  }
+  reap();
+}
+
+void TierLink::reap() noexcept {
+  for (std::size_t b = 0; b < stores_.size();) {
+    if (!stores_[b].ticket.done()) {
+      ++b;
+      continue;
+    }
+    const auto results = stores_[b].ticket.store_results();
+    for (std::size_t k = 0; k < stores_[b].slots.size(); ++k) {
+      const std::uint32_t i = stores_[b].slots[k];
+      const StoreResult r = k < results.size() ? results[k] : StoreResult::failed;
+      if (r == StoreResult::stored) {
+        ++counters_.front().pages_offloaded;
+        emit(PageEvent::Kind::stored, slots_[i], 0);
+      } else if (r != StoreResult::present) {
+        ++counters_.front().offload_dropped;
+      }
+      free_slots_.push_back(i);
+    }
+    stores_.erase(stores_.begin() + static_cast<std::ptrdiff_t>(b));
+  }
+}
+
+std::size_t TierLink::locate(std::span<const PageKey> keys, std::vector<std::uint8_t>& tier_of) {
+  tier_of.assign(keys.size(), kNoTier);
+  std::vector<PageKey> ask;
+  std::vector<std::size_t> where;
+  ask.reserve(keys.size());
+  where.reserve(keys.size());
+  for (std::size_t t = 0; t < tiers_.size(); ++t) {
+    ask.clear();
+    where.clear();
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      if (tier_of[i] != kNoTier) continue;
+      ask.push_back(keys[i]);
+      where.push_back(i);
+    }
+    if (ask.empty()) break;
+    if (!tiers_[t]->enabled()) continue;
+    const std::vector<std::uint8_t> held = tiers_[t]->contains(ask);
+    for (std::size_t k = 0; k < where.size() && k < held.size(); ++k)
+      if (held[k] != 0) tier_of[where[k]] = static_cast<std::uint8_t>(t);
+  }
+  std::size_t run = 0;
+  while (run < keys.size() && tier_of[run] != kNoTier) ++run;
+  return run;
+}
+
+void TierLink::prepare(LoadJob& job, std::size_t n) const {
+  job.pages.reserve(n);
+  job.tier_of.reserve(n);
+  job.slot.assign(n, 0);
+  job.tokens.reserve(n * page_size_);
+  job.keys.reserve(n);
+  if (!bytes_.packed_in_place()) job.staging.resize(n * bytes_.page_bytes());
+  job.reads.reserve(n);
+  job.tickets.assign(tiers_.size(), TierTicket());
+  job.issue_threw.assign(tiers_.size(), 0);
+}
+
+void TierLink::add(LoadJob&& job) noexcept {
+  jobs_.push_back(std::move(job));  // capacity: reserve_job()
+  issue(jobs_.back());
+}
+
+void TierLink::issue(LoadJob& job) noexcept {
+  const std::size_t pb = bytes_.page_bytes();
+  job.reads.clear();
+  for (std::size_t t = 0; t < tiers_.size(); ++t) {
+    const std::size_t begin = job.reads.size();
+    for (std::size_t i = 0; i < job.size(); ++i) {
+      if (job.tier_of[i] != t) continue;
+      job.slot[i] = static_cast<std::uint32_t>(job.reads.size() - begin);
+      const std::span<std::byte> dst = bytes_.packed_in_place()
+                                           ? bytes_.in_place(job.pages[i])
+                                           : std::span<std::byte>(job.staging).subspan(i * pb, pb);
+      const auto toks =
+          std::span<const std::uint32_t>(job.tokens).subspan(i * page_size_, page_size_);
+      job.reads.push_back({job.keys[i], toks, dst});  // capacity: prepare()
+    }
+    if (job.reads.size() == begin) continue;
+    try {
+      job.tickets[t] = tiers_[t]->load(std::span(job.reads).subspan(begin));
+    } catch (...) {
+      job.issue_threw[t] = 1;
+      log_after_commit(LogLevel::warn, [&] {
+        return "paged manager: tier '" + names_[t] + "' refused a load of " +
+               str(job.reads.size() - begin) + " pages";
+      });
+    }
+  }
+}
+
+LoadJob* TierLink::job_of(SeqId seq) noexcept {
+  for (LoadJob& j : jobs_)
+    if (!j.orphaned && j.seq == seq) return &j;
+  return nullptr;
+}
+
+void TierLink::erase_job(std::size_t i) noexcept {
+  jobs_.erase(jobs_.begin() + static_cast<std::ptrdiff_t>(i));
+}
+
+void TierLink::count_results(const LoadJob& job, std::size_t loaded) noexcept {
+  for (std::size_t i = 0; i < job.size(); ++i) {
+    const std::uint8_t t = job.tier_of[i];
+    if (i < loaded) {
+      ++counters_[t].pages_onboarded;
+      continue;
+    }
+    const LoadResult r = job.result(i);
+    if (r == LoadResult::loaded) continue;  // after a failed page: dropped with it
+    ++counters_[t].load_failures;
+    if (r == LoadResult::missing || r == LoadResult::corrupt || r == LoadResult::mismatch) {
+      if (on_event_) {  // the tier no longer holds it
+        on_event_(PageEvent{
+            PageEvent::Kind::removed, job.pages[i], 0, 0, 0,
+            std::span<const std::uint32_t>(job.tokens).subspan(i * page_size_, page_size_),
+            names_[t], job.keys[i]});
+      }
+    }
+  }
+}
+
+std::vector<TierTicket> TierLink::tickets_in_flight() const {
+  std::vector<TierTicket> out;
+  for (const StoreBatch& b : stores_) out.push_back(b.ticket);
+  for (const LoadJob& j : jobs_) out.insert(out.end(), j.tickets.begin(), j.tickets.end());
+  return out;
+}
+
+std::uint32_t TierLink::pending_pages() const noexcept {
+  std::size_t n = 0;
+  for (const LoadJob& j : jobs_) n += j.size();
+  return static_cast<std::uint32_t>(n);
+}
+
+void TierLink::fill(ManagerStats& stats) const {
+  stats.pending_loads = pending_pages();
+  stats.tiers.clear();
+  for (std::size_t t = 0; t < tiers_.size(); ++t) {
+    const TierStats s = tiers_[t]->stats();
+    TierFigures f;
+    f.name = names_[t];
+    f.enabled = s.enabled;
+    f.pages_held = s.pages_held;
+    f.bytes_held = s.bytes_held;
+    f.capacity_bytes = s.capacity_bytes;
+    f.lookups = s.lookups;
+    f.hits = s.hits;
+    f.pages_stored = s.pages_stored;
+    f.bytes_stored = s.bytes_stored;
+    f.pages_loaded = s.pages_loaded;
+    f.bytes_loaded = s.bytes_loaded;
+    f.evictions = s.evictions;
+    f.corrupt = s.corrupt;
+    f.io_errors = s.io_errors;
+    f.load_nanoseconds = s.load_nanoseconds;
+    f.pages_offloaded = counters_[t].pages_offloaded;
+    f.offload_dropped = counters_[t].offload_dropped;
+    f.pages_onboarded = counters_[t].pages_onboarded;
+    f.load_failures = counters_[t].load_failures;
+    stats.tiers.push_back(std::move(f));
+  }
+}
+
+}  // namespace kvcache::manager

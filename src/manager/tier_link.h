@@ -1,0 +1,182 @@
+// manager/tier_link.h — the paged manager's side of its tiers (internal).
+//
+// TierLink owns what the manager keeps for the tiers below its device pool
+// (PrefixCacheConfig::tiers): the tiers themselves, the staging slots of the
+// write-back, the store tickets in flight, the load jobs in flight (one per
+// match_prefix that found pages in a tier) and the manager's per-tier
+// counters. The manager calls it under its lock; nothing here does I/O:
+// Tier::contains is an in-memory lookup, store and load only enqueue.
+//
+// Write-back: stage() copies an evicted page (packed [2][num_layers][block],
+// PageBytes) and its tokens into a free staging slot; flush() hands the
+// staged pages to the first tier in one store() and finishes the store
+// tickets that are done (freeing their slots, emitting the tier's stored
+// events). A page that finds no free slot is dropped (counted), never waited
+// for.
+//
+// Onboard: locate() tells, for a run of chained keys, which tier holds each
+// (one contains() per tier); the manager makes a LoadJob for the run, commits
+// it, and issue() enqueues one load() per tier into the device pages
+// (interleaved pool) or into the job's staging (per_layer: unpacked by the
+// manager when the job finishes). A job holds one reference on each of its
+// pages, so they stay out of the free list while a tier may write them, even
+// if the sequence is released meanwhile (the job is then orphaned).
+//
+// Destruction waits for every ticket in flight (their buffers live here and
+// in the pool). Not thread-safe: the manager locks.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvcache/batch.h"
+#include "kvcache/manager.h"
+#include "kvcache/prefix_cache.h"
+#include "kvcache/tier.h"
+
+namespace kvcache::prefix {
+class PrefixStore;
+}
+
+namespace kvcache::manager {
+
+// Where a page's bytes lie in a one-device pool and the tiers' packed form
+// [2][num_layers][block]: an interleaved pool holds a page packed already,
+// a per_layer pool holds 2 x num_layers runs of it, a pool apart.
+class PageBytes {
+ public:
+  PageBytes(const KVCacheParams& params, std::byte* arena, std::uint32_t num_pages);
+  std::size_t page_bytes() const { return run_bytes_ * runs_; }
+  bool packed_in_place() const { return runs_ == 1; }
+  // The page's bytes in the pool (packed_in_place() only).
+  std::span<std::byte> in_place(std::uint32_t page) const {
+    return {arena_ + std::size_t{page} * run_bytes_, run_bytes_};
+  }
+  void pack(std::uint32_t page, std::span<std::byte> out) const noexcept;
+  void unpack(std::span<const std::byte> in, std::uint32_t page) const noexcept;
+
+ private:
+  std::byte* run(std::uint32_t page, std::uint32_t kv, std::uint32_t layer) const noexcept;
+  std::byte* arena_;
+  std::uint32_t num_layers_;
+  std::size_t runs_;       // 1 (interleaved) or 2 x num_layers (per_layer)
+  std::size_t run_bytes_;  // bytes of one run of one page
+  std::size_t pitch_;      // bytes between a page's runs (per_layer)
+};
+
+// The loads of one match_prefix: pages [first, first + size) of a sequence.
+struct LoadJob {
+  SeqId seq = 0;
+  bool orphaned = false;              // the sequence was released meanwhile
+  std::uint32_t first = 0;            // index of pages[0] in the sequence's page table
+  std::vector<std::uint32_t> pages;   // device pages, chain order
+  std::vector<std::uint8_t> tier_of;  // which tier holds each
+  std::vector<std::uint32_t> slot;    // its index in that tier's load() call
+  std::vector<std::uint32_t> tokens;  // page_size per page (borrowed by the loads)
+  std::vector<PageKey> keys;
+  std::vector<std::byte> staging;         // per_layer pools: the packed pages
+  std::vector<PageRead> reads;            // grouped by tier
+  std::vector<TierTicket> tickets;        // one per tier (default: none asked of it)
+  std::vector<std::uint8_t> issue_threw;  // per tier: load() threw (its pages failed)
+
+  std::size_t size() const { return pages.size(); }
+  bool done() const;
+  LoadResult result(std::size_t i) const;
+};
+
+class TierLink {
+ public:
+  // Throws InvalidArgument when the tiers cannot serve this manager (no
+  // prefix caching, several devices, a null tier, a fingerprint field that
+  // differs, staging_pages out of range).
+  static void check(const KVCacheParams& params, const TierConfig& config);
+  // Host bytes of the staging slots.
+  static std::uint64_t staging_bytes(const KVCacheParams& params, const TierConfig& config);
+
+  TierLink(const KVCacheParams& params, std::uint32_t num_pages, std::byte* arena,
+           const TierConfig& config, std::function<void(const PageEvent&)> on_event);
+  ~TierLink();
+  TierLink(const TierLink&) = delete;
+  TierLink& operator=(const TierLink&) = delete;
+
+  std::size_t num_tiers() const { return tiers_.size(); }
+  const PageBytes& bytes() const { return bytes_; }
+  std::uint32_t page_size() const { return page_size_; }
+  // key_j from key_{j-1} and the page's tokens (kvcache/tier.h page_key,
+  // computed without allocating); root(extra_key) is a chain's key_{-1}.
+  PageKey key(PageKey parent, std::span<const std::uint32_t> tokens) const noexcept;
+  static PageKey root(std::uint64_t extra_key) noexcept { return {0, extra_key}; }
+
+  // ---- write-back
+  // Stages a page `store` is evicting (still published) for the first tier.
+  void stage(const prefix::PrefixStore& store, std::uint32_t page) noexcept;
+  // Issues the staged pages' store() and finishes the stores that are done.
+  void flush() noexcept;
+
+  // ---- onboard
+  // For keys in chain order: tier_of[i] = the first tier holding key i; the
+  // returned run is the count of leading keys some tier holds.
+  std::size_t locate(std::span<const PageKey> keys, std::vector<std::uint8_t>& tier_of);
+  // Room for one more job (call before committing one: add() is noexcept).
+  void reserve_job() { jobs_.reserve(jobs_.size() + 1); }
+  // Sizes a job's buffers for n pages (throws bad_alloc before any commit).
+  void prepare(LoadJob& job, std::size_t n) const;
+  // Adds a committed job and enqueues its loads (a load() that throws fails
+  // its pages). Precondition: reserve_job().
+  void add(LoadJob&& job) noexcept;
+  // The job of a sequence still loading, or nullptr.
+  LoadJob* job_of(SeqId seq) noexcept;
+  std::span<LoadJob> jobs() noexcept { return jobs_; }
+  std::span<const LoadJob> jobs() const noexcept { return jobs_; }
+  // Removes job i (after the manager finished it).
+  void erase_job(std::size_t i) noexcept;
+  // Counts a finished job's results per tier and emits the tiers' removed
+  // events for pages a tier no longer holds.
+  void count_results(const LoadJob& job, std::size_t loaded) noexcept;
+
+  // Every store and load ticket not finished by the manager yet.
+  std::vector<TierTicket> tickets_in_flight() const;
+  std::uint32_t pending_pages() const noexcept;
+  void fill(ManagerStats& stats) const;
+
+ private:
+  struct Slot {
+    std::vector<std::byte> bytes;
+    std::vector<std::uint32_t> tokens;
+    std::uint32_t page = 0;
+    std::uint64_t hash = 0, parent_hash = 0, extra_key = 0;
+    PageKey key;
+  };
+  struct StoreBatch {
+    TierTicket ticket;
+    std::vector<std::uint32_t> slots;
+    std::vector<PageWrite> writes;
+  };
+  struct Counters {
+    std::uint64_t pages_offloaded = 0, offload_dropped = 0, pages_onboarded = 0, load_failures = 0;
+  };
+  void issue(LoadJob& job) noexcept;
+  void reap() noexcept;
+  void emit(PageEvent::Kind kind, const Slot& info, std::size_t tier) const noexcept;
+
+  std::vector<std::shared_ptr<Tier>> tiers_;
+  std::vector<std::string> names_;
+  std::uint64_t digest_;
+  std::uint32_t page_size_;
+  OffloadAdmission admission_;
+  PageBytes bytes_;
+  std::function<void(const PageEvent&)> on_event_;
+  std::vector<Slot> slots_;
+  std::vector<std::uint32_t> free_slots_;  // capacity: every slot
+  std::vector<std::uint32_t> staged_;      // capacity: every slot
+  std::vector<StoreBatch> stores_;
+  std::vector<LoadJob> jobs_;
+  std::vector<Counters> counters_;  // per tier
+};
+
+}  // namespace kvcache::manager

@@ -1,0 +1,173 @@
+// Random operations on a prefix-caching manager with a tier below it (the
+// reference MemoryTier, completing at once or when told, with faults):
+// after every operation check_invariants holds, refused calls change
+// nothing, lengths follow the model, and every page a sequence holds, from
+// the device index or loaded back from the tier, holds exactly its own
+// prefix's K/V.
+#include <gtest/gtest.h>
+#include <rapidcheck.h>
+#include <rapidcheck/gtest.h>
+
+#include <map>
+
+#include "prefix/prefix_test_util.h"
+#include "tier/memory_tier.h"
+
+namespace kvcache {
+namespace {
+
+using testing::MemoryTier;
+
+std::vector<std::uint32_t> gen_tokens(std::uint32_t n) {
+  const auto stem = *rc::gen::inRange<std::uint32_t>(0, 3);  // shared stems: prefixes repeat
+  std::vector<std::uint32_t> t(n);
+  for (std::uint32_t i = 0; i < n; ++i) t[i] = stem * 100 + i;
+  if (*rc::gen::inRange(0, 3) == 0 && n > 0) t[*rc::gen::inRange<std::uint32_t>(0, n)] = 7;
+  return t;
+}
+
+struct Model {
+  std::map<SeqId, std::vector<std::uint32_t>> tokens;   // committed, loads finished
+  std::map<SeqId, std::vector<std::uint32_t>> loading;  // prompt, while loads are pending
+};
+
+// Computes and commits the rest of `prompt` for a sequence holding `have` of it.
+void complete_prompt(PagedKVCacheManager& m, Model& model, SeqId id,
+                     const std::vector<std::uint32_t>& prompt) {
+  const std::uint32_t have = m.cache_length(id);
+  RC_ASSERT(testing::seq_kv_matches(m, id, std::span(prompt).first(have)));
+  const std::uint32_t rest = static_cast<std::uint32_t>(prompt.size()) - have;
+  KVCacheBatch batch;
+  try {
+    batch = m.fetch(std::span(&id, 1), std::span(&rest, 1));
+  } catch (const OutOfPages&) {
+    model.tokens[id] = std::vector<std::uint32_t>(prompt.begin(), prompt.begin() + have);
+    return;
+  }
+  testing::write_kv(batch, 0, prompt, have, static_cast<std::uint32_t>(prompt.size()));
+  m.step(std::span(&id, 1), std::span(&rest, 1), std::span(prompt).subspan(have));
+  model.tokens[id] = prompt;
+}
+
+void finish_ready(PagedKVCacheManager& m, Model& model, const std::vector<SeqId>& ready) {
+  for (SeqId id : ready) {
+    RC_ASSERT(model.loading.count(id) == 1u);
+    const std::vector<std::uint32_t> prompt = model.loading[id];
+    model.loading.erase(id);
+    RC_ASSERT(!m.has_pending_loads(id));
+    complete_prompt(m, model, id, prompt);
+  }
+}
+
+// Every loading sequence whose loads the manager finished (poll_loads
+// reports those it finished; wait_loads finishes others on its way).
+void finish_unpended(PagedKVCacheManager& m, Model& model) {
+  std::vector<SeqId> done;
+  for (const auto& [id, prompt] : model.loading)
+    if (!m.has_pending_loads(id)) done.push_back(id);
+  finish_ready(m, model, done);
+}
+
+void check_all(PagedKVCacheManager& m, const Model& model) {
+  m.check_invariants();
+  for (const auto& [id, toks] : model.tokens) {
+    RC_ASSERT(!m.has_pending_loads(id));
+    RC_ASSERT(m.cache_length(id) == toks.size());
+  }
+  for (const auto& [id, prompt] : model.loading) {
+    RC_ASSERT(m.has_pending_loads(id));
+    const ManagerSnapshot before = m.snapshot();
+    const std::uint32_t one = 1;
+    RC_ASSERT_THROWS_AS(m.fetch(std::span(&id, 1), std::span(&one, 1)), InvalidArgument);
+    RC_ASSERT(m.snapshot() == before);
+  }
+}
+
+RC_GTEST_PROP(TierManagerProperty, RandomOperationsKeepInvariantsAndData, ()) {
+  const std::uint32_t ps = *rc::gen::element(1u, 2u, 4u);
+  const KVCacheParams params = testing::tiny_params(ps);
+  const bool synchronous = *rc::gen::arbitrary<bool>();
+  auto tier = std::make_shared<MemoryTier>(
+      TierFingerprint::of(params),
+      MemoryTier::Options{.synchronous = synchronous,
+                          .capacity_pages = *rc::gen::inRange<std::size_t>(1, 40)});
+  PrefixCacheConfig cfg;
+  cfg.tiers.tiers.push_back(tier);
+  cfg.tiers.staging_pages = *rc::gen::inRange(1u, 6u);
+  if (*rc::gen::inRange(0, 4) == 0) cfg.tiers.admission = OffloadAdmission::reused;
+  const std::uint32_t pages = *rc::gen::inRange(3u, 9u);
+  PagedKVCacheManager m(params, pages, 6, 32, cfg);
+  // The manager's destructor waits for its tickets: a deferred tier must
+  // finish them first, also when an assertion throws.
+  struct Drain {
+    MemoryTier& t;
+    ~Drain() { t.complete_all(); }
+  } drain{*tier};
+  Model model;
+  const int num_ops = *rc::gen::inRange(1, 80);
+  for (int op = 0; op < num_ops; ++op) {
+    const int kind = *rc::gen::inRange(0, 8);
+    auto pick = [&](auto& map) {
+      auto it = map.begin();
+      std::advance(it, *rc::gen::inRange<std::size_t>(0, map.size()));
+      return it->first;
+    };
+    if (kind <= 1 || (model.tokens.empty() && model.loading.empty())) {
+      if (model.tokens.size() + model.loading.size() >= 6) continue;
+      const SeqId id = m.claim(1)[0];
+      const std::vector<std::uint32_t> prompt = gen_tokens(*rc::gen::inRange(2u, 14u));
+      const std::uint32_t reused = m.match_prefix(id, prompt);
+      RC_ASSERT(reused < prompt.size());
+      RC_ASSERT(reused % ps == 0);
+      if (m.has_pending_loads(id)) {
+        model.loading[id] = prompt;
+      } else {
+        complete_prompt(m, model, id, prompt);
+      }
+    } else if (kind == 2) {
+      finish_ready(m, model, m.poll_loads());
+    } else if (kind == 3) {
+      tier->complete_all();
+    } else if (kind == 4) {  // release anything, loading or not
+      if (!model.tokens.empty() && (model.loading.empty() || *rc::gen::arbitrary<bool>())) {
+        const SeqId id = pick(model.tokens);
+        m.release(id);
+        model.tokens.erase(id);
+      } else if (!model.loading.empty()) {
+        const SeqId id = pick(model.loading);
+        m.release(id);
+        model.loading.erase(id);
+      }
+    } else if (kind == 5) {  // a fault in the tier
+      const std::vector<PageKey> keys = tier->keys();
+      const int fault = *rc::gen::inRange(0, 3);
+      if (fault == 0) tier->fail_loads(1);
+      if (fault == 1 && !keys.empty())
+        tier->corrupt(keys[*rc::gen::inRange<std::size_t>(0, keys.size())]);
+      if (fault == 2 && !keys.empty())
+        tier->drop(keys[*rc::gen::inRange<std::size_t>(0, keys.size())]);
+    } else if (kind == 6 && !model.loading.empty()) {  // wait for one sequence's loads
+      const SeqId id = pick(model.loading);
+      tier->complete_all();  // a deferred tier finishes only when told
+      m.wait_loads(id);
+      RC_ASSERT(!m.has_pending_loads(id));
+      finish_unpended(m, model);
+    } else if (kind == 7 && !model.tokens.empty()) {  // a shared prefix is reused
+      const SeqId id = pick(model.tokens);
+      m.release(id);
+      model.tokens.erase(id);
+    }
+    check_all(m, model);
+  }
+  tier->complete_all();
+  m.wait_tiers();
+  finish_unpended(m, model);
+  check_all(m, model);
+  for (const auto& [id, toks] : model.tokens) RC_ASSERT(testing::seq_kv_matches(m, id, toks));
+  const TierFigures f = m.stats().tiers.at(0);
+  RC_CLASSIFY(f.pages_onboarded > 0, "onboarded");
+  RC_CLASSIFY(f.load_failures > 0, "a load failed");
+}
+
+}  // namespace
+}  // namespace kvcache
