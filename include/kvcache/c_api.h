@@ -184,10 +184,11 @@ kvc_status kvc_truncate(kvc_manager* manager, uint64_t seq, uint32_t new_length,
 
 /* kvcache::EvictionPolicyKind (kvcache/prefix_cache.h). */
 typedef enum kvc_eviction_policy {
-  KVC_EVICT_LRU = 0,     /* least recently released first (vLLM) */
-  KVC_EVICT_S3FIFO = 1,  /* S3-FIFO: probation, main and ghost FIFOs */
-  KVC_EVICT_TIERED = 2,  /* pages used once before reused ones; acts on release hints */
-  KVC_EVICT_INTERVAL = 3 /* each content's own reuse interval */
+  KVC_EVICT_LRU = 0,      /* least recently released first (vLLM) */
+  KVC_EVICT_S3FIFO = 1,   /* S3-FIFO: probation, main and ghost FIFOs */
+  KVC_EVICT_TIERED = 2,   /* pages used once before reused ones; acts on release hints */
+  KVC_EVICT_INTERVAL = 3, /* each content's own reuse interval */
+  KVC_EVICT_ADAPTIVE = 4  /* LRU or tiered, whichever shadow caches show winning */
 } kvc_eviction_policy;
 
 /* kvcache::PageEvent: a page entering (KVC_PAGE_STORED) or leaving

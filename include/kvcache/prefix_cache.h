@@ -38,6 +38,9 @@ enum class EvictionPolicyKind : std::uint8_t {
              // history (mean gap between the requests that used it, kept across
              // evictions by a ghost of evicted hashes; content used once counts as
              // far) and evicts the page with the largest 2 x idle time + interval
+  adaptive,  // LRU and tiered side by side: evicts as whichever of the two a pair of
+             // shadow caches (hashes only, the pool's size) shows serving more of
+             // the recent page uses; never far below the better of the two
 };
 
 // What the caller knows, when it releases a sequence, about whether a later
@@ -57,7 +60,7 @@ std::string_view reuse_hint_name(ReuseHint hint);
 ReuseHint parse_reuse_hint(std::string_view name);
 
 std::string_view policy_name(EvictionPolicyKind kind);
-// "lru" | "s3fifo" | "tiered" | "interval"; throws InvalidArgument naming the
+// "lru" | "s3fifo" | "tiered" | "interval" | "adaptive"; throws InvalidArgument naming the
 // known policies otherwise.
 EvictionPolicyKind parse_policy(std::string_view name);
 

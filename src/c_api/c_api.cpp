@@ -114,7 +114,8 @@ static_assert(KVC_ARRANGEMENT_INTERLEAVED ==
 static_assert(KVC_EVICT_LRU == static_cast<int>(kvcache::EvictionPolicyKind::lru) &&
               KVC_EVICT_S3FIFO == static_cast<int>(kvcache::EvictionPolicyKind::s3fifo) &&
               KVC_EVICT_TIERED == static_cast<int>(kvcache::EvictionPolicyKind::tiered) &&
-              KVC_EVICT_INTERVAL == static_cast<int>(kvcache::EvictionPolicyKind::interval));
+              KVC_EVICT_INTERVAL == static_cast<int>(kvcache::EvictionPolicyKind::interval) &&
+              KVC_EVICT_ADAPTIVE == static_cast<int>(kvcache::EvictionPolicyKind::adaptive));
 static_assert(KVC_LOG_TRACE == static_cast<int>(kvcache::LogLevel::trace) &&
               KVC_LOG_DEBUG == static_cast<int>(kvcache::LogLevel::debug) &&
               KVC_LOG_INFO == static_cast<int>(kvcache::LogLevel::info) &&
@@ -403,9 +404,10 @@ kvc_status kvc_manager_create_prefix(const kvc_params* params, uint32_t num_page
           "kvc_manager_create_prefix needs params->enable_prefix_caching 1 and the paged strategy");
     }
     kvcache::PrefixCacheConfig c;
-    c.policy = from_c<kvcache::EvictionPolicyKind>(
-        config->policy, 4, "config->policy",
-        "KVC_EVICT_LRU, KVC_EVICT_S3FIFO, KVC_EVICT_TIERED or KVC_EVICT_INTERVAL");
+    c.policy =
+        from_c<kvcache::EvictionPolicyKind>(config->policy, 5, "config->policy",
+                                            "KVC_EVICT_LRU, KVC_EVICT_S3FIFO, KVC_EVICT_TIERED, "
+                                            "KVC_EVICT_INTERVAL or KVC_EVICT_ADAPTIVE");
     c.s3fifo_small_fraction = config->s3fifo_small_fraction;
     c.ghost_factor = config->ghost_factor;
     if (config->on_event != nullptr) {

@@ -11,8 +11,7 @@ namespace {
 std::string str(std::uint64_t v) { return std::to_string(v); }
 }  // namespace
 
-PrefixStore::PrefixStore(memory::BlockPool& pool, std::uint32_t page_size,
-                         PrefixCacheConfig config)
+PrefixStore::PrefixStore(memory::BlockPool& pool, std::uint32_t page_size, PrefixCacheConfig config)
     : pool_(pool),
       page_size_(page_size),
       config_(std::move(config)),
@@ -94,6 +93,7 @@ void PrefixStore::publish(std::uint32_t page, std::uint32_t parent, std::uint64_
 
 void PrefixStore::unpublish(std::uint32_t page) {
   emit(PageEvent::Kind::removed, page);
+  policy_->on_unpublish(page);
   PageMeta& m = meta_[page];
   index_.erase(m.hash);
   if (m.pin > 0) --num_pinned_;

@@ -68,8 +68,8 @@ class PrefixStore {
   // `tokens` under extra_key (at most max_pages), each verified against its
   // stored tokens, extra key and parent (id and generation): a colliding
   // hash never matches. Appends to out (reserve it first).
-  void walk(std::span<const std::uint32_t> tokens, std::uint64_t extra_key,
-            std::uint32_t max_pages, std::vector<Match>& out) const;
+  void walk(std::span<const std::uint32_t> tokens, std::uint64_t extra_key, std::uint32_t max_pages,
+            std::vector<Match>& out) const;
 
   // Publishes full page `page` holding `tokens` under `hash`, the next page
   // of `parent` (num_pages for a sequence's first page) whose hash is
