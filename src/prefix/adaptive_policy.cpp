@@ -53,6 +53,11 @@ void AdaptivePolicy::erase(std::uint32_t page) {
   tiered_.erase(page);
 }
 
+bool AdaptivePolicy::following_tiered() const {
+  const double lead = static_cast<double>(tiered_hits_) - static_cast<double>(lru_hits_);
+  return lead > 0 && lead * lead > static_cast<double>(tiered_hits_ + lru_hits_);
+}
+
 std::uint32_t AdaptivePolicy::evict() {
   if (following_tiered()) {
     const std::uint32_t page = tiered_.evict();

@@ -6,8 +6,12 @@
 // replay every page use (publish or prefix hit, keyed by content hash) and
 // every release, one evicting as LRU, one as tiered, each counting the uses
 // it would have served; the counts are halved every kWindowPools x pool uses,
-// so they weigh recent traffic. evict() asks the policy whose shadow counts
-// more hits (LRU on a tie) and removes the victim from the other. A shadow
+// so they weigh recent traffic. evict() asks tiered when its shadow's count
+// exceeds LRU's by more than one standard deviation of the difference
+// (sqrt of the sum, as for Poisson counts), LRU otherwise, and removes the
+// victim from the other. Mixing the two costs hits (each evicts what the
+// other kept), so noise must not switch them: LRU is the default, tiered
+// must show it is winning. A shadow
 // holds hashes only (no K/V): a slot per pool page, its own hash index and its
 // own copy of the policy (the tiered shadow's ghost included), all allocated
 // at construction and counted by bytes(). Every operation is O(1) (the
@@ -85,8 +89,11 @@ class ShadowCache {
 
 class AdaptivePolicy final : public EvictionPolicy {
  public:
-  // Hit counts are halved every kWindowPools x pool-size page uses.
-  static constexpr std::uint32_t kWindowPools = 2;
+  // Hit counts are halved every kWindowPools x pool-size page uses (measured
+  // on the traces of docs/PERFORMANCE.md: windows of 32 pools or fewer
+  // switch on noise and lose to both LRU and tiered on the Mooncake trace
+  // at 250K tokens).
+  static constexpr std::uint32_t kWindowPools = 64;
 
   AdaptivePolicy(std::uint32_t n, std::uint32_t ghost);
   static std::uint64_t bytes(std::uint32_t n, std::uint32_t ghost);
@@ -102,7 +109,7 @@ class AdaptivePolicy final : public EvictionPolicy {
 
   // Whether evict() follows tiered now (else LRU), and the shadows' decayed
   // hit counts: for tests and diagnostics.
-  bool following_tiered() const { return tiered_hits_ > lru_hits_; }
+  bool following_tiered() const;
   std::uint64_t shadow_lru_hits() const { return lru_hits_; }
   std::uint64_t shadow_tiered_hits() const { return tiered_hits_; }
 
