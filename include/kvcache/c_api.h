@@ -154,7 +154,7 @@ kvc_status kvc_step(kvc_manager* manager, const uint64_t* seq_ids, const uint32_
                     uint32_t n, const uint32_t* token_ids, kvc_error* err);
 
 /* kvcache::ReuseHint: whether a later request will start with this
- * sequence's tokens (only the paged `tiered` eviction policy acts on it). */
+ * sequence's tokens (only the paged `tiered` and `adaptive` eviction policies act on it). */
 typedef enum kvc_reuse_hint {
   KVC_REUSE_UNKNOWN = 0,
   KVC_REUSE_UNLIKELY = 1,

@@ -50,7 +50,8 @@ enum class EvictionPolicyKind : std::uint8_t {
 // (unlikely); on the Mooncake trace the output length is such a signal (a
 // request with a short output is followed by a reuse of its prompt far more
 // often than one with a long output; docs/PERFORMANCE.md). Only the
-// `tiered` policy acts on it; the others ignore it. A page keeps the last
+// `tiered` policy acts on it (and `adaptive`, through its tiered half); the
+// others ignore it. A page keeps the last
 // hint other than `unknown` it was released with until it is evicted or
 // unpublished; reuse by another request still promotes it.
 enum class ReuseHint : std::uint8_t { unknown, unlikely, likely };
@@ -86,13 +87,13 @@ struct PageEvent {
 // Every value is checked by the manager's constructor (InvalidArgument naming
 // the field and its range), whichever policy is chosen.
 struct PrefixCacheConfig {
-  EvictionPolicyKind policy = EvictionPolicyKind::lru;
+  EvictionPolicyKind policy = EvictionPolicyKind::adaptive;
   // S3-FIFO: share of the pool reserved for the probation queue (0, 1).
   double s3fifo_small_fraction = 0.1;
-  // s3fifo / tiered / interval: ghost FIFO length (hashes of evicted pages,
-  // 16 bytes each; 48 for interval, which keeps their use statistics) in units
-  // of the pool size, in [0, 64]; at most 2^24 entries whatever the pool
-  // (counted by PagedKVCacheManager::estimated_bookkeeping_size).
+  // s3fifo / tiered / interval / adaptive (two tiered ghosts): ghost FIFO length (hashes of evicted
+  // pages, 16 bytes each; 48 for interval, which keeps their use statistics) in units of the pool
+  // size, in [0, 64]; at most 2^24 entries whatever the pool (counted by
+  // PagedKVCacheManager::estimated_bookkeeping_size).
   double ghost_factor = 16.0;
   BlockHashFn hash;  // empty: default_block_hash
   // Called (under the manager's lock) for every page stored in / removed from

@@ -385,7 +385,7 @@ kvc_status kvc_truncate(kvc_manager* manager, uint64_t seq, uint32_t new_length,
 kvc_prefix_config kvc_prefix_config_default(void) {
   const kvcache::PrefixCacheConfig d;
   kvc_prefix_config c{};
-  c.policy = KVC_EVICT_LRU;
+  c.policy = static_cast<int32_t>(d.policy);
   c.s3fifo_small_fraction = d.s3fifo_small_fraction;
   c.ghost_factor = d.ghost_factor;
   return c;
