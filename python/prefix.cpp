@@ -74,7 +74,7 @@ PrefixCacheConfig prefix_config(const KVCacheParams& p, const py::object& policy
   }
   if (!policy.is_none()) {
     if (!py::isinstance<py::str>(policy)) {
-      throw InvalidArgument("eviction_policy must be a str (lru, s3fifo, tiered, interval)");
+      throw InvalidArgument("eviction_policy must be a str (lru, s3fifo, tiered, interval, adaptive)");
     }
     c.policy = parse_policy(policy.cast<std::string>());
   }

@@ -30,6 +30,8 @@ void add_bench_command(CLI::App& app);
 void add_generate_command(CLI::App& app);
 // `kvcache replay`: replay a Mooncake JSONL trace against the prefix cache.
 void add_replay_command(CLI::App& app);
+// `kvcache trace-gen`: a synthetic multi-turn conversation trace for replay.
+void add_trace_gen_command(CLI::App& app);
 
 // `kvcache bench-manager`: bookkeeping cost of the paged manager.
 void add_bench_manager_command(CLI::App& app);

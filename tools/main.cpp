@@ -44,6 +44,7 @@ int run(int argc, char** argv) {
   kvcache::tools::add_tour_command(app);
   kvcache::tools::add_generate_command(app);
   kvcache::tools::add_replay_command(app);
+  kvcache::tools::add_trace_gen_command(app);
   kvcache::tools::add_bench_manager_command(app);
   try {
     app.parse(argc, argv);

@@ -164,7 +164,7 @@ kvc_status kvc_step(kvc_manager* manager, const uint64_t* seq_ids, const uint32_
                     uint32_t n, const uint32_t* token_ids, kvc_error* err);
 
 /* kvcache::ReuseHint: whether a later request will start with this
- * sequence's tokens (only the paged `tiered` eviction policy acts on it). */
+ * sequence's tokens (only the paged `tiered` and `adaptive` eviction policies act on it). */
 typedef enum kvc_reuse_hint {
   KVC_REUSE_UNKNOWN = 0,
   KVC_REUSE_UNLIKELY = 1,
@@ -194,10 +194,11 @@ kvc_status kvc_truncate(kvc_manager* manager, uint64_t seq, uint32_t new_length,
 
 /* kvcache::EvictionPolicyKind (kvcache/prefix_cache.h). */
 typedef enum kvc_eviction_policy {
-  KVC_EVICT_LRU = 0,     /* least recently released first (vLLM) */
-  KVC_EVICT_S3FIFO = 1,  /* S3-FIFO: probation, main and ghost FIFOs */
-  KVC_EVICT_TIERED = 2,  /* pages used once before reused ones; acts on release hints */
-  KVC_EVICT_INTERVAL = 3 /* each content's own reuse interval */
+  KVC_EVICT_LRU = 0,      /* least recently released first (vLLM) */
+  KVC_EVICT_S3FIFO = 1,   /* S3-FIFO: probation, main and ghost FIFOs */
+  KVC_EVICT_TIERED = 2,   /* pages used once before reused ones; acts on release hints */
+  KVC_EVICT_INTERVAL = 3, /* each content's own reuse interval */
+  KVC_EVICT_ADAPTIVE = 4  /* LRU or tiered, whichever shadow caches show winning */
 } kvc_eviction_policy;
 
 /* kvcache::PageEvent: a page entering (KVC_PAGE_STORED) or leaving

@@ -48,6 +48,9 @@ enum class EvictionPolicyKind : std::uint8_t {
              // history (mean gap between the requests that used it, kept across
              // evictions by a ghost of evicted hashes; content used once counts as
              // far) and evicts the page with the largest 2 x idle time + interval
+  adaptive,  // LRU and tiered side by side: evicts as whichever of the two a pair of
+             // shadow caches (hashes only, the pool's size) shows serving more of
+             // the recent page uses; never far below the better of the two
 };
 
 // What the caller knows, when it releases a sequence, about whether a later
@@ -57,7 +60,8 @@ enum class EvictionPolicyKind : std::uint8_t {
 // (unlikely); on the Mooncake trace the output length is such a signal (a
 // request with a short output is followed by a reuse of its prompt far more
 // often than one with a long output; docs/PERFORMANCE.md). Only the
-// `tiered` policy acts on it; the others ignore it. A page keeps the last
+// `tiered` policy acts on it (and `adaptive`, through its tiered half); the
+// others ignore it. A page keeps the last
 // hint other than `unknown` it was released with until it is evicted or
 // unpublished; reuse by another request still promotes it.
 enum class ReuseHint : std::uint8_t { unknown, unlikely, likely };
@@ -67,7 +71,7 @@ std::string_view reuse_hint_name(ReuseHint hint);
 ReuseHint parse_reuse_hint(std::string_view name);
 
 std::string_view policy_name(EvictionPolicyKind kind);
-// "lru" | "s3fifo" | "tiered" | "interval"; throws InvalidArgument naming the
+// "lru" | "s3fifo" | "tiered" | "interval" | "adaptive"; throws InvalidArgument naming the
 // known policies otherwise.
 EvictionPolicyKind parse_policy(std::string_view name);
 
@@ -124,13 +128,13 @@ struct TierConfig {
 // Every value is checked by the manager's constructor (InvalidArgument naming
 // the field and its range), whichever policy is chosen.
 struct PrefixCacheConfig {
-  EvictionPolicyKind policy = EvictionPolicyKind::lru;
+  EvictionPolicyKind policy = EvictionPolicyKind::adaptive;
   // S3-FIFO: share of the pool reserved for the probation queue (0, 1).
   double s3fifo_small_fraction = 0.1;
-  // s3fifo / tiered / interval: ghost FIFO length (hashes of evicted pages,
-  // 16 bytes each; 48 for interval, which keeps their use statistics) in units
-  // of the pool size, in [0, 64]; at most 2^24 entries whatever the pool
-  // (counted by PagedKVCacheManager::estimated_bookkeeping_size).
+  // s3fifo / tiered / interval / adaptive (two tiered ghosts): ghost FIFO length (hashes of evicted
+  // pages, 16 bytes each; 48 for interval, which keeps their use statistics) in units of the pool
+  // size, in [0, 64]; at most 2^24 entries whatever the pool (counted by
+  // PagedKVCacheManager::estimated_bookkeeping_size).
   double ghost_factor = 16.0;
   BlockHashFn hash;  // empty: default_block_hash
   // Called (under the manager's lock) for every page stored in / removed from

@@ -117,7 +117,8 @@ static_assert(KVC_ARRANGEMENT_INTERLEAVED ==
 static_assert(KVC_EVICT_LRU == static_cast<int>(kvcache::EvictionPolicyKind::lru) &&
               KVC_EVICT_S3FIFO == static_cast<int>(kvcache::EvictionPolicyKind::s3fifo) &&
               KVC_EVICT_TIERED == static_cast<int>(kvcache::EvictionPolicyKind::tiered) &&
-              KVC_EVICT_INTERVAL == static_cast<int>(kvcache::EvictionPolicyKind::interval));
+              KVC_EVICT_INTERVAL == static_cast<int>(kvcache::EvictionPolicyKind::interval) &&
+              KVC_EVICT_ADAPTIVE == static_cast<int>(kvcache::EvictionPolicyKind::adaptive));
 static_assert(KVC_LOG_TRACE == static_cast<int>(kvcache::LogLevel::trace) &&
               KVC_LOG_DEBUG == static_cast<int>(kvcache::LogLevel::debug) &&
               KVC_LOG_INFO == static_cast<int>(kvcache::LogLevel::info) &&
@@ -395,7 +396,7 @@ kvc_status kvc_truncate(kvc_manager* manager, uint64_t seq, uint32_t new_length,
 kvc_prefix_config kvc_prefix_config_default(void) {
   const kvcache::PrefixCacheConfig d;
   kvc_prefix_config c{};
-  c.policy = KVC_EVICT_LRU;
+  c.policy = static_cast<int32_t>(d.policy);
   c.s3fifo_small_fraction = d.s3fifo_small_fraction;
   c.ghost_factor = d.ghost_factor;
   return c;
@@ -414,9 +415,10 @@ kvc_status kvc_manager_create_prefix(const kvc_params* params, uint32_t num_page
           "kvc_manager_create_prefix needs params->enable_prefix_caching 1 and the paged strategy");
     }
     kvcache::PrefixCacheConfig c;
-    c.policy = from_c<kvcache::EvictionPolicyKind>(
-        config->policy, 4, "config->policy",
-        "KVC_EVICT_LRU, KVC_EVICT_S3FIFO, KVC_EVICT_TIERED or KVC_EVICT_INTERVAL");
+    c.policy =
+        from_c<kvcache::EvictionPolicyKind>(config->policy, 5, "config->policy",
+                                            "KVC_EVICT_LRU, KVC_EVICT_S3FIFO, KVC_EVICT_TIERED, "
+                                            "KVC_EVICT_INTERVAL or KVC_EVICT_ADAPTIVE");
     c.s3fifo_small_fraction = config->s3fifo_small_fraction;
     c.ghost_factor = config->ghost_factor;
     if (config->on_event != nullptr) {

@@ -25,6 +25,8 @@ std::string_view policy_name(EvictionPolicyKind kind) {
       return "tiered";
     case EvictionPolicyKind::interval:
       return "interval";
+    case EvictionPolicyKind::adaptive:
+      return "adaptive";
   }
   return "?";
 }
@@ -34,8 +36,9 @@ EvictionPolicyKind parse_policy(std::string_view name) {
   if (name == "s3fifo") return EvictionPolicyKind::s3fifo;
   if (name == "tiered") return EvictionPolicyKind::tiered;
   if (name == "interval") return EvictionPolicyKind::interval;
+  if (name == "adaptive") return EvictionPolicyKind::adaptive;
   throw InvalidArgument("unknown eviction policy '" + std::string(name) +
-                        "' (known: lru, s3fifo, tiered, interval)");
+                        "' (known: lru, s3fifo, tiered, interval, adaptive)");
 }
 
 std::string_view reuse_hint_name(ReuseHint hint) {

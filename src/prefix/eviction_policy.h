@@ -5,9 +5,9 @@
 // count dropped to 0, with the releasing caller's hint, `unknown` when the
 // page became evictable for another reason, e.g. unpinning) and when it stops being evictable
 // (erase: reused again or unpublished). evict() picks a victim among the inserted pages and removes
-// it. Every operation is O(1) (amortised for S3-FIFO's second chances) and allocates nothing after
-// construction: per-page state lives in arrays sized to the pool. Not thread-safe: the owning
-// manager locks.
+// it; on_unpublish when it leaves the index. Every operation is O(1) (amortised for S3-FIFO's
+// second chances) and allocates nothing after construction: per-page state lives in arrays sized to
+// the pool. Not thread-safe: the owning manager locks.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +28,8 @@ class EvictionPolicy {
   virtual void insert(std::uint32_t page, ReuseHint hint) = 0;
   virtual void erase(std::uint32_t page) = 0;  // precondition: contains(page)
   virtual std::uint32_t evict() = 0;           // precondition: size() > 0
+  // The page left the index (evicted, or dropped by a reset while in use).
+  virtual void on_unpublish(std::uint32_t /*page*/) {}
   virtual std::uint32_t size() const = 0;
   virtual bool contains(std::uint32_t page) const = 0;
 };

@@ -97,6 +97,7 @@ bool PrefixStore::publish(std::uint32_t page, std::uint32_t parent, std::uint64_
 
 void PrefixStore::unpublish(std::uint32_t page) {
   emit(PageEvent::Kind::removed, page);
+  policy_->on_unpublish(page);
   PageMeta& m = meta_[page];
   index_.erase(m.hash);
   if (m.pin > 0) --num_pinned_;

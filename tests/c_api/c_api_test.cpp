@@ -626,7 +626,7 @@ void log_event(const kvc_page_event* e, void* user) {
 TEST(CApi, PrefixConfigEventsPinsAndResets) {
   const kvc_prefix_config dflt = kvc_prefix_config_default();
   const kvcache::PrefixCacheConfig cpp;
-  EXPECT_EQ(dflt.policy, KVC_EVICT_LRU);
+  EXPECT_EQ(dflt.policy, KVC_EVICT_ADAPTIVE);
   EXPECT_EQ(dflt.s3fifo_small_fraction, cpp.s3fifo_small_fraction);
   EXPECT_EQ(dflt.ghost_factor, cpp.ghost_factor);
   EXPECT_EQ(dflt.on_event, nullptr);

@@ -129,7 +129,7 @@ TEST(Log, ManagersLogConstructionAndEvictions) {
                                   0),
             0u)
       << lines[0].second;
-  EXPECT_TRUE(lines[0].second.ends_with(" bytes of bookkeeping, prefix caching lru"))
+  EXPECT_TRUE(lines[0].second.ends_with(" bytes of bookkeeping, prefix caching adaptive"))
       << lines[0].second;
   EXPECT_EQ(lines[1].first, LogLevel::info);
   EXPECT_EQ(lines[1].second.rfind("continuous manager: 2 slots of 8 tokens", 0), 0u)

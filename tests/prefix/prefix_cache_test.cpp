@@ -344,8 +344,9 @@ TEST(PrefixCache, ResetDropsEveryEntryAndMetricsAddUp) {
 }
 
 TEST(PrefixCache, EveryPolicyKeepsInvariantsUnderPressure) {
-  for (EvictionPolicyKind kind : {EvictionPolicyKind::lru, EvictionPolicyKind::s3fifo,
-                                  EvictionPolicyKind::tiered, EvictionPolicyKind::interval}) {
+  for (EvictionPolicyKind kind :
+       {EvictionPolicyKind::lru, EvictionPolicyKind::s3fifo, EvictionPolicyKind::tiered,
+        EvictionPolicyKind::interval, EvictionPolicyKind::adaptive}) {
     PrefixCacheConfig cfg;
     cfg.policy = kind;
     PagedKVCacheManager m(tiny_params(4), 10, 4, 64, cfg);
@@ -368,8 +369,9 @@ TEST(PrefixCache, EveryPolicyKeepsInvariantsUnderPressure) {
 // A configuration value out of range is refused by the constructor with its
 // name and range, whichever policy is chosen (LRU reads neither field).
 TEST(PrefixCache, BadConfigIsRefusedForEveryPolicy) {
-  for (EvictionPolicyKind kind : {EvictionPolicyKind::lru, EvictionPolicyKind::s3fifo,
-                                  EvictionPolicyKind::tiered, EvictionPolicyKind::interval}) {
+  for (EvictionPolicyKind kind :
+       {EvictionPolicyKind::lru, EvictionPolicyKind::s3fifo, EvictionPolicyKind::tiered,
+        EvictionPolicyKind::interval, EvictionPolicyKind::adaptive}) {
     for (double ghost : {-1.0, 64.5, std::nan("")}) {
       PrefixCacheConfig cfg;
       cfg.policy = kind;
@@ -395,7 +397,7 @@ TEST(PrefixCache, BadConfigIsRefusedForEveryPolicy) {
 
 TEST(PrefixCache, PolicyNamesRoundTrip) {
   for (auto k : {EvictionPolicyKind::lru, EvictionPolicyKind::s3fifo, EvictionPolicyKind::tiered,
-                 EvictionPolicyKind::interval})
+                 EvictionPolicyKind::interval, EvictionPolicyKind::adaptive})
     EXPECT_EQ(parse_policy(policy_name(k)), k);
   EXPECT_THROW(parse_policy("belady"), InvalidArgument);
 }

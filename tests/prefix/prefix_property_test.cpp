@@ -83,7 +83,8 @@ void add_tokens(PagedKVCacheManager& m, Model& model, SeqId id, std::uint32_t n)
 RC_GTEST_PROP(PrefixCacheProperty, RandomOperationsKeepInvariantsAndData, ()) {
   PrefixCacheConfig cfg;
   cfg.policy = *rc::gen::element(EvictionPolicyKind::lru, EvictionPolicyKind::s3fifo,
-                                 EvictionPolicyKind::tiered, EvictionPolicyKind::interval);
+                                 EvictionPolicyKind::tiered, EvictionPolicyKind::interval,
+                                 EvictionPolicyKind::adaptive);
   if (*rc::gen::inRange(0, 4) == 0) {  // weak hash: collisions everywhere
     cfg.hash = [](std::uint64_t parent, std::span<const std::uint32_t> t, std::uint64_t) {
       return (parent + t[0]) % 5;

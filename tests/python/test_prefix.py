@@ -161,7 +161,7 @@ def test_metrics_hit_rate_and_reset():
     assert m.metrics().match_calls == 0 and m.metrics().hit_rate == 0.0
 
 
-@pytest.mark.parametrize("policy", ["lru", "s3fifo", "tiered", "interval"])
+@pytest.mark.parametrize("policy", ["lru", "s3fifo", "tiered", "interval", "adaptive"])
 def test_policies_evict_cached_pages_when_the_pool_is_full(policy):
     events = []
     m = make(pages=4, eviction_policy=policy, on_event=events.append)

@@ -72,10 +72,13 @@ def test_bookkeeping_is_counted_beside_the_pool():
     cached = kvcache.KVCacheParams(dtype="f16", n_kv_heads=2, head_dim=8, num_layers=2,
                                    cache_strategy="paged", page_size=16,
                                    enable_prefix_caching=True)
-    lru = kvcache.PagedKVCacheManager.estimated_bookkeeping_size(cached, 4096)
+    lru = kvcache.PagedKVCacheManager.estimated_bookkeeping_size(
+        cached, 4096, eviction_policy="lru")
     s3 = kvcache.PagedKVCacheManager.estimated_bookkeeping_size(
         cached, 4096, eviction_policy="s3fifo", ghost_factor=16)
+    default = kvcache.PagedKVCacheManager.estimated_bookkeeping_size(cached, 4096)
     assert lru > 4096 * (8 + 16 * 4)  # at least ref counts, free list and stored tokens
     assert s3 > lru                    # the ghost of evicted hashes
+    assert default > s3                # adaptive: two shadows and two ghosts
     with pytest.raises(kvcache.InvalidArgument, match="ghost_factor"):
         kvcache.PagedKVCacheManager.estimated_bookkeeping_size(cached, 16, ghost_factor=100)

@@ -24,8 +24,9 @@ KVCacheParams params(bool caching) {
 // (fixed costs such as the object itself cancel out).
 TEST(Bookkeeping, EstimateMatchesWhatTheConstructorAllocates) {
   for (bool caching : {false, true}) {
-    for (EvictionPolicyKind policy : {EvictionPolicyKind::lru, EvictionPolicyKind::s3fifo,
-                                      EvictionPolicyKind::tiered, EvictionPolicyKind::interval}) {
+    for (EvictionPolicyKind policy :
+         {EvictionPolicyKind::lru, EvictionPolicyKind::s3fifo, EvictionPolicyKind::tiered,
+          EvictionPolicyKind::interval, EvictionPolicyKind::adaptive}) {
       if (!caching && policy != EvictionPolicyKind::lru) continue;
       SCOPED_TRACE(std::string(caching ? "caching " : "no caching ") +
                    std::string(policy_name(policy)));

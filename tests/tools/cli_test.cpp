@@ -29,6 +29,7 @@ void add_all_commands(CLI::App& app) {
   add_tour_command(app);
   add_generate_command(app);
   add_replay_command(app);
+  add_trace_gen_command(app);
   add_bench_manager_command(app);
 }
 
