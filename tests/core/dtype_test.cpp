@@ -308,7 +308,7 @@ TEST(DTypeParse, AcceptsNamesAndAliases) {
 }
 
 TEST(DTypeParse, RejectsOthersNamingTheString) {
-  for (const char* bad : {"f64", "fp16x", "int8", "float64", "halff", "bfloat"}) {
+  for (const char* bad : {"f64", "fp16x", "int4", "fp9", "float64", "halff", "bfloat"}) {
     KV_EXPECT_THROW(parse_dtype(bad), InvalidArgument, bad);
   }
   EXPECT_THROW(parse_dtype(""), InvalidArgument);
