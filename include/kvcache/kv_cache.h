@@ -150,14 +150,17 @@ class LayerCacheBase {
   // the matrix is the memory itself: element (row, col) is at
   // blocks + row * (n_kv_heads * head_dim) + col for every block, which is
   // what lets one 2-D descriptor (a TMA tile) cover the pool. With HND it is
-  // a logical view and matrix_ptr does the mapping. row_idx is 64-bit (MAX:
+  // a logical view and matrix_ptr does the mapping; so it is for int8 caches,
+  // whose blocks hold their scales after the values (rows_per_block() then
+  // rounds the block's bytes up to whole rows). row_idx is 64-bit (MAX:
   // UInt32) so a large pool cannot wrap it.
   std::uint64_t row_idx(std::uint32_t b, std::uint32_t tok) const {
     return std::uint64_t{block_id(b, tok / page_size())} * rows_per_block() + tok % page_size();
   }
   std::uint32_t col_idx(std::uint32_t head) const { return head * d_.head_dim; }
   std::size_t rows_per_block() const {
-    return d_.block_stride / (std::size_t{d_.n_kv_heads} * d_.head_dim);
+    const std::size_t row = std::size_t{d_.n_kv_heads} * d_.head_dim;
+    return (d_.block_stride + row - 1) / row;
   }
   // Address of (row, col) of that matrix view.
   T* matrix_ptr(std::uint64_t row, std::uint32_t col) const {

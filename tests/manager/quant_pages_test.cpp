@@ -72,6 +72,37 @@ TEST(Int8Pages, ScalesSurviveForkCopyOnWriteAndTruncate) {
   EXPECT_TRUE(std::equal(cut.begin(), cut.begin() + 48, before.begin()));
 }
 
+// MAX's matrix view of an int8 layer: the block holds its scales after the
+// values, so the matrix is a logical one (rows_per_block rounds the block up
+// to whole rows) and matrix_ptr(row_idx, col_idx + d) is the element ptr names,
+// on both arrangements, for page sizes whose scale bytes are and are not a
+// whole number of rows (head_dim 8 x 2 heads: 4 scale bytes a row and head).
+TEST(Int8Pages, MatrixViewAddressesEveryElement) {
+  for (const PoolArrangement arr : {PoolArrangement::interleaved, PoolArrangement::per_layer}) {
+    for (const std::uint32_t page : {3u, 4u}) {
+      KVCacheParams p = int8_params(false);
+      p.pool_arrangement = arr;
+      p.page_size = page;
+      PagedKVCacheManager m(p, 16, 4, 64);
+      const auto ids = m.claim(2);
+      const KVCacheBatch batch = m.fetch(ids, U32{7, 5});
+      const auto col = batch.paged<Int8>();
+      for (std::uint32_t l = 0; l < 2; ++l) {
+        for (const auto& view : {col.get_key_cache(l), col.get_value_cache(l)}) {
+          ASSERT_GE(view.rows_per_block() * 16, view.desc().block_stride);
+          for (std::uint32_t b = 0; b < 2; ++b)
+            for (std::uint32_t t = 0; t < (b == 0 ? 7u : 5u); ++t)
+              for (std::uint32_t h = 0; h < 2; ++h)
+                for (std::uint32_t d = 0; d < 8; ++d)
+                  ASSERT_EQ(view.matrix_ptr(view.row_idx(b, t), view.col_idx(h) + d),
+                            view.ptr(b, h, t, d))
+                      << "page " << page << " entry " << b << " token " << t;
+        }
+      }
+    }
+  }
+}
+
 TEST(Int8Pages, ScalesComeBackWithPrefixReuse) {
   std::mt19937 rng(6);
   PagedKVCacheManager m(int8_params(true), 16, 4, 64);
