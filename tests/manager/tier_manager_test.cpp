@@ -415,7 +415,8 @@ TEST(TierManagerConcurrency, TicketsCompleteOnAnotherThread) {
   r.tier->complete_all();
   r.m->wait_tiers();
   r.m->check_invariants();
-  const TierFigures& f = r.m->stats().tiers[0];
+  const ManagerStats stats = r.m->stats();
+  const TierFigures& f = stats.tiers[0];
   EXPECT_GT(f.pages_onboarded, 0u)
       << f.pages_offloaded << " offloaded, " << f.offload_dropped << " dropped, " << f.lookups
       << " lookups, " << f.hits << " hits";
