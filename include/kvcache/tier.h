@@ -85,8 +85,9 @@ struct TierFingerprint {
 };
 
 // key_j from key_{j-1}, the page's tokens and the fingerprint's digest
-// (XXH3-128). parent {0, 0} for a sequence's first page.
-PageKey page_key(PageKey parent, std::span<const std::uint32_t> tokens, std::uint64_t digest);
+// (XXH3-128). parent {0, 0} for a sequence's first page. Allocates nothing.
+PageKey page_key(PageKey parent, std::span<const std::uint32_t> tokens,
+                 std::uint64_t digest) noexcept;
 
 // The header before every stored value (fixed size; token ids and page bytes
 // follow it). checksum: XXH3-64 over the header (checksum field zero), the

@@ -1,8 +1,5 @@
 #include "manager/tier_link.h"
 
-#define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack: a key never allocates
-#include <xxhash.h>
-
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -172,16 +169,7 @@ TierLink::~TierLink() {
 }
 
 PageKey TierLink::key(PageKey parent, std::span<const std::uint32_t> tokens) const noexcept {
-  // The streaming form of kvcache::page_key (same bytes, same seed), with
-  // the state on the stack.
-  XXH3_state_t state;
-  XXH3_INITSTATE(&state);
-  XXH3_128bits_reset_withSeed(&state, digest_);
-  const std::uint64_t head[2] = {parent.hi, parent.lo};
-  XXH3_128bits_update(&state, head, sizeof head);
-  XXH3_128bits_update(&state, tokens.data(), tokens.size_bytes());
-  const XXH128_hash_t h = XXH3_128bits_digest(&state);
-  return PageKey{h.high64, h.low64};
+  return page_key(parent, tokens, digest_);
 }
 
 void TierLink::emit(PageEvent::Kind kind, const Slot& info, std::size_t tier) const noexcept {

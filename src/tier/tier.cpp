@@ -2,6 +2,7 @@
 // result names and the ticket's shared state.
 #include "kvcache/tier.h"
 
+#define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack
 #include <xxhash.h>
 
 #include <cstring>
@@ -73,16 +74,18 @@ std::size_t TierFingerprint::page_bytes() const {
                                                   {"element size", dtype_size(dtype)}}));
 }
 
-PageKey page_key(PageKey parent, std::span<const std::uint32_t> tokens, std::uint64_t digest) {
-  // Seeded by the digest; the parent key's 16 bytes lead the input.
-  XXH3_state_t* state = XXH3_createState();
-  if (state == nullptr) throw OutOfMemory("XXH3 state for a page key");
-  XXH3_128bits_reset_withSeed(state, digest);
+PageKey page_key(PageKey parent, std::span<const std::uint32_t> tokens,
+                 std::uint64_t digest) noexcept {
+  // Seeded by the digest; the parent key's 16 bytes lead the input. The
+  // state lives on the stack, so a key never allocates (the manager computes
+  // keys inside its no-throw commit phase).
+  XXH3_state_t state;
+  XXH3_INITSTATE(&state);
+  XXH3_128bits_reset_withSeed(&state, digest);
   const std::uint64_t head[2] = {parent.hi, parent.lo};
-  XXH3_128bits_update(state, head, sizeof head);
-  XXH3_128bits_update(state, tokens.data(), tokens.size_bytes());
-  const XXH128_hash_t h = XXH3_128bits_digest(state);
-  XXH3_freeState(state);
+  XXH3_128bits_update(&state, head, sizeof head);
+  XXH3_128bits_update(&state, tokens.data(), tokens.size_bytes());
+  const XXH128_hash_t h = XXH3_128bits_digest(&state);
   return PageKey{h.high64, h.low64};
 }
 
