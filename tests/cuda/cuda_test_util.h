@@ -66,6 +66,7 @@ void push_history_back(OwnedCache<T>& h, std::uint32_t pages) {
           h.lookup[std::size_t{b} * old_stride + (j < pages ? 0 : j - pages)];
     }
     h.cache_lengths[b] += pages * h.desc.page_size;
+    h.reserved[b] += pages * h.desc.page_size;
   }
   h.lookup = std::move(lookup);
   h.desc.lookup_table = h.lookup.data();

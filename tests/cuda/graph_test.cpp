@@ -342,6 +342,7 @@ TEST_F(GraphFlow, UpdateAndBoundsErrorsChangeNothing) {
   expect_throw([&] { dev.update(one); }, "batch_size 1 differs from the collection's 2");
   CacheDesc layers = other;
   layers.num_layers = 1;
+  layers = layers.with_strides();  // a valid desc of another pool shape
   expect_throw([&] { dev.update(layers); }, "num_layers 1 differs");
   CacheDesc seq = other;
   seq.max_seq_length = 2;
