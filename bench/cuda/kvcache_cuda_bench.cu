@@ -87,6 +87,11 @@ __global__ void fill_kernel(T* p, std::size_t n, std::uint32_t seed) {
     const float x = (h >> 31) ? -mag : mag;
     if constexpr (std::is_same_v<T, float>) {
       p[i] = x;
+    } else if constexpr (sizeof(T) == 1) {
+      // 8-bit: finite fp8 codes (exponent field never all ones); for int8
+      // pools every 4 bytes that hold a page scale read as a float in (0, 2).
+      const auto byte = static_cast<std::uint8_t>(h & 0x37u);
+      memcpy(p + i, &byte, 1);
     } else if constexpr (std::is_same_v<T, Half>) {
       p[i] = Half{__half_as_ushort(__float2half_rn(x))};
     } else {
@@ -164,10 +169,17 @@ double measure_copy(const Env& env, std::size_t bytes) {
 // A paged pool of `copies` layers for `batch` entries of `tokens` positions
 // each, page table shuffled, and the device collection for cache lengths
 // `lengths` (new tokens `new_tokens` per entry).
+// Bytes of one (token, KV head) row of K (or V): values, and int8's scale.
+template <CacheElement T>
+constexpr std::size_t row_bytes(std::uint32_t dim) {
+  return std::size_t{dim} * sizeof(T) + (kvcache::has_page_scales(kvcache::dtype_of_v<T>) ? 4 : 0);
+}
+
 template <CacheElement T>
 struct Setup {
   kc::DeviceBuffer<T> pool;
   std::vector<std::uint32_t> lengths, lookup, offsets;
+  std::vector<float> head_scales;  // fp8: all 1
   kvcache::CacheDesc desc;
   Setup(std::uint32_t batch, std::uint32_t history, std::uint32_t new_tokens, std::uint32_t page,
         std::uint32_t n_kv, std::uint32_t dim, std::uint32_t copies) {
@@ -197,6 +209,10 @@ struct Setup {
     desc.blocks = pool.data();
     desc.cache_lengths = lengths.data();
     desc.lookup_table = lookup.data();
+    if (kvcache::is_fp8(desc.dtype)) {
+      head_scales.assign(std::size_t{copies} * 2 * n_kv, 1.0f);
+      desc.head_scales = head_scales.data();
+    }
   }
 };
 
@@ -217,7 +233,7 @@ std::vector<Record> bench_decode(const Env& env, std::uint32_t n_q, std::uint32_
            page,     batch,
            ctx,      new_tokens};
   const std::size_t one =
-      std::size_t{batch} * ((ctx + page - 1) / page) * page * n_kv * dim * sizeof(T) * 2;
+      std::size_t{batch} * ((ctx + page - 1) / page) * page * n_kv * row_bytes<T>(dim) * 2;
   r.copies = static_cast<std::uint32_t>(std::max<std::size_t>(1, (4 * env.l2 + one - 1) / one));
   if (one * r.copies > free_bytes() * 8 / 10) {
     r.skipped = true;
@@ -229,7 +245,7 @@ std::vector<Record> bench_decode(const Env& env, std::uint32_t n_q, std::uint32_
   kc::DeviceBuffer<float> q(std::size_t{batch} * new_tokens * n_q * dim), out(q.size());
   fill(q.data(), q.size(), 11);
   auto offsets = kc::DeviceBuffer<std::uint32_t>::from_host(s.offsets);
-  r.bytes = double(batch) * ctx * n_kv * dim * sizeof(T) * 2;
+  r.bytes = double(batch) * ctx * n_kv * row_bytes<T>(dim) * 2;
   kc::AttentionWorkspace ws;
   std::vector<Record> rs;
   for (kc::AttentionWorkspace* w : {&ws, static_cast<kc::AttentionWorkspace*>(nullptr)}) {
@@ -308,7 +324,8 @@ Record bench_store(const Env& env, std::uint32_t batch, std::uint32_t tokens, bo
                  std::span<const float>(v.span()), std::span<const std::uint32_t>(offsets.span()),
                  options);
   });
-  r.bytes = double(n) * 2 * (4 + sizeof(T));
+  r.bytes = double(n) * 2 * (4 + sizeof(T)) +
+            double(batch) * tokens * n_kv * 2 * double(row_bytes<T>(dim) - dim * sizeof(T));
   r.gbps = r.bytes / r.median_s * 1e-9;
   return r;
 }
@@ -709,6 +726,13 @@ int run(int argc, char** argv) {
     rs.push_back(bench_store<BFloat16>(env, 8, 2048, rope));
     rs.push_back(bench_store<Half>(env, 8, 2048, rope));
     rs.push_back(bench_store<float>(env, 8, 2048, rope));
+  }
+  // 8-bit caches (the generic attention kernel; docs/CUDA.md).
+  decode_suite<kvcache::Fp8E4M3>(env, args.quick, rs);
+  decode_suite<kvcache::Int8>(env, args.quick, rs);
+  for (bool rope : {false, true}) {
+    rs.push_back(bench_store<kvcache::Fp8E4M3>(env, 8, 2048, rope));
+    rs.push_back(bench_store<kvcache::Int8>(env, 8, 2048, rope));
   }
   rs.push_back(bench_store<BFloat16>(env, 32, 1, false));  // a decode step's store
   rs.push_back(bench_store<BFloat16>(env, 32, 1, true));

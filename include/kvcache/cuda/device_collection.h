@@ -48,8 +48,13 @@
 // committed tokens backed by blocks, ...): InvalidArgument naming the value.
 // Nothing is checked about `device_blocks` except that it is non-null device
 // memory (InvalidArgument otherwise): it must hold host.pool_elements() T.
-// Ownership: owns the uploaded cache_lengths / lookup_table (freed by the
-// destructor); borrows the pool. Descriptors it returns are valid while it
+// 8-bit caches (T = Fp8E4M3, Fp8E5M2, Int8; docs/quantization.md): int8's
+// scales live in the pages, so nothing more moves; for fp8 the collection
+// also uploads the host desc's static head_scales ([num_layers][2]
+// [n_kv_heads]) on construction and every update(), and key(l) / value(l)
+// point at the device copy.
+// Ownership: owns the uploaded cache_lengths / lookup_table / fp8 scales
+// (freed by the destructor); borrows the pool. Descriptors it returns are valid while it
 // lives, and across update() (same device pointers). Uploads complete before
 // the constructor / update() return.
 // Thread-safety: const methods are safe concurrently; update() is not safe
@@ -198,10 +203,14 @@ class DeviceCollection {
     desc_.reserved_lengths = nullptr;  // host memory: not for the device
     lengths_ = DeviceBuffer<std::uint32_t>(batch);
     lookup_ = DeviceBuffer<std::uint32_t>(std::size_t{batch} * bounds.lookup_stride);
+    if constexpr (is_fp8(dtype_of_v<T>)) {
+      head_scales_ = DeviceBuffer<float>(std::size_t{host.num_layers} * 2 * host.n_kv_heads);
+    }
     upload(host, stream);
     desc_.blocks = device_blocks;
     desc_.cache_lengths = lengths_.data();
     desc_.lookup_table = lookup_.data();
+    desc_.head_scales = is_fp8(dtype_of_v<T>) ? head_scales_.data() : nullptr;
   }
 
   // Uploads another step's host metadata into the same device buffers (see
@@ -284,14 +293,20 @@ class DeviceCollection {
     std::copy(host.cache_lengths, host.cache_lengths + host.batch_size, lengths_staging_.begin());
     lengths_.upload(lengths_staging_, stream);
     lookup_.upload(staging_, stream);
+    if constexpr (is_fp8(dtype_of_v<T>)) {  // validate() saw them non-null
+      scales_staging_.assign(host.head_scales, host.head_scales + head_scales_.size());
+      head_scales_.upload(scales_staging_, stream);
+    }
   }
 
   CacheDesc desc_;
   DeviceBuffer<std::uint32_t> lengths_;
   DeviceBuffer<std::uint32_t> lookup_;
+  DeviceBuffer<float> head_scales_;  // fp8: [num_layers][2][n_kv_heads], uploaded each update
   std::uint32_t padding_block_ = kNoPaddingBlock;
   std::vector<std::uint32_t> staging_;          // upload()'s repacked page table
   std::vector<std::uint32_t> lengths_staging_;  // upload()'s padded lengths
+  std::vector<float> scales_staging_;           // upload()'s fp8 scales
 };
 
 }  // namespace kvcache::cuda

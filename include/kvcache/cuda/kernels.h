@@ -7,10 +7,14 @@
 // [total_new_tokens][n_kv_heads][head_dim] f32, new token i of entry b at
 // position cache_lengths[b] + i, causal over history + new tokens, GQA
 // (query head h reads KV head h / (n_q_heads / n_kv_heads)), fp32
-// accumulation, f32 / f16 / bf16 cache elements, NHD and HND, paged and
-// continuous descriptors. The difference: EVERY pointer inside the
-// CacheDesc and every span is DEVICE memory (see device_collection.h for
-// making such descriptors from a host manager's batch).
+// accumulation, f32 / f16 / bf16 and 8-bit (fp8_e4m3, fp8_e5m2, int8:
+// quantized by store_kv exactly as the CPU kernels do, dequantized in
+// attention; fp8 needs CacheDesc::head_scales in device memory, which
+// DeviceCollection provides) cache elements, NHD and HND, paged and
+// continuous descriptors; 8-bit caches take the generic attention kernel.
+// The difference: EVERY pointer inside the CacheDesc and every span is
+// DEVICE memory (see device_collection.h for making such descriptors from a
+// host manager's batch).
 //
 // Validation on the host, before anything is launched (InvalidArgument naming
 // the value and the limit; the call then changes nothing): K and V

@@ -22,6 +22,15 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool fi
   cp_async16(smem_addr(smem), gmem, fill);
 }
 
+// Copies 4 bytes (cp.async.ca: sizes below 16 go through L1); with fill ==
+// false nothing is read and the 4 bytes are zero-filled.
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem, bool fill) {
+  const int bytes = fill ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem),
+               "r"(bytes)
+               : "memory");
+}
+
 // Closes the group of copies issued since the last commit.
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");

@@ -39,6 +39,8 @@ constexpr float kNegInf = -INFINITY;
 // Shared memory of one block, carved from the dynamic allocation.
 struct Smem {
   std::size_t* offs;   // [kTile] element offset of each tile token's row
+  float* k_scale;      // [kTile] 8-bit: each tile token's K dequantisation scale
+  float* v_scale;      // [kTile] 8-bit: its V scale
   std::uint32_t* lim;  // [M] exclusive end position each vector may see in this split
   float* q;            // [M][dim]
   float* k;            // [kTile][dim + 1]
@@ -53,13 +55,16 @@ struct Smem {
 std::size_t smem_bytes(std::uint32_t m, std::uint32_t dim) {
   const std::size_t floats = std::size_t{m} * dim * 2 + 2 * std::size_t{kTile} * (dim + 1) +
                              std::size_t{m} * kTile + 3 * std::size_t{m};
-  return kTile * sizeof(std::size_t) + m * sizeof(std::uint32_t) + floats * sizeof(float);
+  return kTile * sizeof(std::size_t) + 2 * kTile * sizeof(float) + m * sizeof(std::uint32_t) +
+         floats * sizeof(float);
 }
 
 __device__ Smem carve(unsigned char* raw, std::uint32_t m, std::uint32_t dim) {
   Smem s;
   s.offs = reinterpret_cast<std::size_t*>(raw);
-  s.lim = reinterpret_cast<std::uint32_t*>(s.offs + kTile);
+  s.k_scale = reinterpret_cast<float*>(s.offs + kTile);
+  s.v_scale = s.k_scale + kTile;
+  s.lim = reinterpret_cast<std::uint32_t*>(s.v_scale + kTile);
   s.q = reinterpret_cast<float*>(s.lim + m);
   s.k = s.q + m * dim;
   s.v = s.k + kTile * (dim + 1);
@@ -98,8 +103,24 @@ __device__ float warp_sum(float x) {
   return x;
 }
 
+template <class T>
+inline constexpr bool kQuantized = is_quantized(dtype_of_v<T>);
+template <class T>
+inline constexpr bool kPageScales = has_page_scales(dtype_of_v<T>);
+
+// Element value as fp32: an 8-bit code times its scale.
+template <class T>
+__device__ __forceinline__ float dequant(T x, float scale) {
+  if constexpr (kQuantized<T>) {
+    return to_f32(x) * scale;
+  } else {
+    return to_f32(x);
+  }
+}
+
 // Loads tokens [tok0, tok0 + n_t) of KV head kvh of entry b into s.k / s.v
-// as fp32 (rows past n_t zero-filled, so 0 * value stays 0).
+// as fp32 (rows past n_t zero-filled, so 0 * value stays 0); 8-bit codes
+// are multiplied by their scale (fp8: the head's, int8: the row's).
 template <class T>
 __device__ void load_tile(const AttnParams& p, const Smem& s, std::uint32_t b, std::uint32_t kvh,
                           std::uint32_t tok0, std::uint32_t n_t) {
@@ -107,9 +128,20 @@ __device__ void load_tile(const AttnParams& p, const Smem& s, std::uint32_t b, s
   if (threadIdx.x < n_t) {
     const std::uint32_t pos = tok0 + threadIdx.x;
     const std::uint32_t block = p.lookup[std::size_t{b} * p.lookup_stride + pos / p.page_size];
-    s.offs[threadIdx.x] = std::size_t{block} * p.block_stride +
-                          std::size_t{pos % p.page_size} * p.token_stride +
-                          std::size_t{kvh} * p.head_stride;
+    const std::size_t in_block =
+        std::size_t{pos % p.page_size} * p.token_stride + std::size_t{kvh} * p.head_stride;
+    s.offs[threadIdx.x] = std::size_t{block} * p.block_stride + in_block;
+    if constexpr (kPageScales<T>) {
+      const std::size_t at =
+          std::size_t{block} * p.block_stride + p.scales_offset + in_block / dim * sizeof(float);
+      s.k_scale[threadIdx.x] =
+          *reinterpret_cast<const float*>(static_cast<const unsigned char*>(p.k_blocks) + at);
+      s.v_scale[threadIdx.x] =
+          *reinterpret_cast<const float*>(static_cast<const unsigned char*>(p.v_blocks) + at);
+    } else if constexpr (kQuantized<T>) {
+      s.k_scale[threadIdx.x] = p.k_head_scales[kvh];
+      s.v_scale[threadIdx.x] = p.v_head_scales[kvh];
+    }
   }
   __syncthreads();
   const T* kb = static_cast<const T*>(p.k_blocks);
@@ -126,17 +158,21 @@ __device__ void load_tile(const AttnParams& p, const Smem& s, std::uint32_t b, s
         memcpy(kv, &kr, 16);
         memcpy(vv, &vr, 16);
       }
+      const float ks = kQuantized<T> && t < n_t ? s.k_scale[t] : 1.0f;
+      const float vs = kQuantized<T> && t < n_t ? s.v_scale[t] : 1.0f;
 #pragma unroll
       for (std::uint32_t j = 0; j < kVec; ++j) {
-        s.k[t * dp + d0 + j] = t < n_t ? to_f32(kv[j]) : 0.0f;
-        s.v[t * dp + d0 + j] = t < n_t ? to_f32(vv[j]) : 0.0f;
+        s.k[t * dp + d0 + j] = t < n_t ? dequant(kv[j], ks) : 0.0f;
+        s.v[t * dp + d0 + j] = t < n_t ? dequant(vv[j], vs) : 0.0f;
       }
     }
   } else {
     for (std::uint32_t idx = threadIdx.x; idx < kTile * dim; idx += blockDim.x) {
       const std::uint32_t t = idx / dim, d = idx % dim;
-      s.k[t * dp + d] = t < n_t ? to_f32(kb[s.offs[t] + d]) : 0.0f;
-      s.v[t * dp + d] = t < n_t ? to_f32(vb[s.offs[t] + d]) : 0.0f;
+      s.k[t * dp + d] =
+          t < n_t ? dequant(kb[s.offs[t] + d], kQuantized<T> ? s.k_scale[t] : 1.0f) : 0.0f;
+      s.v[t * dp + d] =
+          t < n_t ? dequant(vb[s.offs[t] + d], kQuantized<T> ? s.v_scale[t] : 1.0f) : 0.0f;
     }
   }
 }
@@ -556,8 +592,13 @@ void attention_cuda_tuned(DType dtype, const CacheDesc& k, const CacheDesc& v,
   p.total_rows = static_cast<std::uint32_t>(rows);
   p.scale = options.scale != 0.0f ? options.scale : 1.0f / std::sqrt(float(k.head_dim));
   const std::uint32_t vec = 16 / static_cast<std::uint32_t>(dtype_size(dtype));
-  p.vec = k.head_dim % vec == 0 && k.block_stride % vec == 0 && aligned16(k.blocks) &&
-          aligned16(v.blocks);
+  p.vec = k.head_dim % vec == 0 && k.block_stride % vec == 0 && k.token_stride % vec == 0 &&
+          k.head_stride % vec == 0 && aligned16(k.blocks) && aligned16(v.blocks);
+  p.k_head_scales = k.head_scales;
+  p.v_head_scales = v.head_scales;
+  p.scales_offset = k.block_values();
+  p.scale_token_stride = k.token_stride / k.head_dim;
+  p.scale_head_stride = k.head_stride / k.head_dim;
   CallContext ctx = make_context(workspace, to_stream(stream));
   if (!tuning.generic && decode_eligible(dtype, k, v)) {
     launch_decode(dtype, p, k, ctx, tuning);
@@ -573,12 +614,8 @@ void attention_cuda_tuned(DType dtype, const CacheDesc& k, const CacheDesc& v,
     throw InvalidArgument("attention needs " + std::to_string(items) +
                           " thread blocks per split, limit 2^31-1");
   }
-  visit_dtype(dtype, [&](auto tag) {
-    // 8-bit caches are refused by check_cache_pair.
-    if constexpr (!is_quantized(dtype_of_v<decltype(tag)>)) {
-      launch<decltype(tag)>(p, items, k.max_full_context_length, ctx);
-    }
-  });
+  visit_dtype(dtype,
+              [&](auto tag) { launch<decltype(tag)>(p, items, k.max_full_context_length, ctx); });
 }
 
 }  // namespace kvcache::cuda::detail

@@ -54,17 +54,42 @@ struct AttnParams {
   std::uint32_t total_rows;
   float scale;
   bool vec;  // 16-byte loads of K/V rows
+  // 8-bit caches (generic kernel only): fp8's static scales of the layer's K
+  // and V heads (device memory), int8's byte offset from a block's start to
+  // its (row, head) scales.
+  const float* k_head_scales;
+  const float* v_head_scales;
+  std::size_t scales_offset;
+  std::size_t scale_token_stride;  // int8: token_stride / dim (scale index units)
+  std::size_t scale_head_stride;   // int8: head_stride / dim
 };
 
 // Element offset of token tok's row (KV head kvh, dim 0) of entry b, through
 // the page table (shared by the decode and prefill kernels).
+// Where token tok of entry b lies: its page (block id) and row in the page.
+struct TokenPlace {
+  std::uint32_t page, in_page;
+};
+__device__ __forceinline__ TokenPlace token_place(const AttnParams& a, std::uint32_t b,
+                                                  std::uint32_t tok) {
+  const std::uint32_t j = a.page_pow2 ? tok >> a.page_shift : tok / a.page_size;
+  return {__ldg(a.lookup + std::size_t{b} * a.lookup_stride + j), tok - j * a.page_size};
+}
+__device__ __forceinline__ std::size_t row_offset(const AttnParams& a, const TokenPlace& t,
+                                                  std::uint32_t kvh) {
+  return std::size_t{t.page} * a.block_stride + std::size_t{t.in_page} * a.token_stride +
+         std::size_t{kvh} * a.head_stride;
+}
 __device__ __forceinline__ std::size_t row_offset(const AttnParams& a, std::uint32_t b,
                                                   std::uint32_t kvh, std::uint32_t tok) {
-  const std::uint32_t j = a.page_pow2 ? tok >> a.page_shift : tok / a.page_size;
-  const std::uint32_t in_page = tok - j * a.page_size;
-  const std::uint32_t page = __ldg(a.lookup + std::size_t{b} * a.lookup_stride + j);
-  return std::size_t{page} * a.block_stride + std::size_t{in_page} * a.token_stride +
-         std::size_t{kvh} * a.head_stride;
+  return row_offset(a, token_place(a, b, tok), kvh);
+}
+// int8: byte offset of the (row, head) scale of a token (CacheDesc::scale_index).
+__device__ __forceinline__ std::size_t scale_offset(const AttnParams& a, const TokenPlace& t,
+                                                    std::uint32_t kvh) {
+  const std::size_t index =
+      std::size_t{t.in_page} * a.scale_token_stride + std::size_t{kvh} * a.scale_head_stride;
+  return std::size_t{t.page} * a.block_stride + a.scales_offset + index * sizeof(float);
 }
 
 struct DeviceLimits {

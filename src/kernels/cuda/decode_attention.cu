@@ -20,6 +20,12 @@
 // warp are combined by shuffles, the warps through shared memory (log-sum-exp
 // weights); the block writes normalised outputs, or its split's normalised
 // partial and natural-log LSE for attention.cu's merge kernel.
+// 8-bit caches: a 16-byte chunk is 16 codes, unpacked to fp32 in registers
+// (at most 4 query vectors per block keep q and acc there). fp8's static
+// scales are folded in once: K's into q, V's into the written output. int8's
+// per-token scales ride in the ring: every lane copies its token's K and V
+// scale (4-byte cp.async) into a small float ring beside the values, then
+// scales its row's score and the token's probability for p.v.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -27,10 +33,12 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "async_copy.cuh"
 #include "attention_internal.h"
 #include "cuda_check.h"
+#include "element.cuh"
 #include "kvcache/cuda/kernels.h"
 #include "kvcache/dtype.h"
 
@@ -57,8 +65,14 @@ struct DecodeParams {
 };
 
 // Compile-time shape of one instantiation.
+template <class T>
+inline constexpr bool kFp8 = is_fp8(dtype_of_v<T>);
+template <class T>
+inline constexpr bool kInt8 = has_page_scales(dtype_of_v<T>);
+
 template <class T, int kLanes_, int kChunks_, int kM_, int kStages_ = kDefaultStages>
 struct Shape {
+  using Elem = T;
   static constexpr int kStages = kStages_;  // cp.async ring depth per warp
   static constexpr int kLanes = kLanes_;    // lanes per token row
   static constexpr int kChunks = kChunks_;  // 16-byte vectors per lane per row
@@ -69,7 +83,11 @@ struct Shape {
   static constexpr int kSteps = kStageLaneBytes / (32 * kChunks);
   static constexpr int kWarpTokens = kGroups * kSteps;  // tokens per warp stage
   static constexpr int kSlots = kSteps * kChunks * 2;   // uint4 per lane per stage
-  static constexpr int kRingBytes = kWarps * kStages_ * kSlots * 32 * 16;
+  // int8: each lane's copy of its token's K and V scale per step, after
+  // the uint4 ring: [kWarps][kStages][kSteps][2][32] floats.
+  static constexpr int kScaleSlots = kInt8<T> ? kSteps * 2 : 0;
+  static constexpr int kValueRingBytes = kWarps * kStages_ * kSlots * 32 * 16;
+  static constexpr int kRingBytes = kValueRingBytes + kWarps * kStages_ * kScaleSlots * 32 * 4;
   static_assert(kSteps >= 1 && kLanes * kGroups == 32);
 };
 
@@ -103,6 +121,36 @@ __device__ __forceinline__ void unpack<Half>(const uint4& r, float* f) {
     f[2 * i] = x.x;
     f[2 * i + 1] = x.y;
   }
+}
+
+// 8-bit codes: 16 per chunk, each exactly as element.cuh's to_f32.
+template <class T>
+__device__ __forceinline__ float code_to_f32(std::uint32_t byte) {
+  if constexpr (std::is_same_v<T, Fp8E4M3>) {
+    return e4m3_to_f32(byte);
+  } else if constexpr (std::is_same_v<T, Fp8E5M2>) {
+    return e5m2_to_f32(byte);
+  } else {
+    return i8_to_f32(byte);
+  }
+}
+template <class T>
+__device__ __forceinline__ void unpack_codes(const uint4& r, float* f) {
+  const unsigned w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+  for (int i = 0; i < 16; ++i) f[i] = code_to_f32<T>((w[i / 4] >> (8 * (i % 4))) & 0xffu);
+}
+template <>
+__device__ __forceinline__ void unpack<Fp8E4M3>(const uint4& r, float* f) {
+  unpack_codes<Fp8E4M3>(r, f);
+}
+template <>
+__device__ __forceinline__ void unpack<Fp8E5M2>(const uint4& r, float* f) {
+  unpack_codes<Fp8E5M2>(r, f);
+}
+template <>
+__device__ __forceinline__ void unpack<Int8>(const uint4& r, float* f) {
+  unpack_codes<Int8>(r, f);
 }
 
 // Sum over the kLanes lanes of one token row (every lane gets the same bits).
@@ -171,6 +219,8 @@ __device__ __forceinline__ Item item_of(const DecodeParams& p) {
 template <class S>
 __device__ void init_state(const DecodeParams& p, const Item& it, const Lane& ln, State<S>& st) {
   const AttnParams& a = p.a;
+  // fp8: the head's static K scale folded into q (score = (q . code) * scale).
+  const float q_scale = kFp8<typename S::Elem> ? p.q_scale * a.k_head_scales[it.kvh] : p.q_scale;
 #pragma unroll
   for (int m = 0; m < S::kM; ++m) {
     const Vector v = vector_of(p, it, m);
@@ -185,7 +235,7 @@ __device__ void init_state(const DecodeParams& p, const Item& it, const Lane& ln
 #pragma unroll
       for (int e = 0; e < S::kVec; ++e) {
         const bool use = v.valid && c < p.chunks;
-        st.q[m][j * S::kVec + e] = use ? q[c * S::kVec + e] * p.q_scale : 0.0f;
+        st.q[m][j * S::kVec + e] = use ? q[c * S::kVec + e] * q_scale : 0.0f;
         st.acc[m][j * S::kVec + e] = 0.0f;
       }
     }
@@ -208,14 +258,22 @@ __device__ __forceinline__ int slot(int u, int j, int kv) {
 // lane's chunks of its tokens; past it.end: zero-filled, nothing read).
 template <class T, class S>
 __device__ void issue_stage(const DecodeParams& p, const Item& it, const Lane& ln,
-                            uint4* ring_stage, std::uint32_t tok0) {
+                            uint4* ring_stage, float* scale_stage, std::uint32_t tok0) {
   const T* kb = static_cast<const T*>(p.a.k_blocks);
   const T* vb = static_cast<const T*>(p.a.v_blocks);
 #pragma unroll
   for (int u = 0; u < S::kSteps; ++u) {
     const std::uint32_t tok = tok0 + u * S::kGroups + ln.g;
     const bool in = tok < it.end;
-    const std::size_t off = in ? row_offset(p.a, it.b, it.kvh, tok) : 0;
+    const TokenPlace place = in ? token_place(p.a, it.b, tok) : TokenPlace{0, 0};
+    const std::size_t off = in ? row_offset(p.a, place, it.kvh) : 0;
+    if constexpr (kInt8<T>) {  // every lane copies its token's scales for itself
+      const std::size_t so = in ? scale_offset(p.a, place, it.kvh) : 0;
+      const auto* kbytes = static_cast<const unsigned char*>(p.a.k_blocks);
+      const auto* vbytes = static_cast<const unsigned char*>(p.a.v_blocks);
+      cp_async4(scale_stage + (u * 2) * 32 + ln.lane, kbytes + so, in);
+      cp_async4(scale_stage + (u * 2 + 1) * 32 + ln.lane, vbytes + so, in);
+    }
 #pragma unroll
     for (int j = 0; j < S::kChunks; ++j) {
       const std::uint32_t c = ln.r + j * S::kLanes;
@@ -231,7 +289,8 @@ __device__ void issue_stage(const DecodeParams& p, const Item& it, const Lane& l
 // vector may not see the token.
 template <class T, class S>
 __device__ void stage_scores(const DecodeParams& p, const Lane& ln, const uint4* ring_stage,
-                             std::uint32_t tok0, const State<S>& st, float (&s)[S::kSteps][S::kM]) {
+                             const float* scale_stage, std::uint32_t tok0, const State<S>& st,
+                             float (&s)[S::kSteps][S::kM]) {
 #pragma unroll
   for (int u = 0; u < S::kSteps; ++u) {
     float part[S::kM];
@@ -249,9 +308,11 @@ __device__ void stage_scores(const DecodeParams& p, const Lane& ln, const uint4*
       }
     }
     const std::uint32_t tok = tok0 + u * S::kGroups + ln.g;
+    const float k_scale = kInt8<T> ? scale_stage[(u * 2) * 32 + ln.lane] : 1.0f;
 #pragma unroll
     for (int m = 0; m < S::kM; ++m) {
-      const float score = row_sum<S::kLanes>(part[m]);
+      const float score =
+          kInt8<T> ? row_sum<S::kLanes>(part[m]) * k_scale : row_sum<S::kLanes>(part[m]);
       s[u][m] = tok < st.lim[m] ? score : kNegInf;
     }
   }
@@ -288,9 +349,11 @@ __device__ void stage_softmax(State<S>& st, float (&s)[S::kSteps][S::kM]) {
 // acc += p . v over the stage's tokens of this lane's row.
 template <class T, class S>
 __device__ void stage_values(const DecodeParams& p, const Lane& ln, const uint4* ring_stage,
-                             const float (&s)[S::kSteps][S::kM], State<S>& st) {
+                             const float* scale_stage, const float (&s)[S::kSteps][S::kM],
+                             State<S>& st) {
 #pragma unroll
   for (int u = 0; u < S::kSteps; ++u) {
+    const float v_scale = kInt8<T> ? scale_stage[(u * 2 + 1) * 32 + ln.lane] : 1.0f;
 #pragma unroll
     for (int j = 0; j < S::kChunks; ++j) {
       if (ln.r + j * S::kLanes >= p.chunks) continue;
@@ -300,7 +363,8 @@ __device__ void stage_values(const DecodeParams& p, const Lane& ln, const uint4*
       for (int m = 0; m < S::kM; ++m) {
 #pragma unroll
         for (int e = 0; e < S::kVec; ++e) {
-          st.acc[m][j * S::kVec + e] = fmaf(s[u][m], v[e], st.acc[m][j * S::kVec + e]);
+          const float w = kInt8<T> ? s[u][m] * v_scale : s[u][m];
+          st.acc[m][j * S::kVec + e] = fmaf(w, v[e], st.acc[m][j * S::kVec + e]);
         }
       }
     }
@@ -313,13 +377,17 @@ __device__ void stream_tokens(const DecodeParams& p, const Item& it, const Lane&
                               State<S>& st) {
   constexpr int kStages = S::kStages;
   uint4* wring = ring + ln.warp * kStages * S::kSlots * 32;
+  float* sring =
+      reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(ring) + S::kValueRingBytes) +
+      ln.warp * kStages * S::kScaleSlots * 32;
   const std::uint32_t range = it.end > it.begin ? it.end - it.begin : 0;
   constexpr std::uint32_t kBlockTokens = kWarps * S::kWarpTokens;
   const int n_stages = static_cast<int>((range + kBlockTokens - 1) / kBlockTokens);
 #pragma unroll
   for (int st0 = 0; st0 < kStages - 1; ++st0) {
     if (st0 < n_stages) {
-      issue_stage<T, S>(p, it, ln, wring + st0 * S::kSlots * 32, stage_token<S>(it, ln, st0));
+      issue_stage<T, S>(p, it, ln, wring + st0 * S::kSlots * 32, sring + st0 * S::kScaleSlots * 32,
+                        stage_token<S>(it, ln, st0));
     }
     cp_async_commit();
   }
@@ -327,6 +395,7 @@ __device__ void stream_tokens(const DecodeParams& p, const Item& it, const Lane&
     const int next = stage + kStages - 1;
     if (next < n_stages) {
       issue_stage<T, S>(p, it, ln, wring + (next % kStages) * S::kSlots * 32,
+                        sring + (next % kStages) * S::kScaleSlots * 32,
                         stage_token<S>(it, ln, next));
     }
     cp_async_commit();
@@ -334,10 +403,11 @@ __device__ void stream_tokens(const DecodeParams& p, const Item& it, const Lane&
     const std::uint32_t tok0 = stage_token<S>(it, ln, stage);
     if (tok0 >= it.end) continue;  // warp-uniform: this warp's stage is past the range
     const uint4* cur = wring + (stage % kStages) * S::kSlots * 32;
+    const float* cur_scales = sring + (stage % kStages) * S::kScaleSlots * 32;
     float s[S::kSteps][S::kM];
-    stage_scores<T, S>(p, ln, cur, tok0, st, s);
+    stage_scores<T, S>(p, ln, cur, cur_scales, tok0, st, s);
     stage_softmax<S>(st, s);
-    stage_values<T, S>(p, ln, cur, s, st);
+    stage_values<T, S>(p, ln, cur, cur_scales, s, st);
   }
   cp_async_wait<0>();
 }
@@ -397,6 +467,8 @@ __device__ void write_block(const DecodeParams& p, const Item& it, const float* 
                             const float* ml_s) {
   const AttnParams& a = p.a;
   const std::uint32_t dim = a.dim;
+  // fp8: the head's static V scale (out = sum p code / sum p * scale).
+  const float v_scale = kFp8<typename S::Elem> ? a.v_head_scales[it.kvh] : 1.0f;
   for (std::uint32_t idx = threadIdx.x; idx < S::kM * dim; idx += kThreads) {
     const int m = static_cast<int>(idx / dim);
     const std::uint32_t d = idx % dim;
@@ -414,11 +486,11 @@ __device__ void write_block(const DecodeParams& p, const Item& it, const float* 
     }
     const std::size_t rh = (std::size_t{it.row_begin} + v.i) * a.n_q + it.kvh * a.group + v.h;
     if (a.n_splits == 1) {
-      a.out[rh * dim + d] = o / l;
+      a.out[rh * dim + d] = kFp8<typename S::Elem> ? o / l * v_scale : o / l;
       continue;
     }
     const std::size_t part = std::size_t{blockIdx.y} * a.total_rows * a.n_q + rh;
-    a.part_o[part * dim + d] = l > 0.0f ? o / l : 0.0f;
+    a.part_o[part * dim + d] = l > 0.0f ? (kFp8<typename S::Elem> ? o / l * v_scale : o / l) : 0.0f;
     if (d == 0) a.part_lse[part] = l > 0.0f ? (mx + log2f(l)) * kLn2 : kNegInf;
   }
 }
@@ -523,19 +595,24 @@ void launch_vectors(std::uint32_t vectors, const DecodeParams& p, std::uint64_t 
 template <class T>
 void launch_typed(std::uint32_t vectors, const DecodeParams& p, std::uint64_t items,
                   std::uint32_t max_context, CallContext& c, const DecodeTuning& t) {
-  if (p.chunks <= 8) return launch_vectors<T, 8, 1>(vectors, p, items, max_context, c, t);
-  if (p.chunks <= 16) {
-    if constexpr (sizeof(T) == 2) {
-      if (t.lanes == 8 && vectors <= 4) {
-        return launch_vectors<T, 8, 2, 4>(vectors, p, items, max_context, c, t);
+  if constexpr (sizeof(T) == 1) {  // 16 dims per chunk: at most 4 vectors (launch_decode)
+    if (p.chunks <= 8) return launch_vectors<T, 8, 1, 4>(vectors, p, items, max_context, c, t);
+    return launch_vectors<T, 16, 1, 4>(vectors, p, items, max_context, c, t);
+  } else {
+    if (p.chunks <= 8) return launch_vectors<T, 8, 1>(vectors, p, items, max_context, c, t);
+    if (p.chunks <= 16) {
+      if constexpr (sizeof(T) == 2) {
+        if (t.lanes == 8 && vectors <= 4) {
+          return launch_vectors<T, 8, 2, 4>(vectors, p, items, max_context, c, t);
+        }
       }
+      return launch_vectors<T, 16, 1>(vectors, p, items, max_context, c, t);
     }
-    return launch_vectors<T, 16, 1>(vectors, p, items, max_context, c, t);
+    if constexpr (sizeof(T) == 4) {
+      if (p.chunks > 32) return launch_vectors<T, 32, 2>(vectors, p, items, max_context, c, t);
+    }
+    launch_vectors<T, 32, 1>(vectors, p, items, max_context, c, t);
   }
-  if constexpr (sizeof(T) == 4) {
-    if (p.chunks > 32) return launch_vectors<T, 32, 2>(vectors, p, items, max_context, c, t);
-  }
-  launch_vectors<T, 32, 1>(vectors, p, items, max_context, c, t);
 }
 
 }  // namespace
@@ -557,8 +634,9 @@ void launch_decode(DType dtype, AttnParams a, const CacheDesc& k, CallContext& c
   p.q_scale = a.scale * kLog2e;
   a.rows_per_block = max_new;
   a.row_tiles = 1;
-  std::uint32_t max_vectors = kMaxVectors;
-  if (t.max_vectors != 0) max_vectors = std::min<std::uint32_t>(t.max_vectors, kMaxVectors);
+  // 8-bit rows give a lane 16 dims per chunk: 4 vectors keep q and acc in registers.
+  std::uint32_t max_vectors = dtype_size(dtype) == 1 ? 4 : kMaxVectors;
+  if (t.max_vectors != 0) max_vectors = std::min<std::uint32_t>(t.max_vectors, max_vectors);
   a.heads_per_block = std::min(a.group, std::max(1u, max_vectors / max_new));
   a.head_tiles = ceil_div(a.group, a.heads_per_block);
   p.a = a;
@@ -568,12 +646,8 @@ void launch_decode(DType dtype, AttnParams a, const CacheDesc& k, CallContext& c
                           " thread blocks per split, limit 2^31-1");
   }
   const std::uint32_t vectors = max_new * a.heads_per_block;
-  visit_dtype(dtype, [&](auto tag) {
-    // 8-bit caches are refused by check_cache_pair.
-    if constexpr (!is_quantized(dtype_of_v<decltype(tag)>)) {
-      launch_typed<decltype(tag)>(vectors, p, items, max_context, c, t);
-    }
-  });
+  visit_dtype(dtype,
+              [&](auto tag) { launch_typed<decltype(tag)>(vectors, p, items, max_context, c, t); });
 }
 
 }  // namespace kvcache::cuda::detail

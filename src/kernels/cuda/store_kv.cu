@@ -42,6 +42,7 @@
 #include "element.cuh"
 #include "kvcache/cuda/kernels.h"
 #include "kvcache/kernels/rope.h"
+#include "store_q8.h"
 #include "validate.h"
 
 namespace kvcache::cuda::detail {
@@ -324,6 +325,11 @@ void store_kv_cuda(DType dtype, const CacheDesc& k, const CacheDesc& v,
     throw InvalidArgument("store_kv of " + std::to_string(rows) +
                           " rows exceeds the row index limit 2^32-1");
   }
+  if (is_quantized(dtype)) {
+    store_kv_q8_cuda(dtype, k, v, k_new, v_new, row_offsets, rotary_dim, options.rope_k.theta, rows,
+                     stream);
+    return;
+  }
   const std::uint32_t half = rotary_dim / 2;
   const std::size_t elem = dtype_size(dtype);
   const std::size_t tstride = k.token_stride, hstride = k.head_stride;
@@ -376,7 +382,7 @@ void store_kv_cuda(DType dtype, const CacheDesc& k, const CacheDesc& v,
   visit_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     if constexpr (is_quantized(dtype_of_v<T>)) {
-      return;  // 8-bit caches are refused by check_cache_pair
+      return;  // 8-bit caches: store_kv_q8_cuda above
     } else if (w == 8) {
       if constexpr (sizeof(T) == 2) launch<T, 8>(rope, grid, p, stream);
     } else if (w == 4) {

@@ -26,10 +26,6 @@ void check_device_ptr(const char* what, const void* p) {
 }  // namespace
 
 void check_cache_pair(const CacheDesc& k, const CacheDesc& v) {
-  if (is_quantized(k.dtype)) {
-    throw InvalidArgument("the CUDA kernels do not take " + std::string(dtype_name(k.dtype)) +
-                          " caches yet (the CPU kernels do: docs/quantization.md)");
-  }
   if (k.batch_size != v.batch_size || k.n_kv_heads != v.n_kv_heads || k.head_dim != v.head_dim ||
       k.page_size != v.page_size || k.block_stride != v.block_stride ||
       k.lookup_stride != v.lookup_stride || k.cache_lengths != v.cache_lengths ||
@@ -40,6 +36,10 @@ void check_cache_pair(const CacheDesc& k, const CacheDesc& v) {
                           str(k.head_dim) + " vs " + str(v.head_dim) + ", page_size " +
                           str(k.page_size) + " vs " + str(v.page_size) + ", block_stride " +
                           str(k.block_stride) + " vs " + str(v.block_stride) + ")");
+  }
+  if (k.head_dim > kMaxHeadDim) {
+    throw InvalidArgument("head_dim " + str(k.head_dim) + " exceeds the CUDA kernels' limit " +
+                          str(kMaxHeadDim));
   }
   const CacheDesc resolved = k.with_strides();
   if (k.token_stride != resolved.token_stride || k.head_stride != resolved.head_stride) {
@@ -52,10 +52,6 @@ void check_cache_pair(const CacheDesc& k, const CacheDesc& v) {
     throw InvalidArgument("cache view layout value " + str(static_cast<int>(k.layout)) +
                           " is not nhd or hnd");
   }
-  if (k.head_dim > kMaxHeadDim) {
-    throw InvalidArgument("head_dim " + str(k.head_dim) + " exceeds the CUDA kernels' limit " +
-                          str(kMaxHeadDim));
-  }
   check_positive("head_dim", k.head_dim);
   check_positive("n_kv_heads", k.n_kv_heads);
   check_positive("page_size", k.page_size);
@@ -66,6 +62,19 @@ void check_cache_pair(const CacheDesc& k, const CacheDesc& v) {
   check_device_ptr("value cache blocks", v.blocks);
   check_device_ptr("cache_lengths", k.cache_lengths);
   check_device_ptr("lookup_table", k.lookup_table);
+  if (is_fp8(k.dtype)) {
+    if (k.head_scales == nullptr || v.head_scales == nullptr) {
+      throw InvalidArgument(std::string(dtype_name(k.dtype)) +
+                            " cache view has no head_scales (its static K / V scales; "
+                            "DeviceCollection uploads them)");
+    }
+    check_device_ptr("key head_scales", k.head_scales);
+    check_device_ptr("value head_scales", v.head_scales);
+  }
+  if (has_page_scales(k.dtype) && k.head_dim % 4 != 0) {
+    throw InvalidArgument("int8 cache head_dim " + str(k.head_dim) +
+                          " is not a multiple of 4 (the page's scales stay 4-byte aligned)");
+  }
 }
 
 void check_row_offsets_span(std::span<const std::uint32_t> row_offsets, std::uint32_t batch_size) {
