@@ -248,6 +248,11 @@ void bind_lifecycle(py::class_<Manager>& cls) {
              return snapshot_dict(unlocked([&] { return m.snapshot(); }));
            }))
       .def("check_invariants", [](const Manager& m) { unlocked([&] { m.check_invariants(); }); })
+      .def("stats", counted([](const Manager& m) {
+             return stats_dict(unlocked([&] { return m.stats(); }));
+           }),
+           "One reading of the manager's figures as a dict (docs/metrics.md); paged with "
+           "tiers: 'pending_loads' and 'tiers', one dict per tier.")
       .def_property_readonly("params", [](const Manager& m) { return m.params(); })
       .def_property_readonly("num_layers", [](const Manager& m) { return m.params().num_layers; })
       .def_property_readonly("max_cache_batch_size", &Manager::max_batch_size)
@@ -326,28 +331,35 @@ void bind_paged(py::module_& m) {
                     "A paged manager: one pool of page_size-token pages, one page table per "
                     "sequence. The pool is total_num_pages, or what fits in cache_memory bytes, "
                     "or (neither) enough for every sequence to reach max_seq_len.");
-  cls.def(py::init([](const KVCacheParams& params, const py::handle& max_batch,
-                      const py::handle& max_seq_len, const py::object& num_layers,
-                      const py::object& devices, const py::object& /*session*/,
-                      const py::object& total_num_pages, const py::object& cache_memory,
-                      const py::object& policy, const py::object& on_event,
-                      const py::object& small_fraction, const py::object& ghost_factor) {
-            const KVCacheParams p = resolve_params(params, num_layers, devices);
-            const std::uint32_t batch = to_u32(max_batch, "max_cache_batch_size");
-            const std::uint32_t seq = to_u32(max_seq_len, "max_seq_len");
-            const std::uint32_t pages = resolve_pages(p, batch, seq, total_num_pages, cache_memory);
-            PrefixCacheConfig config =
-                prefix_config(p, policy, on_event, small_fraction, ghost_factor);
-            return std::make_unique<M>(p, pages, batch, seq, std::move(config),
-                                       SeqIdPolicy::lowest_free);
-          }),
-          py::arg("params"), py::arg("max_cache_batch_size"), py::arg("max_seq_len"),
-          py::arg("num_layers") = py::none(), py::arg("devices") = py::none(),
-          py::arg("session") = py::none(), py::kw_only(), py::arg("total_num_pages") = py::none(),
-          py::arg("cache_memory") = py::none(), py::arg("eviction_policy") = py::none(),
-          py::arg("on_event") = py::none(), py::arg("s3fifo_small_fraction") = py::none(),
-          py::arg("ghost_factor") = py::none(),
-          "session (MAX's InferenceSession) is accepted and ignored.");
+  cls.def(
+      py::init([](const KVCacheParams& params, const py::handle& max_batch,
+                  const py::handle& max_seq_len, const py::object& num_layers,
+                  const py::object& devices, const py::object& /*session*/,
+                  const py::object& total_num_pages, const py::object& cache_memory,
+                  const py::object& policy, const py::object& on_event,
+                  const py::object& small_fraction, const py::object& ghost_factor,
+                  const py::object& tiers, const py::object& model_id, const py::object& cache_salt,
+                  const py::object& admission, const py::object& staging_pages) {
+        const KVCacheParams p = resolve_params(params, num_layers, devices);
+        const std::uint32_t batch = to_u32(max_batch, "max_cache_batch_size");
+        const std::uint32_t seq = to_u32(max_seq_len, "max_seq_len");
+        const std::uint32_t pages = resolve_pages(p, batch, seq, total_num_pages, cache_memory);
+        PrefixCacheConfig config = prefix_config(p, policy, on_event, small_fraction, ghost_factor);
+        config.tiers = tier_config(p, tiers, model_id, cache_salt, admission, staging_pages);
+        return std::make_unique<M>(p, pages, batch, seq, std::move(config),
+                                   SeqIdPolicy::lowest_free);
+      }),
+      py::arg("params"), py::arg("max_cache_batch_size"), py::arg("max_seq_len"),
+      py::arg("num_layers") = py::none(), py::arg("devices") = py::none(),
+      py::arg("session") = py::none(), py::kw_only(), py::arg("total_num_pages") = py::none(),
+      py::arg("cache_memory") = py::none(), py::arg("eviction_policy") = py::none(),
+      py::arg("on_event") = py::none(), py::arg("s3fifo_small_fraction") = py::none(),
+      py::arg("ghost_factor") = py::none(), py::arg("tiers") = py::none(),
+      py::arg("model_id") = py::none(), py::arg("cache_salt") = py::none(),
+      py::arg("admission") = py::none(), py::arg("staging_pages") = py::none(),
+      "session (MAX's InferenceSession) is accepted and ignored. tiers: storage tiers "
+      "below the pool, nearest first (kvcache.HostTier, kvcache.DiskTier; "
+      "docs/tiers.md).");
   def_classmethod(
       cls, "estimated_memory_size",
       [](const py::object& /*cls*/, const KVCacheParams& params, const py::handle& max_batch,
@@ -388,11 +400,13 @@ void bind_paged(py::module_& m) {
       .def_property_readonly("total_num_pages", &M::total_blocks);
   bind_lifecycle(cls);
   bind_prefix_methods(cls);
+  bind_tier_methods(cls);
 }
 
 }  // namespace
 
 void bind_managers(py::module_& m) {
+  bind_tier_types(m);
   bind_continuous(m);
   bind_prefix_types(m);
   bind_paged(m);

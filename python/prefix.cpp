@@ -21,6 +21,8 @@ struct PyPageEvent {
   std::uint64_t parent_hash = 0;
   std::uint64_t extra_key = 0;
   std::vector<std::uint32_t> tokens;
+  std::string medium;                           // "device" or a tier's name
+  std::pair<std::uint64_t, std::uint64_t> key;  // the 128-bit tier key (hi, lo)
 };
 
 // The C++ on_event callback for a Python callable. It runs under the
@@ -46,7 +48,9 @@ std::function<void(const PageEvent&)> event_trampoline(py::object callback) {
                      e.hash,
                      e.parent_hash,
                      e.extra_key,
-                     {e.tokens.begin(), e.tokens.end()}};
+                     {e.tokens.begin(), e.tokens.end()},
+                     std::string(e.medium),
+                     {e.key.hi, e.key.lo}};
       (*fn)(std::move(ev));
     } catch (py::error_already_set& err) {
       err.discard_as_unraisable("kvcache.PagedKVCacheManager on_event callback");
@@ -74,7 +78,8 @@ PrefixCacheConfig prefix_config(const KVCacheParams& p, const py::object& policy
   }
   if (!policy.is_none()) {
     if (!py::isinstance<py::str>(policy)) {
-      throw InvalidArgument("eviction_policy must be a str (lru, s3fifo, tiered, interval, adaptive)");
+      throw InvalidArgument(
+          "eviction_policy must be a str (lru, s3fifo, tiered, interval, adaptive)");
     }
     c.policy = parse_policy(policy.cast<std::string>());
   }
@@ -86,17 +91,20 @@ PrefixCacheConfig prefix_config(const KVCacheParams& p, const py::object& policy
 
 void bind_prefix_types(py::module_& m) {
   py::class_<PyPageEvent>(m, "PageEvent",
-                          "A page entering ('stored') or leaving ('removed') the prefix cache's "
-                          "hash index, as passed to on_event.")
+                          "A page entering ('stored') or leaving ('removed') a medium: the "
+                          "prefix cache's hash index (medium 'device') or a tier ('host', "
+                          "'disk'), as passed to on_event.")
       .def_readonly("kind", &PyPageEvent::kind)
       .def_readonly("page", &PyPageEvent::page)
       .def_readonly("hash", &PyPageEvent::hash)
       .def_readonly("parent_hash", &PyPageEvent::parent_hash)
       .def_readonly("extra_key", &PyPageEvent::extra_key)
       .def_readonly("tokens", &PyPageEvent::tokens)
+      .def_readonly("medium", &PyPageEvent::medium)
+      .def_readonly("key", &PyPageEvent::key)
       .def("__repr__", [](const PyPageEvent& e) {
         return "PageEvent(" + e.kind + ", page=" + std::to_string(e.page) +
-               ", hash=" + std::to_string(e.hash) + ")";
+               ", hash=" + std::to_string(e.hash) + ", medium='" + e.medium + "')";
       });
   using PM = PrefixCacheMetrics;
   py::class_<PM>(m, "PrefixCacheMetrics",

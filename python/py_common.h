@@ -183,6 +183,18 @@ PrefixCacheConfig prefix_config(const KVCacheParams& p, const py::object& policy
 void bind_prefix_types(py::module_& m);
 void bind_prefix_methods(py::class_<PagedKVCacheManager>& cls);
 
+// tiers.cpp: kvcache.Tier / HostTier / DiskTier; the PagedKVCacheManager
+// keywords tiers, model_id, cache_salt, admission, staging_pages (any of them
+// without params.enable_prefix_caching is an InvalidArgument; model_id and
+// cache_salt default to the first tier's); has_pending_loads, poll_loads,
+// wait_loads, wait_tiers; a manager's stats() as a dict.
+TierConfig tier_config(const KVCacheParams& p, const py::object& tiers, const py::object& model_id,
+                       const py::object& cache_salt, const py::object& admission,
+                       const py::object& staging_pages);
+void bind_tier_types(py::module_& m);
+void bind_tier_methods(py::class_<PagedKVCacheManager>& cls);
+py::dict stats_dict(const ManagerStats& s);
+
 void bind_inputs(py::module_& m);
 void bind_managers(py::module_& m);
 void bind_kernels(py::module_& m);

@@ -19,10 +19,12 @@
  *
  * Ownership. kvc_manager_create (and _create_prefix) / kvc_batch_create /
  * kvc_thread_pool_create hand out handles the caller frees with the matching _destroy (NULL is a
- * no-op). A batch points into its manager's memory: destroy batches before
+ * no-op); kvc_host_tier_create / kvc_disk_tier_create hand out tiers freed by
+ * kvc_tier_destroy. A batch points into its manager's memory: destroy batches before
  * their manager, and do not use a batch's description after a later
  * kvc_fetch into it or a kvc_step / kvc_release / kvc_truncate of its
- * sequences.
+ * sequences. A manager keeps its own reference to each tier it was made with:
+ * a tier handle may be destroyed before or after such a manager.
  *
  * Array lengths. Where a call takes a pointer and a count, the pointer must
  * hold that many elements. The kernels take arrays whose lengths follow from
@@ -202,8 +204,11 @@ typedef enum kvc_eviction_policy {
 } kvc_eviction_policy;
 
 /* kvcache::PageEvent: a page entering (KVC_PAGE_STORED) or leaving
- * (KVC_PAGE_REMOVED) the hash index, what KV-aware routers consume. tokens
- * is valid during the callback only. */
+ * (KVC_PAGE_REMOVED) a medium, what KV-aware routers consume: medium
+ * "device" for the device pool's hash index, a tier's name ("host",
+ * "disk") for a page written back to that tier and stored there, or found
+ * lost by a load from it. tokens and medium (NUL-terminated) are valid
+ * during the callback only. */
 enum { KVC_PAGE_STORED = 0, KVC_PAGE_REMOVED = 1 };
 typedef struct kvc_page_event {
   int32_t kind;
@@ -213,11 +218,25 @@ typedef struct kvc_page_event {
   uint64_t extra_key;
   const uint32_t* tokens;
   size_t n_tokens;
+  const char* medium;
+  uint64_t key_hi; /* the page's 128-bit tier key; 0, 0 without tiers */
+  uint64_t key_lo;
 } kvc_page_event;
 
 /* Called under the manager's lock for every page stored in or removed from
- * the index: it must return quickly and must not call the manager. */
+ * a medium: it must return quickly and must not call the manager. */
 typedef void (*kvc_page_event_fn)(const kvc_page_event* event, void* user_data);
+
+/* A storage tier below the paged pool (kvc_host_tier_create,
+ * kvc_disk_tier_create; section "storage tiers" below). */
+typedef struct kvc_tier kvc_tier;
+
+/* kvcache::OffloadAdmission: which pages the device pool evicts go down to
+ * the first tier. */
+typedef enum kvc_offload_admission {
+  KVC_ADMIT_EVERY_PAGE = 0, /* every published page evicted */
+  KVC_ADMIT_REUSED = 1      /* only pages a later request attached (or loaded from a tier) */
+} kvc_offload_admission;
 
 /* kvcache::PrefixCacheConfig. Start from kvc_prefix_config_default(). */
 typedef struct kvc_prefix_config {
@@ -226,9 +245,21 @@ typedef struct kvc_prefix_config {
   double ghost_factor;          /* ghost FIFO length in pool sizes, [0, 64] */
   kvc_page_event_fn on_event;   /* NULL: no events */
   void* user_data;              /* passed to on_event */
+  /* kvcache::TierConfig (docs/tiers.md): the tiers below the device pool,
+     nearest first (n_tiers handles, none NULL; NULL and 0: no tiers). Each
+     tier's fingerprint (its params, model id and cache salt) must match the
+     manager's params, model_id and cache_salt; tiers need
+     params->n_devices 1 (the C params' only value). */
+  kvc_tier* const* tiers;
+  uint32_t n_tiers;
+  int32_t admission;      /* kvc_offload_admission */
+  uint32_t staging_pages; /* write-back staging slots, [1, 65536] */
+  const char* model_id;   /* NULL: "" */
+  const char* cache_salt; /* NULL: "" */
 } kvc_prefix_config;
 
-/* The C++ defaults: LRU, 0.1, 16, no events. */
+/* The C++ defaults: adaptive, 0.1, 16, no events, no tiers, every page
+ * admitted, 16 staging pages. */
 kvc_prefix_config kvc_prefix_config_default(void);
 
 /* kvc_manager_create for the paged strategy with prefix caching configured
@@ -238,6 +269,174 @@ kvc_status kvc_manager_create_prefix(const kvc_params* params, uint32_t num_page
                                      uint32_t max_batch_size, uint32_t max_seq_len,
                                      const kvc_prefix_config* config, kvc_manager** out,
                                      kvc_error* err);
+
+/* ---- storage tiers below the paged pool (kvcache/tier.h, docs/tiers.md) ---- */
+
+/* A tier keeps pages the device pool evicted, under content keys, for
+ * kvc_match_prefix to load back. Tiers are made for one cache shape (params:
+ * dtype, layout, page size, heads, head dim, layers; the strategy must be
+ * KVC_STRATEGY_PAGED), a model_id and a cache_salt (NULL: ""), which form
+ * its fingerprint; a manager takes only tiers whose fingerprint matches its
+ * own. capacity_bytes counts page bytes (kvc_tier_page_bytes each);
+ * KVC_TIER_UNLIMITED: as many pages as the medium holds (disk). Tiers are
+ * thread-safe; their I/O runs on their own threads. */
+#define KVC_TIER_UNLIMITED UINT64_MAX
+
+/* Bytes of one page in a tier for params (every layer's K and V). */
+kvc_status kvc_tier_page_bytes(const kvc_params* params, uint64_t* bytes, kvc_error* err);
+
+/* kvcache::HostTierOptions. Start from kvc_host_tier_options_default(). */
+typedef struct kvc_host_tier_options {
+  uint32_t threads;     /* worker threads (>= 1 unless synchronous) */
+  int32_t synchronous;  /* 1: work in the caller's thread (deterministic tests) */
+  int32_t huge_pages;   /* 1: madvise the slot memory to 2 MiB pages */
+  int32_t checksums;    /* 1: checksum each page at store, verify it at load */
+  uint64_t chunk_bytes; /* host memory mapped at a time */
+} kvc_host_tier_options;
+
+/* The C++ defaults: 2 threads, asynchronous, huge pages, no checksums,
+ * 256 MiB chunks. */
+kvc_host_tier_options kvc_host_tier_options_default(void);
+
+/* A host-memory tier of capacity_bytes (kvcache::HostTier). options NULL:
+ * the defaults. */
+kvc_status kvc_host_tier_create(const kvc_params* params, const char* model_id,
+                                const char* cache_salt, uint64_t capacity_bytes,
+                                const kvc_host_tier_options* options, kvc_tier** out,
+                                kvc_error* err);
+
+/* kvcache::DiskIo: how a disk tier reads and writes. */
+typedef enum kvc_disk_io {
+  KVC_DISK_IO_AUTOMATIC = 0, /* io_uring when the kernel grants a ring, else threads */
+  KVC_DISK_IO_URING = 1,     /* io_uring, or KVC_INVALID_ARGUMENT at creation */
+  KVC_DISK_IO_THREADS = 2    /* blocking preadv / pwritev on the worker threads */
+} kvc_disk_io;
+
+/* kvcache::DiskTierOptions. Start from kvc_disk_tier_options_default(). */
+typedef struct kvc_disk_tier_options {
+  int32_t io;                      /* kvc_disk_io */
+  int32_t direct_io;               /* 1: O_DIRECT where the filesystem allows it */
+  int32_t durable;                 /* 1: fdatasync before a page's manifest record */
+  uint32_t threads;                /* worker threads, >= 1 */
+  uint32_t queue_depth;            /* io_uring requests in flight at most */
+  uint32_t max_consecutive_errors; /* I/O failures in a row that disable the tier */
+  uint64_t slab_bytes;             /* bytes per slab file */
+  uint64_t compact_min_records;    /* manifest compaction threshold */
+} kvc_disk_tier_options;
+
+/* The C++ defaults: automatic, O_DIRECT, durable, 2 threads, depth 32, 8
+ * errors, 1 GiB slabs, 4096 records. */
+kvc_disk_tier_options kvc_disk_tier_options_default(void);
+
+/* A disk tier in directory dir (created if missing; kvcache::DiskTier):
+ * pages a tier of the same fingerprint stored there before, in this process
+ * or an earlier one, are found again (kvc_disk_tier_info). One tier at a
+ * time per directory: a second is refused (KVC_INVALID_ARGUMENT naming the
+ * path) until the first is destroyed along with every manager using it.
+ * options NULL: the defaults. */
+kvc_status kvc_disk_tier_create(const kvc_params* params, const char* model_id,
+                                const char* cache_salt, const char* dir, uint64_t capacity_bytes,
+                                const kvc_disk_tier_options* options, kvc_tier** out,
+                                kvc_error* err);
+
+/* NULL is a no-op. A manager using the tier keeps it alive. */
+void kvc_tier_destroy(kvc_tier* tier);
+
+/* "host", "disk": the tier's label in events and metrics; valid as long as
+ * the handle. NULL for a NULL tier. */
+const char* kvc_tier_name(const kvc_tier* tier);
+
+/* kvcache::TierStats: counters since the tier opened; gauges are now. */
+typedef struct kvc_tier_stats {
+  uint64_t pages_held;     /* gauge */
+  uint64_t bytes_held;     /* gauge (page bytes) */
+  uint64_t capacity_bytes; /* gauge; KVC_TIER_UNLIMITED for unlimited */
+  uint64_t lookups;        /* keys asked about */
+  uint64_t hits;
+  uint64_t pages_stored;
+  uint64_t pages_loaded;
+  uint64_t bytes_stored;
+  uint64_t bytes_loaded;
+  uint64_t evictions; /* pages the tier dropped for room */
+  uint64_t rejected;  /* stores not admitted */
+  uint64_t corrupt;   /* loads or recoveries refused by the checksum */
+  uint64_t io_errors;
+  uint64_t load_nanoseconds; /* summed over loads */
+  int32_t enabled;           /* 0 once the tier disabled itself */
+} kvc_tier_stats;
+
+kvc_status kvc_tier_stats_get(const kvc_tier* tier, kvc_tier_stats* out, kvc_error* err);
+
+/* What a disk tier found when it opened its directory, and how it does I/O. */
+typedef struct kvc_disk_tier_info {
+  int32_t io;                   /* KVC_DISK_IO_URING or KVC_DISK_IO_THREADS */
+  int32_t direct_io;            /* 1: O_DIRECT in use */
+  int32_t fresh;                /* 1: no usable manifest, started empty */
+  uint64_t pages_recovered;     /* pages found again */
+  uint64_t pages_dropped;       /* records whose slot the slabs do not cover */
+  uint64_t torn_manifest_bytes; /* ignored at the manifest's end */
+  uint64_t slot_bytes;          /* bytes a page takes on disk */
+} kvc_disk_tier_info;
+
+/* KVC_INVALID_ARGUMENT for a tier that is not a disk tier. */
+kvc_status kvc_disk_tier_info_get(const kvc_tier* tier, kvc_disk_tier_info* out, kvc_error* err);
+
+/* With tiers, kvc_match_prefix goes on past the device index into the tiers
+ * and starts loads into device pages; its count includes those tokens. Until
+ * the manager finishes the loads, the sequence is pending: kvc_fetch,
+ * kvc_fork and kvc_truncate refuse it (KVC_INVALID_ARGUMENT naming it,
+ * nothing changed). A load that fails truncates the sequence before the
+ * failed page (the caller computes the rest: read kvc_cache_length once it
+ * is no longer pending). Write-backs finish in the same calls.
+ *
+ * kvc_has_pending_loads: *pending = 1 while seq has loads to finish (0
+ * without tiers). kvc_poll_loads: finishes every load that is done, never
+ * waits; the sequences it finished go to seq_ids[0, *count), which must
+ * hold the manager's max_batch_size entries (checked first), or be NULL
+ * with cap 0 (then only *count is set). kvc_wait_loads: waits (outside the
+ * manager's lock) until seq's loads are done, then finishes them.
+ * kvc_wait_tiers: waits for every load and write-back in flight. All are
+ * paged-only. */
+kvc_status kvc_has_pending_loads(const kvc_manager* manager, uint64_t seq, int32_t* pending,
+                                 kvc_error* err);
+kvc_status kvc_poll_loads(kvc_manager* manager, uint64_t* seq_ids, uint32_t cap, uint32_t* count,
+                          kvc_error* err);
+kvc_status kvc_wait_loads(kvc_manager* manager, uint64_t seq, kvc_error* err);
+kvc_status kvc_wait_tiers(kvc_manager* manager, kvc_error* err);
+
+/* kvcache::TierFigures: one tier below a manager, its own figures and what
+ * the manager did with it (counters since the manager was made). */
+typedef struct kvc_tier_figures {
+  char name[32]; /* NUL-terminated; truncated past 31 bytes */
+  int32_t enabled;
+  uint64_t pages_held;
+  uint64_t bytes_held;
+  uint64_t capacity_bytes;
+  uint64_t lookups;
+  uint64_t hits;
+  uint64_t pages_stored;
+  uint64_t bytes_stored;
+  uint64_t pages_loaded;
+  uint64_t bytes_loaded;
+  uint64_t evictions;
+  uint64_t corrupt;
+  uint64_t io_errors;
+  uint64_t load_nanoseconds;
+  uint64_t pages_offloaded; /* evicted device pages the tier stored */
+  uint64_t offload_dropped; /* evicted pages not written: staging full, refused, failed */
+  uint64_t pages_onboarded; /* pages loaded back into the device pool */
+  uint64_t load_failures;   /* loads that came back missing, mismatch, corrupt or failed */
+} kvc_tier_figures;
+
+/* The manager's tiers, nearest first, read in one reading with
+ * *pending_loads (pages loading now; may be NULL). *count (may be NULL)
+ * receives the number of tiers. With figures NULL and cap 0 the call only
+ * sets the counts; otherwise figures[0, n) is written if the n tiers fit in
+ * cap, else KVC_INVALID_ARGUMENT naming both, nothing written but the
+ * counts. A manager without tiers (or a continuous one) has 0. */
+kvc_status kvc_manager_tier_figures(const kvc_manager* manager, kvc_tier_figures* figures,
+                                    uint32_t cap, uint32_t* count, uint32_t* pending_loads,
+                                    kvc_error* err);
 
 /* Pins the cached full pages of this prefix with priority > 0 (evicted only
  * when no unpinned page is evictable, lowest priority first); priority 0

@@ -1,179 +1,35 @@
 // The C interface (include/kvcache/c_api.h) over the C++ API: handles own
-// the C++ objects, every entry point runs inside `guarded`, which turns the
-// library's typed exceptions into a kvc_status and a message and lets no
-// exception cross into C.
-#include "kvcache/c_api.h"
-
+// the C++ objects, every entry point runs inside `guarded`
+// (c_api_internal.h), which turns the library's typed exceptions into a
+// kvc_status and a message and lets no exception cross into C. This file:
+// managers, the lifecycle, the prefix cache, stats, metrics and logging
+// (batches and kernels: c_api_kernels.cpp; tiers: c_api_tiers.cpp).
 #include <algorithm>
-#include <cstddef>
+#include <array>
 #include <cstring>
-#include <exception>
-#include <limits>
+#include <functional>
 #include <memory>
-#include <new>
 #include <span>
 #include <stdexcept>
 #include <string>
-#include <type_traits>
 #include <vector>
 
-#include "kvcache/batch.h"
+#include "c_api/c_api_internal.h"
 #include "kvcache/continuous_manager.h"
-#include "kvcache/error.h"
-#include "kvcache/kernels/attention.h"
+#include "kvcache/kv_scales.h"
 #include "kvcache/log.h"
 #include "kvcache/metrics.h"
-#include "kvcache/paged_manager.h"
-#include "kvcache/params.h"
-#include "kvcache/prefix_cache.h"
-#include "kvcache/thread_pool.h"
-
-struct kvc_manager {
-  std::unique_ptr<kvcache::KVCacheManager> impl;
-};
-
-struct kvc_batch {
-  kvcache::KVCacheBatch batch;
-  bool fetched = false;
-};
-
-struct kvc_thread_pool {
-  explicit kvc_thread_pool(std::size_t n) : pool(n) {}
-  kvcache::ThreadPool pool;
-};
 
 namespace {
 
 using kvcache::InvalidArgument;
-
-kvc_status report(kvc_error* err, kvc_status status, const char* message) {
-  if (err != nullptr) {
-    err->status = status;
-    const std::size_t n = std::min(std::strlen(message), sizeof(err->message) - 1);
-    std::memcpy(err->message, message, n);
-    err->message[n] = '\0';
-  }
-  if (status != KVC_OK && kvcache::log_enabled(kvcache::LogLevel::debug)) {
-    try {
-      kvcache::log(kvcache::LogLevel::debug, std::string("C interface: returning ") +
-                                                 kvc_status_name(status) + ": " + message);
-    } catch (...) {  // no memory for the line: the status still goes back
-    }
-  }
-  return status;
-}
-
-// Runs fn; maps what it throws to a status (KVC_OK when nothing).
-template <class F>
-kvc_status guarded(kvc_error* err, F&& fn) noexcept {
-  try {
-    fn();
-    return report(err, KVC_OK, "");
-  } catch (const kvcache::UnknownSequence& e) {
-    return report(err, KVC_UNKNOWN_SEQUENCE, e.what());
-  } catch (const kvcache::OutOfPages& e) {
-    return report(err, KVC_OUT_OF_PAGES, e.what());
-  } catch (const kvcache::CapacityExceeded& e) {
-    return report(err, KVC_CAPACITY_EXCEEDED, e.what());
-  } catch (const kvcache::OutOfMemory& e) {
-    return report(err, KVC_OUT_OF_MEMORY, e.what());
-  } catch (const kvcache::InvalidArgument& e) {
-    return report(err, KVC_INVALID_ARGUMENT, e.what());
-  } catch (const std::bad_alloc&) {
-    return report(err, KVC_OUT_OF_MEMORY, "out of host memory");
-  } catch (const std::exception& e) {
-    return report(err, KVC_INTERNAL, e.what());
-  } catch (...) {
-    return report(err, KVC_INTERNAL, "unknown exception");
-  }
-}
-
-void require(const void* p, const char* name) {
-  if (p == nullptr) throw InvalidArgument(std::string(name) + " is NULL");
-}
-
-// An array of n elements: may be NULL only when n == 0.
-void require_array(const void* p, std::size_t n, const char* name) {
-  if (p == nullptr && n != 0) {
-    throw InvalidArgument(std::string(name) + " is NULL with " + std::to_string(n) + " elements");
-  }
-}
-
-// The C constants are the C++ enumerators' values, in the same order (pinned
-// here), so a C value converts by a range check and a cast.
-static_assert(KVC_DTYPE_F32 == static_cast<int>(kvcache::DType::f32) &&
-              KVC_DTYPE_F16 == static_cast<int>(kvcache::DType::f16) &&
-              KVC_DTYPE_BF16 == static_cast<int>(kvcache::DType::bf16) &&
-              KVC_DTYPE_FP8_E4M3 == static_cast<int>(kvcache::DType::fp8_e4m3) &&
-              KVC_DTYPE_FP8_E5M2 == static_cast<int>(kvcache::DType::fp8_e5m2) &&
-              KVC_DTYPE_INT8 == static_cast<int>(kvcache::DType::int8));
-static_assert(KVC_STRATEGY_CONTINUOUS == static_cast<int>(kvcache::CacheStrategy::continuous) &&
-              KVC_STRATEGY_PAGED == static_cast<int>(kvcache::CacheStrategy::paged));
-static_assert(KVC_LAYOUT_NHD == static_cast<int>(kvcache::PageLayout::nhd) &&
-              KVC_LAYOUT_HND == static_cast<int>(kvcache::PageLayout::hnd));
-static_assert(KVC_ARRANGEMENT_INTERLEAVED ==
-                  static_cast<int>(kvcache::PoolArrangement::interleaved) &&
-              KVC_ARRANGEMENT_PER_LAYER == static_cast<int>(kvcache::PoolArrangement::per_layer));
-static_assert(KVC_EVICT_LRU == static_cast<int>(kvcache::EvictionPolicyKind::lru) &&
-              KVC_EVICT_S3FIFO == static_cast<int>(kvcache::EvictionPolicyKind::s3fifo) &&
-              KVC_EVICT_TIERED == static_cast<int>(kvcache::EvictionPolicyKind::tiered) &&
-              KVC_EVICT_INTERVAL == static_cast<int>(kvcache::EvictionPolicyKind::interval) &&
-              KVC_EVICT_ADAPTIVE == static_cast<int>(kvcache::EvictionPolicyKind::adaptive));
-static_assert(KVC_LOG_TRACE == static_cast<int>(kvcache::LogLevel::trace) &&
-              KVC_LOG_DEBUG == static_cast<int>(kvcache::LogLevel::debug) &&
-              KVC_LOG_INFO == static_cast<int>(kvcache::LogLevel::info) &&
-              KVC_LOG_WARN == static_cast<int>(kvcache::LogLevel::warn) &&
-              KVC_LOG_ERROR == static_cast<int>(kvcache::LogLevel::error) &&
-              KVC_LOG_OFF == static_cast<int>(kvcache::LogLevel::off));
-static_assert(KVC_REUSE_UNKNOWN == static_cast<int>(kvcache::ReuseHint::unknown) &&
-              KVC_REUSE_UNLIKELY == static_cast<int>(kvcache::ReuseHint::unlikely) &&
-              KVC_REUSE_LIKELY == static_cast<int>(kvcache::ReuseHint::likely));
-static_assert(KVC_PRECISION_FP32 == static_cast<int>(kvcache::AttentionPrecision::fp32) &&
-              KVC_PRECISION_BF16 == static_cast<int>(kvcache::AttentionPrecision::bf16));
-static_assert(
-    KVC_PREFETCH_AUTOMATIC == static_cast<int>(kvcache::AttentionPrefetch::automatic) &&
-    KVC_PREFETCH_NEXT_STEP_L1 == static_cast<int>(kvcache::AttentionPrefetch::next_step_l1) &&
-    KVC_PREFETCH_NEXT_TILE_L2 == static_cast<int>(kvcache::AttentionPrefetch::next_tile_l2) &&
-    KVC_PREFETCH_NONE == static_cast<int>(kvcache::AttentionPrefetch::none) &&
-    KVC_PREFETCH_NEXT_TILE_L1 == static_cast<int>(kvcache::AttentionPrefetch::next_tile_l1));
-
-// The C++ enumerator of C value v, one of the `count` constants named in
-// `allowed`; InvalidArgument naming the field and the value otherwise.
-template <class E>
-E from_c(std::int32_t v, std::int32_t count, const char* field, const char* allowed) {
-  if (v < 0 || v >= count) {
-    throw InvalidArgument(std::string(field) + " value " + std::to_string(v) + " is not " +
-                          allowed);
-  }
-  return static_cast<E>(v);
-}
-
-kvcache::KVCacheParams to_params(const kvc_params* p) {
-  require(p, "params");
-  if (p->enable_prefix_caching != 0 && p->enable_prefix_caching != 1) {
-    throw InvalidArgument("params->enable_prefix_caching is " +
-                          std::to_string(p->enable_prefix_caching) + ", must be 0 or 1");
-  }
-  kvcache::KVCacheParams params;
-  params.dtype = from_c<kvcache::DType>(
-      p->dtype, 6, "params->dtype",
-      "KVC_DTYPE_F32, KVC_DTYPE_F16, KVC_DTYPE_BF16, KVC_DTYPE_FP8_E4M3, KVC_DTYPE_FP8_E5M2 or "
-      "KVC_DTYPE_INT8");
-  params.num_layers = p->num_layers;
-  params.n_kv_heads = p->n_kv_heads;
-  params.head_dim = p->head_dim;
-  params.cache_strategy = from_c<kvcache::CacheStrategy>(
-      p->strategy, 2, "params->strategy", "KVC_STRATEGY_CONTINUOUS or KVC_STRATEGY_PAGED");
-  params.page_size = p->page_size;
-  params.enable_prefix_caching = p->enable_prefix_caching == 1;
-  params.page_layout = from_c<kvcache::PageLayout>(p->page_layout, 2, "params->page_layout",
-                                                   "KVC_LAYOUT_NHD or KVC_LAYOUT_HND");
-  params.pool_arrangement =
-      from_c<kvcache::PoolArrangement>(p->pool_arrangement, 2, "params->pool_arrangement",
-                                       "KVC_ARRANGEMENT_INTERLEAVED or KVC_ARRANGEMENT_PER_LAYER");
-  params.validate();
-  return params;
-}
+using kvcache::c_api::from_c;
+using kvcache::c_api::guarded;
+using kvcache::c_api::manager_of;
+using kvcache::c_api::paged_of;
+using kvcache::c_api::require;
+using kvcache::c_api::require_array;
+using kvcache::c_api::to_params;
 
 // A handle owning a paged manager.
 kvc_manager* wrap(std::unique_ptr<kvcache::PagedKVCacheManager> paged) {
@@ -182,98 +38,30 @@ kvc_manager* wrap(std::unique_ptr<kvcache::PagedKVCacheManager> paged) {
   return m.release();
 }
 
-kvcache::KVCacheManager& manager_of(kvc_manager* m) {
-  require(m, "manager");
-  return *m->impl;
-}
-const kvcache::KVCacheManager& manager_of(const kvc_manager* m) {
-  require(m, "manager");
-  return *m->impl;
-}
-
-kvcache::PagedKVCacheManager& paged_of(kvc_manager* m, const char* what) {
-  require(m, "manager");
-  kvcache::PagedKVCacheManager* paged = manager_of(m).paged();
-  if (paged == nullptr) {
-    throw InvalidArgument(std::string(what) + " needs the paged strategy; this manager is " +
-                          "continuous");
-  }
-  return *paged;
-}
-
-const kvcache::KVCacheBatch& fetched(const kvc_batch* b) {
-  require(b, "batch");
-  if (!b->fetched) throw InvalidArgument("batch has not been fetched into (kvc_fetch)");
-  return b->batch;
-}
-
-// a * b * c elements, refusing products past size_t.
-std::size_t elements(std::size_t a, std::size_t b, std::size_t c, const char* name) {
-  constexpr std::size_t kMax = std::numeric_limits<std::size_t>::max();
-  if ((b != 0 && a > kMax / b) || (c != 0 && a * b > kMax / c)) {
-    throw InvalidArgument(std::string(name) + " would hold more than SIZE_MAX elements");
-  }
-  return a * b * c;
-}
-
-// fn(collection) with the batch's typed collection (dtype x strategy).
-template <class T, class F>
-void with_typed(const kvcache::KVCacheBatch& b, F& fn) {
-  if (b.strategy() == kvcache::CacheStrategy::paged) {
-    fn(b.paged<T>());
-  } else {
-    fn(b.continuous<T>());
-  }
-}
-template <class F>
-void with_collection(const kvcache::KVCacheBatch& b, F&& fn) {
-  switch (b.params().dtype) {
-    case kvcache::DType::f32:
-      return with_typed<float>(b, fn);
-    case kvcache::DType::f16:
-      return with_typed<kvcache::Half>(b, fn);
-    case kvcache::DType::bf16:
-      return with_typed<kvcache::BFloat16>(b, fn);
-    case kvcache::DType::fp8_e4m3:
-      return with_typed<kvcache::Fp8E4M3>(b, fn);
-    case kvcache::DType::fp8_e5m2:
-      return with_typed<kvcache::Fp8E5M2>(b, fn);
-    case kvcache::DType::int8:
-      return with_typed<kvcache::Int8>(b, fn);
-  }
-}
-
-std::span<const std::uint32_t> checked_row_offsets(const kvcache::KVCacheBatch& b,
-                                                   const std::uint32_t* row_offsets) {
-  require(row_offsets, "row_offsets");
-  const std::span<const std::uint32_t> ro(row_offsets, std::size_t{b.batch_size()} + 1);
-  kvcache::detail::check_row_offsets(ro, b.batch_size());
-  return ro;
+// The C++ on_event for a C callback: the event as a kvc_page_event, its
+// medium NUL-terminated in a buffer of the call's own (a longer name is cut).
+std::function<void(const kvcache::PageEvent&)> event_callback(kvc_page_event_fn fn, void* user) {
+  return [fn, user](const kvcache::PageEvent& e) {
+    std::array<char, 64> medium{};
+    std::copy_n(e.medium.begin(), std::min(e.medium.size(), medium.size() - 1), medium.begin());
+    kvc_page_event ce{};
+    ce.kind = e.kind == kvcache::PageEvent::Kind::stored ? KVC_PAGE_STORED : KVC_PAGE_REMOVED;
+    ce.page = e.page;
+    ce.hash = e.hash;
+    ce.parent_hash = e.parent_hash;
+    ce.extra_key = e.extra_key;
+    ce.tokens = e.tokens.data();
+    ce.n_tokens = e.tokens.size();
+    ce.medium = medium.data();
+    ce.key_hi = e.key.hi;
+    ce.key_lo = e.key.lo;
+    fn(&ce, user);
+  };
 }
 
 }  // namespace
 
 extern "C" {
-
-const char* kvc_status_name(int32_t status) {
-  switch (status) {
-    case KVC_OK:
-      return "ok";
-    case KVC_INVALID_ARGUMENT:
-      return "invalid_argument";
-    case KVC_UNKNOWN_SEQUENCE:
-      return "unknown_sequence";
-    case KVC_OUT_OF_PAGES:
-      return "out_of_pages";
-    case KVC_CAPACITY_EXCEEDED:
-      return "capacity_exceeded";
-    case KVC_OUT_OF_MEMORY:
-      return "out_of_memory";
-    case KVC_INTERNAL:
-      return "internal";
-  }
-  return "unknown";
-}
 
 kvc_status kvc_estimated_memory_size(const kvc_params* params, uint32_t num_blocks,
                                      uint32_t max_seq_len, size_t* bytes, kvc_error* err) {
@@ -399,6 +187,8 @@ kvc_prefix_config kvc_prefix_config_default(void) {
   c.policy = static_cast<int32_t>(d.policy);
   c.s3fifo_small_fraction = d.s3fifo_small_fraction;
   c.ghost_factor = d.ghost_factor;
+  c.admission = static_cast<int32_t>(d.tiers.admission);
+  c.staging_pages = d.tiers.staging_pages;
   return c;
 }
 
@@ -421,19 +211,9 @@ kvc_status kvc_manager_create_prefix(const kvc_params* params, uint32_t num_page
                                             "KVC_EVICT_INTERVAL or KVC_EVICT_ADAPTIVE");
     c.s3fifo_small_fraction = config->s3fifo_small_fraction;
     c.ghost_factor = config->ghost_factor;
-    if (config->on_event != nullptr) {
-      c.on_event = [fn = config->on_event, user = config->user_data](const kvcache::PageEvent& e) {
-        kvc_page_event ce{};
-        ce.kind = e.kind == kvcache::PageEvent::Kind::stored ? KVC_PAGE_STORED : KVC_PAGE_REMOVED;
-        ce.page = e.page;
-        ce.hash = e.hash;
-        ce.parent_hash = e.parent_hash;
-        ce.extra_key = e.extra_key;
-        ce.tokens = e.tokens.data();
-        ce.n_tokens = e.tokens.size();
-        fn(&ce, user);
-      };
-    }
+    if (config->on_event != nullptr)
+      c.on_event = event_callback(config->on_event, config->user_data);
+    c.tiers = kvcache::c_api::tier_config(*config);
     *out = wrap(std::make_unique<kvcache::PagedKVCacheManager>(p, num_pages, max_batch_size,
                                                                max_seq_len, std::move(c)));
   });
@@ -502,146 +282,6 @@ kvc_status kvc_check_invariants(const kvc_manager* manager, kvc_error* err) {
       // An inconsistency is a bug whatever type reported it.
       throw std::runtime_error(std::string("invariant broken: ") + e.what());
     }
-  });
-}
-
-kvc_status kvc_batch_create(kvc_batch** out, kvc_error* err) {
-  return guarded(err, [&] {
-    require(out, "out");
-    *out = new kvc_batch();
-  });
-}
-
-void kvc_batch_destroy(kvc_batch* batch) { delete batch; }
-
-kvc_status kvc_batch_describe(const kvc_batch* batch, kvc_cache_desc* out, kvc_error* err) {
-  return guarded(err, [&] {
-    const kvcache::KVCacheBatch& b = fetched(batch);
-    require(out, "out");
-    const kvcache::CacheDesc c = b.desc();
-    kvc_cache_desc d{};
-    d.blocks = c.blocks;
-    d.cache_lengths = c.cache_lengths;
-    d.lookup_table = c.lookup_table;
-    d.seq_ids = b.seq_ids().data();
-    d.lookup_stride = c.lookup_stride;
-    d.batch_size = c.batch_size;
-    d.max_seq_length = c.max_seq_length;
-    d.max_cache_length = c.max_cache_length;
-    d.num_layers = c.num_layers;
-    d.page_size = c.page_size;
-    d.n_kv_heads = c.n_kv_heads;
-    d.head_dim = c.head_dim;
-    d.num_blocks = c.num_blocks;
-    d.dtype = static_cast<std::int32_t>(c.dtype);
-    d.strategy = b.strategy() == kvcache::CacheStrategy::paged ? KVC_STRATEGY_PAGED
-                                                               : KVC_STRATEGY_CONTINUOUS;
-    d.layout = c.layout == kvcache::PageLayout::hnd ? KVC_LAYOUT_HND : KVC_LAYOUT_NHD;
-    d.reserved_lengths = c.reserved_lengths;
-    d.max_full_context_length = c.max_full_context_length;
-    d.arrangement = c.arrangement == kvcache::PoolArrangement::per_layer
-                        ? KVC_ARRANGEMENT_PER_LAYER
-                        : KVC_ARRANGEMENT_INTERLEAVED;
-    d.block_stride = c.block_stride;
-    d.layer_stride = c.layer_stride;
-    d.kv_stride = c.kv_stride;
-    d.token_stride = c.token_stride;
-    d.head_stride = c.head_stride;
-    d.head_scales = c.head_scales;
-    *out = d;
-  });
-}
-
-// The C struct reads the C++ one in place: the same two uint32_t fields.
-static_assert(sizeof(kvc_block_copy) == sizeof(kvcache::BlockCopy) &&
-              offsetof(kvc_block_copy, src) == offsetof(kvcache::BlockCopy, src) &&
-              offsetof(kvc_block_copy, dst) == offsetof(kvcache::BlockCopy, dst) &&
-              std::is_standard_layout_v<kvcache::BlockCopy>);
-
-kvc_status kvc_batch_block_copies(const kvc_batch* batch, const kvc_block_copy** copies,
-                                  uint32_t* count, kvc_error* err) {
-  return guarded(err, [&] {
-    const kvcache::KVCacheBatch& b = fetched(batch);
-    require(copies, "copies");
-    require(count, "count");
-    const std::span<const kvcache::BlockCopy> c = b.block_copies();
-    *copies = c.empty() ? nullptr : reinterpret_cast<const kvc_block_copy*>(c.data());
-    *count = static_cast<uint32_t>(c.size());
-  });
-}
-
-kvc_status kvc_batch_increment_cache_lengths(kvc_batch* batch, const uint32_t* prev_row_offsets,
-                                             uint32_t n_offsets, kvc_error* err) {
-  return guarded(err, [&] {
-    fetched(batch);
-    require_array(prev_row_offsets, n_offsets, "prev_row_offsets");
-    batch->batch.increment_cache_lengths(
-        std::span<const std::uint32_t>(prev_row_offsets, n_offsets));
-  });
-}
-
-kvc_status kvc_thread_pool_create(uint32_t num_threads, kvc_thread_pool** out, kvc_error* err) {
-  return guarded(err, [&] {
-    require(out, "out");
-    *out = new kvc_thread_pool(num_threads);
-  });
-}
-
-void kvc_thread_pool_destroy(kvc_thread_pool* pool) { delete pool; }
-
-kvc_status kvc_store_kv(const kvc_batch* batch, uint32_t layer, const float* k_new,
-                        const float* v_new, const uint32_t* row_offsets,
-                        const kvc_store_options* options, kvc_thread_pool* pool, kvc_error* err) {
-  return guarded(err, [&] {
-    const kvcache::KVCacheBatch& b = fetched(batch);
-    const std::span<const std::uint32_t> ro = checked_row_offsets(b, row_offsets);
-    const std::size_t n =
-        elements(ro.back(), b.params().n_kv_heads_per_device(), b.params().head_dim, "k_new");
-    require_array(k_new, n, "k_new");
-    require_array(v_new, n, "v_new");
-    kvcache::StoreOptions o;
-    if (options != nullptr) {
-      if (options->rope_k != 0 && options->rope_k != 1) {
-        throw InvalidArgument("options->rope_k is " + std::to_string(options->rope_k) +
-                              ", must be 0 or 1");
-      }
-      o.rope_k.enabled = options->rope_k == 1;
-      if (options->rope_theta != 0.0f) o.rope_k.theta = options->rope_theta;
-      o.rope_k.rotary_dim = options->rotary_dim;
-    }
-    kvcache::ThreadPool* tp = pool != nullptr ? &pool->pool : nullptr;
-    with_collection(b, [&](const auto& collection) {
-      kvcache::store_kv(collection.get_key_cache(layer), collection.get_value_cache(layer),
-                        std::span<const float>(k_new, n), std::span<const float>(v_new, n), ro, o,
-                        tp);
-    });
-  });
-}
-
-kvc_status kvc_attention(const kvc_batch* batch, uint32_t layer, const float* q, uint32_t n_q_heads,
-                         const uint32_t* row_offsets, float* out,
-                         const kvc_attention_options* options, kvc_thread_pool* pool,
-                         kvc_error* err) {
-  return guarded(err, [&] {
-    const kvcache::KVCacheBatch& b = fetched(batch);
-    const std::span<const std::uint32_t> ro = checked_row_offsets(b, row_offsets);
-    const std::size_t n = elements(ro.back(), n_q_heads, b.params().head_dim, "q");
-    require_array(q, n, "q");
-    require_array(out, n, "out");
-    kvcache::AttentionOptions o;
-    if (options != nullptr) {
-      o.scale = options->scale;
-      o.precision = from_c<kvcache::AttentionPrecision>(options->precision, 2, "options->precision",
-                                                        "KVC_PRECISION_FP32 or KVC_PRECISION_BF16");
-      o.prefetch = from_c<kvcache::AttentionPrefetch>(options->prefetch, 5, "options->prefetch",
-                                                      "a KVC_PREFETCH_* constant (0-4)");
-    }
-    kvcache::ThreadPool* tp = pool != nullptr ? &pool->pool : nullptr;
-    with_collection(b, [&](const auto& collection) {
-      kvcache::attention(collection.get_key_cache(layer), collection.get_value_cache(layer),
-                         std::span<const float>(q, n), n_q_heads, ro, std::span<float>(out, n), o,
-                         tp);
-    });
   });
 }
 

@@ -33,6 +33,17 @@ def test_prefix_caching_example_runs():
         "0 8", "True", "['stored', 'stored']", "0.381", "8 [0, 1]"]
 
 
+def test_storage_tiers_example_runs():
+    with open(DOC) as f:
+        text = f.read()
+    section = text.split("## Storage tiers", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(code, "docs/python.md", "exec"), {})
+    assert printed.getvalue().splitlines() == ["0", "0", "12", "['host', 'disk'] 3"]
+
+
 def test_dlpack_example_runs_with_torch():
     import pytest
     pytest.importorskip("torch", reason="python3-torch is not installed")

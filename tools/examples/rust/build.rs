@@ -7,9 +7,10 @@ fn main() {
     println!("cargo:rerun-if-changed={dir}/libkvcache.a");
     println!("cargo:rustc-link-search=native={dir}");
     println!("cargo:rustc-link-lib=static=kvcache");
-    // Highway, xxHash and the C++ runtime: the library's own dependencies
-    // (what `pkg-config --libs kvcache` lists for an installed kvcache).
-    for lib in ["hwy", "xxhash", "stdc++"] {
+    // Highway, xxHash, liburing (the disk tier) and the C++ runtime: the
+    // library's own dependencies (what `pkg-config --libs kvcache` lists for
+    // an installed kvcache).
+    for lib in ["hwy", "xxhash", "uring", "stdc++"] {
         println!("cargo:rustc-link-lib={lib}");
     }
 }
