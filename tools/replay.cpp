@@ -302,8 +302,9 @@ void print_one(const ReplayRun& run, const TtftModel& model) {
   t.add_row({"peak pages in use", with_commas(r.peak_pages_used)});
   t.add_row({"rejected requests", with_commas(r.rejected)});
   t.add_row({"manager ns / request", fixed("%.0f", r.ns_per_request())});
-  if (r.media.size() > 1) {
+  if (r.media.back().name == "disk")
     t.add_row({"pages found on the disk at start", with_commas(r.media.back().pages_at_start)});
+  if (r.media.size() > 1) {
     t.add_row({"tier wait ms / request",
                fixed("%.3f", r.requests == 0 ? 0.0 : 1e-6 * double(r.tier_wait_ns) / r.requests)});
   }
