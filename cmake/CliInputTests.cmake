@@ -183,3 +183,30 @@ kvcache_cli_refuses(bench_tiers_name "'disk' is not host" bench tiers --tiers ho
 kvcache_cli_refuses(bench_tiers_pages "--pages must be at least 1" bench tiers --pages 0)
 kvcache_cli_refuses(bench_tiers_bytes "is past the limit of 68719476736 bytes"
   bench tiers --pages 4294967295)
+# replay with tiers (issue 43 item 7): hits per medium, a disk found again by
+# a second process, and the tier options refused naming the value.
+set(_tier_trace ${CMAKE_CURRENT_SOURCE_DIR}/tests/data/tier_replay_trace.jsonl)
+add_test(NAME cli.replay_disk_restart COMMAND ${CMAKE_COMMAND} -DCLI=$<TARGET_FILE:kvcache_cli>
+  -DTRACE=${_tier_trace} -DWORK=${CMAKE_BINARY_DIR}/replay-restart-test
+  -P ${CMAKE_CURRENT_SOURCE_DIR}/cmake/TestReplayRestart.cmake)
+# A B C C A, 2 device pages, a 1-page host writing through to a disk: the
+# device serves the second C, the disk the second A (tests/replay/tier_replay_test.cpp).
+add_test(NAME cli.replay_tiers_table COMMAND sh -c
+  "d=$(mktemp -d); \"$0\" replay --trace \"$1\" --sequential --capacity 1024 --host-capacity 512 \
+   --disk-dir \"$d\"; rc=$?; rm -rf \"$d\"; exit $rc" $<TARGET_FILE:kvcache_cli> ${_tier_trace})
+set_tests_properties(cli.replay_tiers_table PROPERTIES PASS_REGULAR_EXPRESSION
+  "block_hit_rate +0.2000.*\n  device +0.5000 +0.1000 +1 +3 .*\n  host +0.0000 +0.0000 +0 +- .*\n  disk +0.5000 +0.1000 +1 +4 .*modelled TTFT per request")
+kvcache_cli_refuses(replay_disk_capacity_without_dir "--disk-capacity '1M' needs --disk-dir"
+  replay --trace ${_tier_trace} --sequential --disk-capacity 1M)
+kvcache_cli_refuses(replay_host_capacity_unlimited "--host-capacity 'unlimited'"
+  replay --trace ${_tier_trace} --sequential --host-capacity unlimited)
+kvcache_cli_refuses(replay_host_capacity_below_a_page "host tier capacity 100 tokens"
+  replay --trace ${_tier_trace} --sequential --host-capacity 100)
+kvcache_cli_refuses(replay_host_capacity_suffix "12parsecs"
+  replay --trace ${_tier_trace} --sequential --host-capacity 12parsecs)
+kvcache_cli_refuses(replay_disk_dir_sweep "takes one run, not 2"
+  replay --trace ${_tier_trace} --sequential --disk-dir /tmp/kvcache-never-made --capacity 1K,2K)
+kvcache_cli_refuses(replay_belady_tiers "replays no tiers"
+  replay --trace ${_tier_trace} --sequential --host-capacity 1K --policy belady)
+kvcache_cli_refuses(replay_disk_gbps_0 "disk_bytes_per_s 0"
+  replay --trace ${_tier_trace} --sequential --disk-gbps 0)

@@ -46,5 +46,6 @@
 #include "kvcache/tier.h"
 #include "kvcache/tier_policy.h"
 #include "kvcache/version.h"
+#include "kvcache/write_through_tier.h"
 
 #endif

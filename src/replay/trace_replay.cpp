@@ -10,6 +10,7 @@
 #include "kvcache/error.h"
 #include "kvcache/paged_manager.h"
 #include "replay/offline_belady.h"
+#include "replay/replay_tiers.h"
 
 namespace kvcache {
 
@@ -81,6 +82,10 @@ void check_options(const ReplayOptions& o) {
     throw InvalidArgument("decode rate " + num(o.decode_tokens_per_s) +
                           " tokens/s must be a finite positive number");
   }
+  replay::check_tiers(o.tiers, o.page_size);
+  if (o.offline_belady && o.tiers.any()) {
+    throw InvalidArgument("the offline optimum (belady) replays no tiers: drop the tier options");
+  }
 }
 
 // Accumulates the wall time of the manager calls made inside `f`.
@@ -98,11 +103,56 @@ auto timed(std::uint64_t& ns, F&& f) {
   return f();
 }
 
+// The pages the replay's requests need: the longest one's and all together.
+struct TraceShape {
+  std::uint64_t max_len = 1, all_pages = 0;
+  TraceShape(std::span<const TraceRequest> trace, std::uint32_t page_size) {
+    for (const TraceRequest& r : trace) {
+      const std::uint64_t len = std::uint64_t{r.input_length} + r.output_length + 1;
+      max_len = std::max(max_len, len);
+      all_pages += pages_for(len, page_size);
+    }
+  }
+};
+
+KVCacheParams replay_params(std::uint32_t page_size) {
+  return KVCacheParams{.dtype = DType::f32,
+                       .num_layers = 1,
+                       .n_kv_heads = 1,
+                       .head_dim = 1,
+                       .cache_strategy = CacheStrategy::paged,
+                       .page_size = page_size,
+                       .enable_prefix_caching = true};
+}
+
+std::uint32_t batch_of(const ReplayOptions& o) {
+  return o.sequential ? 1 : std::max<std::uint32_t>(o.max_batch, 1);
+}
+
+// Staging for every page one call may evict: a whole request, or one page
+// for each sequence of a decode step.
+std::uint32_t staging_pages_for(const TraceShape& shape, const ReplayOptions& o) {
+  const std::uint64_t most =
+      std::max<std::uint64_t>(pages_for(shape.max_len, o.page_size), batch_of(o));
+  return static_cast<std::uint32_t>(std::clamp<std::uint64_t>(most, 16, 65536));
+}
+
 class Replayer {
  public:
   Replayer(std::span<const TraceRequest> trace, const ReplayOptions& o)
-      : trace_(trace), opt_(o), manager_(make_manager(trace, o)) {
+      : trace_(trace),
+        opt_(o),
+        shape_(trace, o.page_size),
+        tiers_(
+            replay::open_tiers(replay_params(o.page_size), o.tiers, staging_pages_for(shape_, o))),
+        manager_(make_manager(shape_, o, tiers_.config)) {
     result_.capacity_pages = manager_.total_blocks();
+    result_.media.push_back({.name = "device"});
+    const ManagerStats stats = manager_.stats();
+    for (std::size_t t = 0; t < stats.tiers.size(); ++t) {
+      result_.media.push_back({.name = stats.tiers[t].name});
+      result_.media.back().pages_at_start = tiers_.pages_at_start[t];
+    }
   }
 
   ReplayResult run() {
@@ -111,19 +161,16 @@ class Replayer {
     } else {
       run_timed();
     }
+    settle();
     result_.evictions = manager_.metrics().evictions;
+    note_tiers();
     return result_;
   }
 
  private:
-  static PagedKVCacheManager make_manager(std::span<const TraceRequest> trace,
-                                          const ReplayOptions& o) {
-    std::uint64_t max_len = 1, all_pages = 0;
-    for (const TraceRequest& r : trace) {
-      const std::uint64_t len = std::uint64_t{r.input_length} + r.output_length + 1;
-      max_len = std::max(max_len, len);
-      all_pages += pages_for(len, o.page_size);
-    }
+  static PagedKVCacheManager make_manager(const TraceShape& shape, const ReplayOptions& o,
+                                          TierConfig tiers) {
+    const std::uint64_t max_len = shape.max_len, all_pages = shape.all_pages;
     if (o.capacity_tokens == 0 && all_pages > kMaxReplayPages) {
       throw InvalidArgument("the trace needs " + num(all_pages) + " pages of " +
                             num(std::uint64_t{o.page_size}) + " without a capacity, more than " +
@@ -131,29 +178,69 @@ class Replayer {
     }
     std::uint64_t pages = o.capacity_tokens == 0 ? all_pages : o.capacity_tokens / o.page_size;
     pages = std::max<std::uint64_t>(pages, 1);
-    KVCacheParams p{.dtype = DType::f32,
-                    .num_layers = 1,
-                    .n_kv_heads = 1,
-                    .head_dim = 1,
-                    .cache_strategy = CacheStrategy::paged,
-                    .page_size = o.page_size,
-                    .enable_prefix_caching = true};
     PrefixCacheConfig cfg;
     cfg.policy = o.policy;
     cfg.s3fifo_small_fraction = o.s3fifo_small_fraction;
     cfg.ghost_factor = o.ghost_factor;
-    const std::uint32_t batch = o.sequential ? 1 : std::max<std::uint32_t>(o.max_batch, 1);
+    cfg.tiers = std::move(tiers);
     return PagedKVCacheManager(
-        p, static_cast<std::uint32_t>(pages), batch,
+        replay_params(o.page_size), static_cast<std::uint32_t>(pages), batch_of(o),
         static_cast<std::uint32_t>(std::min<std::uint64_t>(max_len, UINT32_MAX)), std::move(cfg));
   }
 
-  void count_prompt(const TraceRequest& r, std::uint32_t reused) {
+  // Pages each tier has loaded back so far (the manager's count).
+  std::vector<std::uint64_t> onboarded() const {
+    std::vector<std::uint64_t> out;
+    if (!manager_.has_tiers()) return out;
+    for (const TierFigures& f : manager_.stats().tiers) out.push_back(f.pages_onboarded);
+    return out;
+  }
+
+  // The hits of request `index`: `reused` tokens, of which tier t loaded
+  // loaded[t] pages; the device served the rest.
+  void count_prompt(const TraceRequest& r, std::size_t index, std::uint32_t reused,
+                    const std::vector<std::uint64_t>& loaded) {
     ++result_.requests;
     result_.blocks_total += r.hash_ids.size();
     result_.blocks_hit += reused / kTraceBlockTokens;
     result_.prompt_tokens += r.input_length;
     result_.tokens_hit += reused;
+    std::uint64_t device_pages = reused / opt_.page_size;
+    for (std::size_t t = 0; t < loaded.size(); ++t) {
+      count_medium(result_.media[t + 1], loaded[t], index);
+      device_pages -= loaded[t];
+    }
+    count_medium(result_.media[0], device_pages, index);
+  }
+
+  void count_medium(ReplayMedium& m, std::uint64_t pages, std::size_t index) const {
+    if (pages == 0) return;
+    m.pages_hit += pages;
+    m.tokens_hit += pages * opt_.page_size;
+    m.first_hit_request = std::min<std::uint64_t>(m.first_hit_request, index);
+  }
+
+  // Waits for every write-back in flight, so each call finds its staging free.
+  void settle() {
+    if (!manager_.has_tiers()) return;
+    timed(result_.tier_wait_ns, [&] { manager_.wait_tiers(); });
+  }
+
+  // The tiers' figures at the end.
+  void note_tiers() {
+    const ManagerStats stats = manager_.stats();
+    for (std::size_t t = 0; t < stats.tiers.size(); ++t) {
+      const TierFigures& f = stats.tiers[t];
+      ReplayMedium& m = result_.media[t + 1];
+      m.pages_held = f.pages_held;
+      m.pages_stored = f.pages_stored;
+      m.bytes_stored = f.bytes_stored;
+      m.pages_loaded = f.pages_loaded;
+      m.bytes_loaded = f.bytes_loaded;
+      m.evictions = f.evictions;
+      m.offload_dropped = f.offload_dropped;
+      m.load_failures = f.load_failures;
+    }
   }
 
   void note_peak() {
@@ -164,13 +251,18 @@ class Replayer {
     if (opt_.progress) opt_.progress(done, trace_.size());
   }
 
-  // Claims, matches and fetches room for prompt + `extra` tokens. Returns the
-  // sequence and the reused tokens, or nothing if the pages are not there.
+  // Claims, matches (waiting for its loads from the tiers) and fetches room
+  // for prompt + `extra` tokens. Returns the sequence and the reused tokens,
+  // or nothing if the pages are not there.
   bool admit(const TraceRequest& r, const std::vector<std::uint32_t>& tokens, std::uint32_t extra,
              SeqId& seq, std::uint32_t& reused) {
     std::uint64_t& ns = result_.manager_ns;
     seq = timed(ns, [&] { return manager_.claim(1)[0]; });
     reused = timed(ns, [&] { return manager_.match_prefix(seq, tokens); });
+    if (manager_.has_tiers() && manager_.has_pending_loads(seq)) {
+      timed(result_.tier_wait_ns, [&] { manager_.wait_loads(seq); });
+      reused = manager_.cache_length(seq);  // a failed load ends the hit before it
+    }
     const std::uint32_t rest = r.input_length - reused;
     const std::uint32_t steps = extra + 1;
     try {
@@ -178,8 +270,10 @@ class Replayer {
             [&] { manager_.fetch_into(batch_, std::span(&seq, 1), std::span(&rest, 1), steps); });
     } catch (const OutOfPages&) {
       timed(ns, [&] { manager_.release(seq); });
+      settle();
       return false;
     }
+    settle();
     note_peak();
     timed(ns, [&] {
       manager_.step(std::span(&seq, 1), std::span(&rest, 1),
@@ -200,8 +294,9 @@ class Replayer {
       SeqId seq;
       std::uint32_t reused;
       if (r.input_length == 0) continue;
+      const std::vector<std::uint64_t> before = onboarded();
       if (admit(r, tokens, 0, seq, reused)) {
-        count_prompt(r, reused);
+        count_prompt(r, i, reused, loaded_since(before));
         timed(result_.manager_ns, [&] { manager_.release(seq, hint_for(r)); });
       } else {
         ++result_.rejected;
@@ -239,11 +334,12 @@ class Replayer {
         const std::vector<std::uint32_t> tokens = request_tokens(r);
         SeqId seq;
         std::uint32_t reused;
+        const std::vector<std::uint64_t> before = onboarded();
         if (!admit(r, tokens, r.output_length, seq, reused)) {
           if (!active.empty()) break;  // wait for pages
           ++result_.rejected;          // cannot fit even alone
         } else {
-          count_prompt(r, reused);
+          count_prompt(r, pending.front(), reused, loaded_since(before));
           active.push_back({seq, r.output_length, static_cast<std::uint32_t>(pending.front())});
         }
         pending.pop_front();
@@ -263,6 +359,7 @@ class Replayer {
           manager_.fetch_into(batch_, ids, ones);
           manager_.step(ids, ones, new_tokens);
         });
+        settle();
         ++result_.decode_steps;
         note_peak();
       }
@@ -281,8 +378,16 @@ class Replayer {
     }
   }
 
+  std::vector<std::uint64_t> loaded_since(const std::vector<std::uint64_t>& before) const {
+    std::vector<std::uint64_t> now = onboarded();
+    for (std::size_t t = 0; t < now.size(); ++t) now[t] -= before[t];
+    return now;
+  }
+
   std::span<const TraceRequest> trace_;
   ReplayOptions opt_;
+  TraceShape shape_;
+  replay::ReplayTierSet tiers_;  // before manager_: outlives it
   PagedKVCacheManager manager_;
   KVCacheBatch batch_;
   ReplayResult result_;
@@ -303,7 +408,13 @@ std::vector<std::uint32_t> request_tokens(const TraceRequest& r) {
 ReplayResult replay_trace(std::span<const TraceRequest> trace, const ReplayOptions& options) {
   check_options(options);
   for (std::size_t i = 0; i < trace.size(); ++i) check_request(trace[i], i);
-  if (options.offline_belady) return replay::replay_offline_belady(trace, options);
+  if (options.offline_belady) {
+    ReplayResult r = replay::replay_offline_belady(trace, options);
+    r.media = {ReplayMedium{.name = "device",
+                            .pages_hit = r.tokens_hit / options.page_size,
+                            .tokens_hit = r.tokens_hit}};
+    return r;
+  }
   return Replayer(trace, options).run();
 }
 

@@ -1,6 +1,7 @@
 // The tier contract (kvcache/tier.h) checked against every tier: the host
 // tier synchronous and threaded, the disk tier through io_uring, through
-// worker threads and with buffered I/O.
+// worker threads and with buffered I/O, and a host tier writing through to a
+// disk tier.
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -10,6 +11,7 @@
 #include "kvcache/disk_tier.h"
 #include "kvcache/error.h"
 #include "kvcache/host_tier.h"
+#include "kvcache/write_through_tier.h"
 #include "tier/tier_test_util.h"
 
 namespace kvcache {
@@ -58,6 +60,12 @@ std::vector<TierCase> cases() {
       {"disk_io_uring", disk(DiskIo::io_uring, true)},
       {"disk_threads", disk(DiskIo::threads, true)},
       {"disk_buffered", disk(DiskIo::automatic, false)},
+      {"write_through",
+       [](TierFingerprint f, std::uint64_t cap, const std::filesystem::path& d) {
+         auto far = std::make_shared<DiskTier>(f, d, DiskTier::kUnlimited);
+         auto near = std::make_shared<HostTier>(std::move(f), cap);
+         return std::unique_ptr<Tier>(std::make_unique<WriteThroughTier>(near, far));
+       }},
   };
 }
 

@@ -189,6 +189,31 @@ TEST(CliReplay, BeladyNeedsSequentialBeforeAnyRun) {
   EXPECT_EQ(started, 0);
 }
 
+TEST(CliReplay, TiersAddEachMediumsColumnsToTheCsv) {
+  const auto trace =
+      engine::read_mooncake_trace(std::string(KVCACHE_TEST_DATA_DIR) + "/tier_replay_trace.jsonl");
+  ReplayOptions o;
+  o.sequential = true;
+  o.tiers.host_capacity_tokens = 1024;  // A B C C A, 2 device pages: C from the device, A the host
+  const std::string csv = replay_csv(run_replays(trace, o, {"lru"}, {1024}), 512);
+  std::istringstream lines(csv);
+  std::string header, row;
+  std::getline(lines, header);
+  std::getline(lines, row);
+  EXPECT_NE(header.find(",manager_ns_per_request,device_hit_share,device_block_hit_rate,"),
+            std::string::npos)
+      << header;
+  EXPECT_NE(header.find(",host_pages_hit,host_pages_stored,host_bytes_stored,host_pages_loaded,"),
+            std::string::npos)
+      << header;
+  const std::string ttft = ",ttft_ms_without_cache,ttft_ms_with_cache";
+  EXPECT_EQ(header.rfind(ttft), header.size() - ttft.size());
+  EXPECT_NE(row.find(",0.500000,0.100000,1,3,12288,1,4096,"), std::string::npos) << row;  // host
+  KV_EXPECT_THROW(run_replays(trace, ReplayOptions{.tiers = {.disk_dir = "/tmp/kvcache-no"}},
+                              {"lru"}, {1024, 2048}),
+                  InvalidArgument, "takes one run, not 2");
+}
+
 TEST(CliPlot, ShortCounts) {
   EXPECT_EQ(short_count(250000), "250K");
   EXPECT_EQ(short_count(1e6), "1M");
