@@ -107,7 +107,7 @@ nlohmann::json tiers_json(const ServeReport& r) {
                      {"evictions", t.evictions}});
   }
   return {{"tiers", tiers},
-          {"tier_admissions", r.tier_admissions},
+          {"tier_matches", r.tier_matches},
           {"load_failed_tokens", r.load_failed_tokens},
           {"load_waits", r.load_waits},
           {"load_wait_s", r.load_wait_s},
@@ -178,8 +178,8 @@ void add_tier_rows(const std::vector<ServeReport>& reports, Row& row) {
   auto tiered_cell = [](const ServeReport& r, std::string cell) {
     return r.tiers.empty() ? std::string("-") : cell;
   };
-  row("requests that loaded",
-      [&](const ServeReport& r) { return tiered_cell(r, std::to_string(r.tier_admissions)); });
+  row("prefix matches that loaded",
+      [&](const ServeReport& r) { return tiered_cell(r, std::to_string(r.tier_matches)); });
   row("mean load time (in TTFT)",
       [&](const ServeReport& r) { return tiered_cell(r, ms(r.load_mean_s)); });
   row("engine idle on loads", [&](const ServeReport& r) {

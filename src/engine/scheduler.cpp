@@ -35,7 +35,6 @@ struct Scheduler::Seq {
   std::uint64_t order = 0;          // arrival order: FCFS tie-break
   std::uint32_t forks_left = 0;     // samples still to fork at the first token (Request::n - 1)
   bool loading = false;             // its attached prefix has pages loading from a tier
-  bool from_tier = false;           // its last match started loads
   double loading_since = 0;         // when those loads started
   std::uint64_t admitted_step = 0;  // step_serial_ of its last admission
   std::mt19937_64 rng;
@@ -204,11 +203,14 @@ bool Scheduler::try_admit(Seq& s, std::uint32_t budget) {
     }
     s.id = id;
     s.computed = s.reserved = matched;
-    s.loading = s.from_tier = tiers_ && prefix::has_pending_loads(manager_, id);
-    if (s.loading) s.loading_since = now();
+    s.loading = tiers_ && prefix::has_pending_loads(manager_, id);
+    if (s.loading) {
+      s.loading_since = now();
+      ++stats_.tier_matches;
+    }
   }
-  // A parked sequence (s.id set before this call) keeps what it matched,
-  // less what its finished loads took back.
+  // A parked sequence (s.id set before this call: still loading) keeps
+  // what it matched.
   const SeqId id = *s.id;
   const std::uint32_t matched = s.computed;
   const std::uint32_t total = manager_.total_blocks();
@@ -220,13 +222,12 @@ bool Scheduler::try_admit(Seq& s, std::uint32_t budget) {
   const std::uint64_t available =
       std::uint64_t{manager_.free_blocks()} + prefix::cached_pages(manager_);
   if (need > available) {
-    // Loading: parked at the head of the queue with its loads, not matched
-    // again (which would load the pages once more).
+    // Loading: parked in the queue with its loads, not matched again (which
+    // would load the pages once more) until they are finished (unpark).
     if (s.loading) {
       if (!parked) ++parked_;
       return false;
     }
-    if (parked) --parked_;                             // loaded meanwhile: its pages stay cached
     prefix::release(manager_, id, ReuseHint::likely);  // it retries: keep what it matched
     s.id.reset();
     s.computed = s.reserved = 0;
@@ -237,35 +238,45 @@ bool Scheduler::try_admit(Seq& s, std::uint32_t budget) {
   s.admitted_step = step_serial_;
   stats_.prefix_hit_tokens += matched;
   s.out.prefix_hit_tokens += matched;
-  if (s.from_tier) ++stats_.tier_admissions;
   return true;
 }
 
-// A sequence's loads are finished: a failed one shortened its prefix (the
-// manager truncated it), so it computes from the manager's cache length.
-// The figures of an admitted sequence give back what the failure took.
-void Scheduler::loads_finished(Seq& s, bool admitted) {
+// A running sequence's loads are finished: a failed one shortened its
+// prefix (the manager truncated it), so it computes from the manager's
+// cache length, and the figures give back what the failure took.
+void Scheduler::loads_finished(Seq& s) {
   s.loading = false;
   s.out.load_seconds += now() - s.loading_since;
   const std::uint32_t length = manager_.cache_length(*s.id);
   if (length >= s.computed) return;
   const std::uint32_t lost = s.computed - length;
   s.computed = s.reserved = length;
-  if (!admitted) return;
   stats_.load_failed_tokens += lost;
   stats_.prefix_hit_tokens -= lost;
   s.out.prefix_hit_tokens -= lost;
   s.matched -= lost;
 }
 
+// A parked sequence's loads are finished: it lets its sequence go (the
+// loaded pages are published: they stay cached, and its next admission
+// finds them in the device index), so that it holds no pages while it waits.
+void Scheduler::unpark(Seq& s) {
+  s.loading = false;
+  s.out.load_seconds += now() - s.loading_since;
+  prefix::release(manager_, *s.id, ReuseHint::likely);
+  s.id.reset();
+  s.computed = s.reserved = 0;
+  --parked_;
+}
+
 // Finishes the loads that are done and takes their sequences off loading.
 void Scheduler::finish_loads() {
   prefix::poll_loads(manager_);
   for (auto& s : running_) {
-    if (s->loading && !prefix::has_pending_loads(manager_, *s->id)) loads_finished(*s, true);
+    if (s->loading && !prefix::has_pending_loads(manager_, *s->id)) loads_finished(*s);
   }
   for (auto& s : waiting_) {
-    if (s->loading && !prefix::has_pending_loads(manager_, *s->id)) loads_finished(*s, false);
+    if (s->loading && !prefix::has_pending_loads(manager_, *s->id)) unpark(*s);
   }
 }
 
@@ -452,7 +463,8 @@ StepResult Scheduler::step() {
   // 4: memory for the batch, preempting if the pool ran out.
   if (!fetch_with_preemption(plan, result)) {
     stats_.step_seconds += now() - t0;
-    if (running_.empty() && !waiting_.empty()) {
+    // (Pages a parked request is loading come back when its loads end.)
+    if (running_.empty() && !waiting_.empty() && parked_ == 0) {
       throw OutOfPages("scheduler: request " + num(waiting_.front()->req.id) +
                        " does not fit in the empty pool");
     }

@@ -196,7 +196,7 @@ ServeReport serve(const Model& model, const std::vector<WorkloadRequest>& worklo
     r.model_s = s.model_seconds;
     r.sampling_s = s.sampling_seconds;
     r.overhead_s = s.overhead_seconds();
-    r.tier_admissions = s.tier_admissions;
+    r.tier_matches = s.tier_matches;
     r.load_failed_tokens = s.load_failed_tokens;
     r.load_waits = s.load_waits;
     r.load_wait_s = s.load_wait_seconds;

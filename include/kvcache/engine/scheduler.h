@@ -32,8 +32,10 @@
 // error) shortens the attached prefix and the rest is computed. When a step
 // has nothing else to run it blocks on the oldest sequence's loads
 // (wait_loads) instead of spinning. A request that does not fit yet after
-// its prefix started loading keeps its sequence and loads and waits at the
-// head of the queue (it is never released and matched again meanwhile).
+// its prefix started loading keeps its sequence and waits in the queue
+// until the loads are finished (it is not matched again, which would load
+// the pages twice); then it lets the sequence go, the loaded pages staying
+// cached in the device index for its next admission.
 // TTFT therefore includes the load time; RequestOutput::load_seconds and
 // the load_* figures of SchedulerStats show it. Loading sequences are never
 // chosen for preemption.
@@ -123,10 +125,11 @@ struct SchedulerStats {
   std::uint64_t admitted_prompt_tokens = 0;  // prompt tokens at every admission
   std::uint64_t prefix_hit_tokens = 0;       // of those, served from the prefix cache
   std::uint32_t peak_running = 0;
-  // Tiers: admissions whose prefix went on into a tier; prompt tokens a load
-  // that failed took back (computed instead); steps that had nothing but
-  // loads to wait for, and the time they blocked.
-  std::uint64_t tier_admissions = 0;
+  // Tiers: admission matches whose prefix went on into a tier (loads
+  // started); prompt tokens a load that failed took back (computed
+  // instead); steps that had nothing but loads to wait for, and the time
+  // they blocked.
+  std::uint64_t tier_matches = 0;
   std::uint64_t load_failed_tokens = 0;
   std::uint64_t load_waits = 0;
   double load_wait_seconds = 0;
@@ -181,7 +184,8 @@ class Scheduler {
   bool try_admit(Seq& s, std::uint32_t budget);
   void plan_step(std::vector<Planned>& plan);
   void finish_loads();
-  void loads_finished(Seq& s, bool admitted);
+  void loads_finished(Seq& s);
+  void unpark(Seq& s);
   bool wait_for_loads();
   std::uint32_t pages_needed(const Seq& s) const;
   std::uint32_t pending_prompt_pages() const;
@@ -203,7 +207,7 @@ class Scheduler {
   bool tiers_;  // the manager has tiers: sequences may be loading
   std::uint64_t next_order_ = 0;
   std::uint64_t step_serial_ = 0;  // step() calls
-  std::uint32_t parked_ = 0;       // waiting sequences that hold a claimed, loading sequence
+  std::uint32_t parked_ = 0;       // waiting requests holding a claimed, loading sequence
   std::deque<std::unique_ptr<Seq>> waiting_;
   std::vector<std::unique_ptr<Seq>> running_;  // admission order
   std::vector<RequestOutput> finished_;

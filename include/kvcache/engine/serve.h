@@ -79,11 +79,11 @@ struct ServeReport {
   std::uint64_t preemptions = 0, steps = 0;
   double model_s = 0, sampling_s = 0, overhead_s = 0;  // overhead: scheduler + manager
   // paged_tiers: the manager's per-tier figures at the end of the run, the
-  // admissions whose prefix went on into a tier, prompt tokens failed loads
+  // prefix matches that went on into a tier (loads started), prompt tokens failed loads
   // took back, the engine's time blocked on loads with nothing else to run,
   // and the mean over requests that loaded of their load time (in TTFT).
   std::vector<TierFigures> tiers;
-  std::uint64_t tier_admissions = 0, load_failed_tokens = 0, load_waits = 0;
+  std::uint64_t tier_matches = 0, load_failed_tokens = 0, load_waits = 0;
   double load_wait_s = 0, load_mean_s = 0;
   // End-of-run audit: sequences still claimed; blocks neither free nor held
   // as evictable prefix-cache entries (a leak); evictable cached pages.
