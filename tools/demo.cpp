@@ -10,6 +10,7 @@
 // hits, pages loaded and the time spent waiting on loads.
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -70,6 +71,9 @@ std::vector<ServeMode> demo_modes(const DemoOptions& o, bool tiers) {
       modes.push_back(ServeMode::paged_tiers);
     else
       throw InvalidArgument("--configs: '" + c + "' is not continuous, paged, prefix or tiers");
+  }
+  if (!tiers && std::find(modes.begin(), modes.end(), ServeMode::paged_tiers) != modes.end()) {
+    throw InvalidArgument("--configs tiers needs --host-capacity or --disk-dir");
   }
   if (!o.configs.empty()) return modes;
   modes = {ServeMode::continuous, ServeMode::paged, ServeMode::paged_prefix};
@@ -163,7 +167,7 @@ void add_tier_rows(const std::vector<ServeReport>& reports, Row& row) {
     auto tier_cell = [i](const ServeReport& r, auto&& cell) -> std::string {
       return i < r.tiers.size() ? cell(r.tiers[i]) : "-";
     };
-    row(name + " tier hits / pages loaded", [&](const ServeReport& r) {
+    row(name + " tier lookup hits / pages loaded", [&](const ServeReport& r) {
       return tier_cell(r, [](const TierFigures& t) {
         return with_commas(t.hits) + " / " + with_commas(t.pages_onboarded);
       });
@@ -280,6 +284,8 @@ void run_demo(const DemoOptions& o) {
   const ModelPreset& preset = find_preset(o.preset);
   const engine::ModelConfig config = engine_model_config(preset);
   const engine::Model model = engine::Model::from_seed(config, o.seed);
+  const engine::ServeTiers tiers = demo_tiers(o, config);
+  const std::vector<ServeMode> modes = demo_modes(o, tiers.any());
   std::ostream* narrate = o.json ? nullptr : &std::cout;
   const auto workload = make_workload(o, config, narrate);
   engine::ServeOptions so;
@@ -288,7 +294,7 @@ void run_demo(const DemoOptions& o) {
   so.max_seq_len = o.max_seq_len;
   so.max_num_tokens = o.token_budget;
   so.samples = o.samples;
-  so.tiers = demo_tiers(o, config);
+  so.tiers = tiers;
   if (narrate) {
     *narrate << "Model: '" << config.name << "' Llama-style, " << config.num_layers
              << " layers, hidden " << config.hidden_size << ", " << config.n_q_heads << "/"
@@ -317,7 +323,7 @@ void run_demo(const DemoOptions& o) {
     *narrate << '\n';
   }
   std::vector<ServeReport> reports;
-  for (ServeMode mode : demo_modes(o, so.tiers.any())) {
+  for (ServeMode mode : modes) {
     Progress progress{std::string(engine::serve_mode_name(mode)), Progress::terminal()};
     so.mode = mode;
     so.progress = [&](std::size_t d, std::size_t t) { progress(d, t); };
