@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <random>
+
 #include "kvcache/engine/model.h"
 #include "kvcache/engine/workload.h"
 #include "kvcache/error.h"
@@ -84,6 +86,43 @@ TEST(Serve, RefusesABudgetWithoutRoom) {
   o.mode = ServeMode::continuous;
   o.memory_bytes = 100;
   EXPECT_THROW(serve(model, small_workload(), o), InvalidArgument);
+}
+
+// Conversations returning to their prefixes after others pushed them out of
+// a pool of 16 pages: with a host tier below it they come back from the tier.
+TEST(Serve, TiersModeLoadsEvictedPrefixesBackAndNeedsATier) {
+  const Model model = Model::from_seed(model_preset("tiny"), 3);
+  std::vector<WorkloadRequest> workload;
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<TokenId> tok(0, TokenId(model.config().vocab_size) - 1);
+  std::vector<std::vector<TokenId>> convs(6);
+  for (int turn = 0; turn < 3; ++turn) {
+    for (auto& c : convs) {
+      for (int i = 0; i < 40; ++i) c.push_back(tok(rng));
+      workload.push_back({double(workload.size()) * 0.001, c, 2});
+    }
+  }
+  ServeOptions o;
+  o.mode = ServeMode::paged_tiers;
+  o.page_size = 16;
+  o.max_seq_len = 256;
+  o.memory_bytes =
+      16 * 16 * model.config().cache_params(CacheStrategy::paged, 16).bytes_per_token();
+  EXPECT_THROW(serve(model, workload, o), InvalidArgument);  // no tier given
+  o.tiers.host_bytes = 1 << 20;
+  const ServeReport r = serve(model, workload, o);
+  EXPECT_EQ(r.config, "paged + prefix + tiers");
+  ASSERT_EQ(r.tiers.size(), 1u);
+  EXPECT_EQ(r.tiers[0].name, "host");
+  EXPECT_GT(r.tiers[0].pages_onboarded, 0u);
+  EXPECT_GT(r.tier_matches, 0u);
+  EXPECT_EQ(r.load_failed_tokens, 0u);
+  EXPECT_EQ(r.active_sequences_left, 0u);
+  EXPECT_EQ(r.blocks_not_free, 0u);
+  o.mode = ServeMode::paged_prefix;
+  const ServeReport without = serve(model, workload, o);
+  EXPECT_TRUE(without.tiers.empty());
+  EXPECT_LT(r.prefill_tokens, without.prefill_tokens);
 }
 
 TEST(Workload, ChatWorkloadSharesTheSystemPromptAndIsDeterministic) {
