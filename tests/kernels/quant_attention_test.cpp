@@ -40,6 +40,8 @@ struct Case {
   PageLayout layout = PageLayout::nhd;
   PoolArrangement arrangement = PoolArrangement::interleaved;
   std::string isa = "auto";
+  AttentionPrefetch prefetch = AttentionPrefetch::automatic;
+  float spread = 0.0f;
   std::string name() const {
     return std::string(dtype_name(dtype)) + (paged ? " paged " : " continuous ") + "page " +
            std::to_string(page) + " kv " + std::to_string(n_kv) + " group " +
@@ -56,7 +58,8 @@ std::vector<Entry> mixed_batch() { return {{700, 1}, {0, 19}, {61, 7}, {3, 1}, {
 void check_case(const Case& c, std::uint64_t seed) {
   SCOPED_TRACE(c.name());
   std::mt19937 rng(static_cast<std::mt19937::result_type>(seed));
-  Cache ref(c.dtype, c.entries, c.paged, c.page, c.n_kv, c.dim, c.layout, c.arrangement, rng);
+  Cache ref(c.dtype, c.entries, c.paged, c.page, c.n_kv, c.dim, c.layout, c.arrangement, rng, 1.0f,
+            c.spread);
   Cache fast(ref);
   const std::uint32_t n_q = c.n_kv * c.group;
   const auto k_new = random_floats(std::size_t{ref.rows()} * c.n_kv * c.dim, -1, 1, rng);
@@ -68,7 +71,9 @@ void check_case(const Case& c, std::uint64_t seed) {
   ThreadPool pool(c.threads);
   select_isa(c.isa);
   store_kv(fast.k(), fast.v(), k_new, v_new, fast.row_offsets, {}, &pool);
-  attention(fast.k(), fast.v(), q, n_q, fast.row_offsets, out_fast, {}, &pool);
+  AttentionOptions options;
+  options.prefetch = c.prefetch;
+  attention(fast.k(), fast.v(), q, n_q, fast.row_offsets, out_fast, options, &pool);
   select_isa("auto");
   ASSERT_EQ(0, std::memcmp(ref.bytes.data(), fast.bytes.data(), ref.bytes.size()))
       << "store_kv differs from store_kv_reference";
@@ -131,6 +136,49 @@ TEST(QuantKernels, EveryCompiledSimdTarget) {
       c.threads = 2;
       check_case(c, seed++);
     }
+}
+
+// The decode tile loops' int8 scales: rows whose magnitudes span two
+// decades (fp8: down to its subnormals), zero rows (int8 scale 0), so every
+// score and probability depends on its own (token, head) scale; long decodes split over 2 threads,
+// one query per head (the (token, head) pair scores and the two-head PV), GQA 8 (head by head on
+// NHD pages), both layouts and arrangements. fp8 with its static scales the same way.
+TEST(QuantKernels, ScalesVaryPerTokenAndHead) {
+  std::uint64_t seed = 700;
+  for (DType t : kTypes)
+    for (PageLayout layout : {PageLayout::nhd, PageLayout::hnd})
+      for (std::uint32_t group : {1u, 8u}) {
+        Case c{.dtype = t, .entries = {{1000, 1}, {333, 1}, {47, 2}, {0, 5}}};
+        c.layout = layout;
+        c.arrangement = group == 1 ? PoolArrangement::interleaved : PoolArrangement::per_layer;
+        c.group = group;
+        c.n_kv = 4;
+        c.dim = 128;
+        c.threads = 2;
+        c.spread = 2.0f;
+        check_case(c, seed++);
+      }
+}
+
+// Every prefetch strategy over the same caches (the prefetch stream is told
+// of 8-bit rows in bytes, and int8's scales are prefetched apart), head
+// dims not a multiple of the vector width (36, 100) and contexts that end
+// mid-page.
+TEST(QuantKernels, PrefetchStrategiesAndPartialChunks) {
+  std::uint64_t seed = 800;
+  for (DType t : kTypes)
+    for (AttentionPrefetch p : {AttentionPrefetch::next_step_l1, AttentionPrefetch::next_tile_l2,
+                                AttentionPrefetch::none, AttentionPrefetch::next_tile_l1})
+      for (std::uint32_t dim : {36u, 100u}) {
+        Case c{.dtype = t, .entries = {{613, 1}, {90, 3}, {5, 1}}};
+        c.prefetch = p;
+        c.dim = dim;
+        c.group = 2;
+        c.n_kv = 2;
+        c.threads = 2;
+        c.layout = dim == 36 ? PageLayout::nhd : PageLayout::hnd;
+        check_case(c, seed++);
+      }
 }
 
 // RoPE fused into the quantising store: bit-identical to rotating with

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <span>
@@ -19,6 +20,8 @@ namespace kvcache::test {
 // A self-owned 2-layer cache of any dtype (layer 1 used), shuffled blocks,
 // with the history (positions < cache_length) written by the view's
 // store_row from random floats, so the codes (and int8 scales) are real.
+// With `spread` > 0 each (token, head) row is scaled by 10^u, u uniform in
+// [-spread, 0], and every 11th row is zero (int8 scale 0).
 struct Cache {
   std::vector<std::uint8_t> bytes;
   std::vector<float> head_scales;  // fp8: [2 layers][2][n_kv]
@@ -27,7 +30,7 @@ struct Cache {
 
   Cache(DType dtype, const std::vector<Entry>& entries, bool paged, std::uint32_t page,
         std::uint32_t n_kv, std::uint32_t dim, PageLayout layout, PoolArrangement arrangement,
-        std::mt19937& rng, float scale_base = 1.0f) {
+        std::mt19937& rng, float scale_base = 1.0f, float spread = 0.0f) {
     std::uint32_t max_ctx = 0, max_new = 0, num_blocks = 0;
     for (const Entry& e : entries) {
       cache_lengths.push_back(e.cache_length);
@@ -78,7 +81,9 @@ struct Cache {
       desc.head_scales = head_scales.data();
     }
     std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    std::uniform_real_distribution<float> exponent(-spread, 0.0f);
     std::vector<float> row(dim);
+    std::uint32_t row_count = 0;
     visit_dtype(dtype, [&](auto tag) {
       using T = decltype(tag);
       const PagedKVCacheCollection<T> col(desc);
@@ -87,7 +92,9 @@ struct Cache {
         for (std::uint32_t b = 0; b < desc.batch_size; ++b)
           for (std::uint32_t t = 0; t < cache_lengths[b]; ++t)
             for (std::uint32_t h = 0; h < n_kv; ++h) {
-              for (auto& x : row) x = dist(rng);
+              const float mag =
+                  ++row_count % 11 == 0 && spread > 0.0f ? 0.0f : std::pow(10.0f, exponent(rng));
+              for (auto& x : row) x = mag * dist(rng);
               view.store_row(b, h, t, row);
             }
       }

@@ -15,6 +15,7 @@
 #include <type_traits>
 
 #include "hwy/highway.h"
+#include "kernels/cpu/code_types.h"
 #include "kernels/cpu/kernel_common.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -60,6 +61,19 @@ constexpr std::uint32_t kStreamReportLines = 16;
 
 template <class T>
 constexpr std::uint32_t kChunkLines = kC * sizeof(T) / 64 > 0 ? kC * sizeof(T) / 64 : 1;
+
+// Lines of `chunks` chunks of a row, what the loops report to the stream:
+// kChunkLines each, but 8-bit codes (half a line a chunk on AVX-512) count
+// their bytes, so that the stream keeps pace with the rows actually read.
+template <class T>
+constexpr std::uint32_t ChunksLines(std::size_t chunks) {
+  if constexpr (sizeof(T) == 1) {
+    const std::size_t lines = chunks * kC / 64;
+    return lines > 0 ? static_cast<std::uint32_t>(lines) : 1;
+  } else {
+    return static_cast<std::uint32_t>(chunks) * kChunkLines<T>;
+  }
+}
 
 // bf16 chunks are split into even elements (lo) and odd elements (hi): one
 // 32-bit load, a shift and a mask, no lane shuffles. Query and accumulator
@@ -158,6 +172,46 @@ HWY_INLINE void LoadChunk(DF df, const hwy::bfloat16_t* p, VF& lo, VF& hi) {
   hi = hn::BitCast(df, hn::And(w, hn::Set(du, 0xFFFF0000u)));
 }
 
+// 8-bit codes (code_types.h), Lanes(df) of them in the u8 vector `u`,
+// widened to f32 exactly, in units of kCodeUnit:
+//  - int8: sign-extended and converted.
+//  - fp8_e5m2: the code in the top byte is binary16, widened by the
+//    hardware converter (infinities and NaN kept).
+//  - fp8_e4m3: sign-extended to 16 bits and shifted left by 7, its sign
+//    copy at bit 14 cleared, it is the binary16 of value / 256 (S, 0EEEE,
+//    MMM: normals and subnormals line up), widened by the converter; the
+//    NaN code S.1111.111 reads as +-480 (stores never write it from finite
+//    input). Three operations a vector, against seven for masking the
+//    sign and the magnitude apart.
+template <DType kType>
+HWY_INLINE VF DecodeCodes(DF df, hn::Vec<hn::Rebind<std::uint8_t, DF>> u) {
+  if constexpr (kType == DType::int8) {
+    const hn::Rebind<std::int8_t, DF> d8;
+    const hn::Rebind<std::int32_t, DF> d32;
+    return hn::ConvertTo(df, hn::PromoteTo(d32, hn::BitCast(d8, u)));
+  } else {
+    const hn::Rebind<hwy::float16_t, DF> dh;
+    const hn::Rebind<std::uint16_t, DF> d16;
+    if constexpr (kType == DType::fp8_e5m2) {
+      return hn::PromoteTo(df, hn::BitCast(dh, hn::ShiftLeft<8>(hn::PromoteTo(d16, u))));
+    } else {
+      const hn::Rebind<std::int8_t, DF> d8;
+      const hn::Rebind<std::int16_t, DF> di16;
+      const auto w = hn::ShiftLeft<7>(hn::PromoteTo(di16, hn::BitCast(d8, u)));
+      return hn::PromoteTo(
+          df, hn::BitCast(dh, hn::And(hn::BitCast(d16, w), hn::Set(d16, std::uint16_t{0xBFFF}))));
+    }
+  }
+}
+
+template <DType kType>
+HWY_INLINE void LoadChunk(DF df, const Code8<kType>* p, VF& lo, VF& hi) {
+  const hn::Rebind<std::uint8_t, DF> d8;
+  const auto* b = reinterpret_cast<const std::uint8_t*>(p);
+  lo = DecodeCodes<kType>(df, hn::LoadU(d8, b));
+  hi = DecodeCodes<kType>(df, hn::LoadU(d8, b + kN));
+}
+
 // Whether partial chunks use masked loads: AVX-512, where lanes masked off
 // are neither read nor able to fault, for every lane size.
 constexpr bool kMaskedTail = HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3;
@@ -174,6 +228,11 @@ HWY_INLINE void LoadChunkPart(D df, const T* p, std::size_t t, VF& lo, VF& hi) {
     const hn::Rebind<hwy::float16_t, D> dh;
     lo = hn::PromoteTo(df, hn::MaskedLoad(hn::FirstN(dh, t), dh, p));
     hi = hn::PromoteTo(df, hn::MaskedLoad(hn::FirstN(dh, t_hi), dh, p + kN));
+  } else if constexpr (kIsCode<T>) {
+    const hn::Rebind<std::uint8_t, D> d8;
+    const auto* b = reinterpret_cast<const std::uint8_t*>(p);
+    lo = DecodeCodes<CodeOf<T>::kType>(df, hn::MaskedLoad(hn::FirstN(d8, t), d8, b));
+    hi = DecodeCodes<CodeOf<T>::kType>(df, hn::MaskedLoad(hn::FirstN(d8, t_hi), d8, b + kN));
   } else {
     // bf16 in 16-bit lanes, so that an odd t reads nothing past the row.
     const hn::RebindToUnsigned<D> du;

@@ -78,8 +78,9 @@ void RunAttention(const AttentionCtx& c) {
         following = next.fetch_add(1);
         return following < n_items ? &plan.items[following] : nullptr;
       };
-      if (it.prefill && (it.r1 - it.r0) * c.group <= prefill::max_query_vectors()) {
-        prefill::RunItem<T>(c, it, pb);
+      // 8-bit codes run every item in the tile loops (prefill items too).
+      if (!kIsCode<T> && it.prefill && (it.r1 - it.r0) * c.group <= prefill::max_query_vectors()) {
+        if constexpr (!kIsCode<T>) prefill::RunItem<T>(c, it, pb);
       } else {
         runner.run(it, s, i < plan.split_items ? partials.data() + i * stride : nullptr,
                    claim_next);

@@ -186,10 +186,6 @@ void attention(const CacheDesc& k, const CacheDesc& v, std::span<const float> q,
   c.k_head_scales = k.head_scales;
   c.v_head_scales = v.head_scales;
   c.scales_offset = k.block_values();
-  if (is_quantized(dtype)) {
-    kernels::attention_q8(dtype, c);
-    return;
-  }
   switch (dtype) {
     case DType::f32:
       kernels::attention_f32(c);
@@ -199,6 +195,15 @@ void attention(const CacheDesc& k, const CacheDesc& v, std::span<const float> q,
       break;
     case DType::bf16:
       kernels::attention_bf16(c);
+      break;
+    case DType::fp8_e4m3:
+      kernels::attention_e4m3(c);
+      break;
+    case DType::fp8_e5m2:
+      kernels::attention_e5m2(c);
+      break;
+    case DType::int8:
+      kernels::attention_i8(c);
       break;
     default:
       break;

@@ -135,8 +135,10 @@ class ItemRunner : private TileRunner<T> {
     } else {
       std::copy_n(s.mx.begin(), total, partial);
       std::copy_n(s.l.begin(), total, partial + total);
-      for (std::size_t i = 0; i < total; ++i)
-        unlayout(s.acc.get() + i * s.dimp, 1.0f, partial + 2 * total + i * dim);
+      for (std::size_t i = 0; i < total; ++i) {
+        const auto h = static_cast<std::uint32_t>(it.h0 + i / m_per_head);
+        unlayout(s.acc.get() + i * s.dimp, output_factor(h), partial + 2 * total + i * dim);
+      }
     }
   }
 
@@ -180,6 +182,31 @@ class ItemRunner : private TileRunner<T> {
     rows.nseg = 0;
     const std::uint32_t ta = it.t0 + k * kTile;
     append_rows(it.b, ta, tile_end(ta, it.t1), rows);
+    if constexpr (kPageScales<T>) prefetch_scales(rows, it.h0, it.h1);
+  }
+
+  // int8: the lines of the item's scales (heads [h0, h1)) of each page
+  // segment of the tile into L2: the prefetch stream and the hardware
+  // prefetchers follow the value rows, and the scales lie apart from them.
+  void prefetch_scales(const TileRows<T>& rows, std::uint32_t h0, std::uint32_t h1) const {
+    const std::size_t hs = c_.head_stride / c_.dim;
+    const bool one_run = heads_contiguous();  // NHD: every head of a row side by side
+    for (std::uint32_t j = 0; j < rows.nseg; ++j) {
+      const std::uint32_t a = rows.seg[j], z = rows.seg[j + 1] - 1;
+      for (std::uint32_t h = h0; h < (one_run ? h0 + 1 : h1); ++h) {
+        const std::size_t first = h * hs, last = one_run ? (h1 - 1) * hs : h * hs;
+        prefetch_span_l2(rows.scales.k[a] + first, rows.scales.k[z] + last);
+        prefetch_span_l2(rows.scales.v[a] + first, rows.scales.v[z] + last);
+      }
+    }
+  }
+
+  // The lines of [first, last] into L2.
+  static void prefetch_span_l2(const float* first, const float* last) {
+    const char* p = reinterpret_cast<const char*>(first);
+    const char* end = reinterpret_cast<const char*>(last + 1);
+    for (; p < end; p += 64) prefetch_l2(p);
+    prefetch_l2(end - 1);
   }
 
   // Appends the K/V rows of tokens [ta, tb) (head 0), one page-table lookup
@@ -192,6 +219,7 @@ class ItemRunner : private TileRunner<T> {
           std::min<std::uint64_t>(tb, (std::uint64_t{tok} / c_.page + 1) * c_.page));
       const T* kr = row(c_.k, b, tok, 0);
       const T* vr = row(c_.v, b, tok, 0);
+      if constexpr (kPageScales<T>) append_scales(b, tok, run_end - tok, rows);
       for (; tok < run_end; ++tok, kr += c_.token_stride, vr += c_.token_stride) {
         rows.k[rows.n] = kr;
         rows.v[rows.n] = vr;
@@ -199,6 +227,25 @@ class ItemRunner : private TileRunner<T> {
       }
     }
     rows.seg[rows.nseg] = static_cast<std::uint8_t>(rows.n);
+  }
+
+  // int8: the scales (KV head 0) of n tokens from tok on, all in one page,
+  // as rows.scales[rows.n ...]: the block's floats after its values, the one
+  // of (row, head) at (row * token_stride + head * head_stride) / dim.
+  void append_scales(std::uint32_t b, std::uint32_t tok, std::uint32_t n, TileRows<T>& rows) const {
+    const std::uint32_t block = c_.lookup[std::size_t{b} * c_.lookup_stride + tok / c_.page];
+    const std::size_t first = std::size_t{tok % c_.page} * c_.token_stride / c_.dim;
+    const std::size_t step = c_.token_stride / c_.dim;
+    const auto* kb = static_cast<const std::uint8_t*>(c_.k.blocks) +
+                     std::size_t{block} * c_.k.block_stride + c_.scales_offset;
+    const auto* vb = static_cast<const std::uint8_t*>(c_.v.blocks) +
+                     std::size_t{block} * c_.v.block_stride + c_.scales_offset;
+    const auto* ks = reinterpret_cast<const float*>(kb) + first;
+    const auto* vs = reinterpret_cast<const float*>(vb) + first;
+    for (std::uint32_t i = 0; i < n; ++i) {
+      rows.scales.k[rows.n + i] = ks + i * step;
+      rows.scales.v[rows.n + i] = vs + i * step;
+    }
   }
 
   const T* row(const LayerRef& ref, std::uint32_t b, std::uint32_t tok, std::uint32_t h) const {
@@ -216,7 +263,7 @@ class ItemRunner : private TileRunner<T> {
         for (std::uint32_t g = 0; g < c_.group; ++g, ++idx) {
           const float* src = c_.q + r * q_row + std::size_t{h * c_.group + g} * dim;
           float* q = s.qs.get() + idx * s.dimp;
-          ToLayout<T>(src, dim, c_.scale, q);
+          ToLayout<T>(src, dim, kIsCode<T> ? c_.scale * query_factor(h) : c_.scale, q);
           if (c_.bf16_inputs) RoundRowToBF16(DF(), q, s.dimp);
           if constexpr (kDotT) {
             if (dot_) PackQuery(q, s.dimp, s.qb.get() + idx * s.dimp / 2);
@@ -224,6 +271,21 @@ class ItemRunner : private TileRunner<T> {
         }
       }
     }
+  }
+
+  // 8-bit codes: what KV head h's queries are scaled by beyond the softmax
+  // scale (the codes' unit and fp8's static K scale; int8's per-row scales
+  // multiply the scores in the tile loops), and what its outputs are (the
+  // unit and fp8's V scale). 1 for the other element types.
+  float query_factor(std::uint32_t h) const {
+    if constexpr (kIsCode<T> && !kPageScales<T>) return kCodeUnit<T> * c_.k_head_scales[h];
+    (void)h;
+    return kCodeUnit<T>;
+  }
+  float output_factor(std::uint32_t h) const {
+    if constexpr (kIsCode<T> && !kPageScales<T>) return kCodeUnit<T> * c_.v_head_scales[h];
+    (void)h;
+    return kCodeUnit<T>;
   }
 
   // dst[d] = acc[LayoutPos(d)] * scale for d < dim.
@@ -239,7 +301,8 @@ class ItemRunner : private TileRunner<T> {
       for (std::uint32_t r = it.r0; r < it.r1; ++r) {
         for (std::uint32_t g = 0; g < c_.group; ++g, ++idx) {
           float* dst = c_.out + r * q_row + std::size_t{h * c_.group + g} * dim;
-          unlayout(s.acc.get() + idx * s.dimp, 1.0f / s.l[idx], dst);
+          const float inv = 1.0f / s.l[idx];
+          unlayout(s.acc.get() + idx * s.dimp, kIsCode<T> ? output_factor(h) * inv : inv, dst);
         }
       }
     }

@@ -29,7 +29,7 @@ HWY_INLINE void ScoreChunks(DF df, const Query& q, std::size_t dimp, const T* co
                             const Stream& stream) {
   // Report the lines read about kStreamReportLines at a time (the stream's per-call
   // cost is ~20 instructions).
-  constexpr std::uint32_t kLines = kT * kChunkLines<T>;
+  constexpr std::uint32_t kLines = ChunksLines<T>(kT);
   constexpr std::uint32_t kEvery = kLines >= kStreamReportLines ? 1 : kStreamReportLines / kLines;
   std::uint32_t n = 0;
   for (std::size_t d = d0; d < d1; d += kC) {
@@ -60,7 +60,7 @@ HWY_INLINE void ScoreChunks(DF df, const Query& q, std::size_t dimp, const T* co
 template <int kT, bool kTail, class T, class Query, class Stream>
 HWY_INLINE void ScoreRows(DF df, const Query& q, const T* const* kr, std::size_t d0, std::size_t d1,
                           std::size_t dim, VF* a, const Stream& stream) {
-  const std::uint32_t row_lines = static_cast<std::uint32_t>((d1 - d0) / kC) * kChunkLines<T>;
+  const std::uint32_t row_lines = ChunksLines<T>((d1 - d0) / kC);
 #pragma GCC unroll 16
   for (int u = 0; u < kT; ++u) {
     VF b = hn::Zero(df);
@@ -89,7 +89,7 @@ constexpr bool kQueryInRegisters = HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2;
 template <int kT, int kChunks, class T, class Stream>
 HWY_INLINE void ScoreRowsFixed(DF df, const float* q, const T* const* kr, VF* a,
                                const Stream& stream) {
-  constexpr std::uint32_t kRowLines = kChunks * kChunkLines<T>;
+  constexpr std::uint32_t kRowLines = ChunksLines<T>(kChunks);
   VF qlo[kChunks], qhi[kChunks];
 #pragma GCC unroll 8
   for (int c = 0; c < kChunks; ++c) {
@@ -159,7 +159,7 @@ HWY_INLINE void PvChunks(DF df, const float* const* p, float* const* acc, const 
   // vectors share them (told once per block of tokens, 32-token groups had
   // read 0.93 of 4-token ones for GQA 4 in DRAM; docs/PERFORMANCE.md,
   // sessions 9 and 10; kEvery: see kPvRowsPerReportMany).
-  constexpr std::uint32_t kLines = kCh * kChunkLines<T>;
+  constexpr std::uint32_t kLines = ChunksLines<T>(kCh);
   for (std::size_t d = d0; d + kCh * kC <= d1; d += kCh * kC) {
     VF a[kR][2 * kCh];
 #pragma GCC unroll 16
@@ -214,7 +214,7 @@ HWY_INLINE std::size_t PvHeads(DF df, const float* const* p, float* const* acc,
 #pragma GCC unroll 16
       for (int i = 0; i < 2 * kCh; ++i) a[h][i] = hn::Load(df, acc[h] + d + i * kN);
     for (std::uint32_t t = 0; t < nt; ++t) {
-      stream(kH * kCh * kChunkLines<T>);
+      stream(ChunksLines<T>(kH * kCh));
 #pragma GCC unroll 16
       for (int h = 0; h < kH; ++h) {
         const VF ph = hn::Set(df, p[h][t]);

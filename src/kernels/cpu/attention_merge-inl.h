@@ -1,5 +1,5 @@
 // The merge of split decode items and the worker fan-out shared by the CPU
-// attention drivers (attention_cpu-inl.h, attention_q8-inl.h), per Highway
+// attention driver (attention_cpu-inl.h), per Highway
 // target. Partials of an item: [total] maxima, [total] sums, [total][dim]
 // unnormalised accumulators, total = heads x rows x group query vectors.
 #if defined(KVCACHE_KERNELS_CPU_ATTENTION_MERGE_INL_H_) == defined(HWY_TARGET_TOGGLE)

@@ -28,6 +28,16 @@ constexpr float kSoftmaxShareMax = 0.25f;
 // One streaming tile in this many is timed for the softmax's share.
 constexpr std::uint32_t kTimedTileEvery = 8;
 
+// int8 caches: the scales of a tile's K and V rows (KV head 0; head h's is
+// the pointer + h * head_stride / dim). Empty for the other element types.
+template <class T, bool = kPageScales<T>>
+struct TileScales {};
+template <class T>
+struct TileScales<T, true> {
+  const float* k[kTile];
+  const float* v[kTile];
+};
+
 // K and V row pointers of KV head 0 for the tokens of one tile (head h's
 // row is the pointer + h * head_stride). Tiles may span pages.
 template <class T>
@@ -38,6 +48,7 @@ struct TileRows {
   // Page segments: rows [seg[j], seg[j + 1]) lie in one page (j < nseg).
   std::uint8_t seg[kTile + 1];
   std::uint32_t nseg = 0;
+  [[no_unique_address]] TileScales<T> scales;
 };
 
 // The prefetch stream of AttentionPrefetch::next_tile_l2 / next_tile_l1:

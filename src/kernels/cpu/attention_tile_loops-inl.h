@@ -124,12 +124,24 @@ class TileRunner {
     float* pr = s.probs.get();
     float* acc = s.acc.get();
     for (std::uint32_t hl = 0; hl < nh; ++hl) {
+      // int8: the head's per-row K and V scales (RowScales).
+      HWY_ALIGN float k_scales[kPageScales<T> ? kTile : 1];
+      HWY_ALIGN float v_scales[kPageScales<T> ? kTile : 1];
+      if constexpr (kPageScales<T>) {
+        gather_scales(rows.scales.k, nt, h0 + hl, k_scales);
+        gather_scales(rows.scales.v, nt, h0 + hl, v_scales);
+      }
       for (std::uint32_t j = 0; j < m; ++j) {
         const std::size_t idx = std::size_t{hl} * m + j;
         const std::uint32_t limit = first_limit + j / c_.group;
         const std::uint32_t nvalid = limit <= ta ? 0 : std::min(nt, limit - ta);
         float* p = pr + idx * kTile;
-        if (c_.bf16_inputs) {
+        if constexpr (kPageScales<T>) {
+          RowScales(df, p, k_scales);
+          SoftmaxUpdate(df, p, nt, nvalid, s.mx[idx], s.lv.get() + idx * kN, acc + idx * s.dimp,
+                        s.dimp);
+          RowScales(df, p, v_scales);
+        } else if (c_.bf16_inputs) {
           SoftmaxUpdate<true>(df, p, nt, nvalid, s.mx[idx], s.lv.get() + idx * kN,
                               acc + idx * s.dimp, s.dimp,
                               dot_ ? pairs_ + idx * kTile / 2 : nullptr);
@@ -147,6 +159,22 @@ class TileRunner {
       pv_tile(df, rows, next, h0, nh, m, s);
     }
     if (timed) stream_.time_softmax(t[2] - t[1], ticks() - t[0]);
+  }
+
+  // int8: head h's scales of the tile's rows sp[0, nt) into out[0, kTile),
+  // 0 past the rows.
+  void gather_scales(const float* const* sp, std::uint32_t nt, std::uint32_t h, float* out) const {
+    const std::size_t off = std::size_t{h} * (c_.head_stride / c_.dim);
+    for (std::uint32_t t = 0; t < nt; ++t) std::memcpy(out + t, sp[t] + off, sizeof(float));
+    std::fill(out + nt, out + kTile, 0.0f);
+  }
+
+  // p[0, kTile) *= scales[0, kTile): int8's per-row scales on a tile's
+  // scores (K) before the softmax and on its probabilities (V) after it (the
+  // denominator sums the probabilities unscaled).
+  static HWY_INLINE void RowScales(DF df, float* p, const float* scales) {
+    for (std::size_t g = 0; g < kTile; g += kN)
+      hn::Store(hn::Mul(hn::Load(df, p + g), hn::Load(df, scales + g)), df, p + g);
   }
 
   // Query blocks of 4 where m allows (each K load feeds 4 queries), else 2;

@@ -124,8 +124,8 @@ struct AttentionCtx {
   // AttentionPrecision::bf16 on a bf16 cache: the scaled queries and the
   // probabilities are rounded to bf16 before they multiply K and V.
   bool bf16_inputs = false;
-  // 8-bit caches (attention_q8): fp8's static K / V scales [n_kv], int8's
-  // offset (bytes) from a block's start to its (row, head) scales.
+  // 8-bit caches: fp8's static K / V scales [n_kv], int8's offset (bytes)
+  // from a block's start to its (row, head) scales.
   const float* k_head_scales = nullptr;
   const float* v_head_scales = nullptr;
   std::size_t scales_offset = 0;
@@ -133,14 +133,15 @@ struct AttentionCtx {
 
 // Runs the planned attention on the best target the processor has, one entry
 // per cache element type (attention_f32.cpp, attention_f16.cpp,
-// attention_bf16.cpp: separate translation units so a parallel build
-// compiles the three instantiations at once).
+// attention_bf16.cpp, and for the 8-bit caches attention_e4m3.cpp,
+// attention_e5m2.cpp, attention_i8.cpp: separate translation units so a
+// parallel build compiles the instantiations at once).
 void attention_f32(const AttentionCtx& c);
 void attention_f16(const AttentionCtx& c);
 void attention_bf16(const AttentionCtx& c);
-// The 8-bit caches (attention_q8.cpp): dequantised in registers, fp32
-// accumulation, the same plan and merge.
-void attention_q8(DType dtype, const AttentionCtx& c);
+void attention_e4m3(const AttentionCtx& c);
+void attention_e5m2(const AttentionCtx& c);
+void attention_i8(const AttentionCtx& c);
 
 // out[i] = ExpScores(x[i]) (kernels/cpu/exp_scores-inl.h: the softmax's e^x)
 // on the target the kernels dispatch to now (select_isa), so that tests can
