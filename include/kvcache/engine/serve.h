@@ -8,8 +8,9 @@
 // (sequences left claimed, blocks neither free nor cached).
 // The continuous configuration gets floor(budget / (max_seq_len * bytes per
 // token)) slots; the paged ones floor(budget / (page_size * bytes per token))
-// pages. Throws InvalidArgument when the budget holds no slot / page, or
-// when a request cannot fit.
+// pages, of the cache dtype `kv_dtype` (an fp8 cache takes `kv_scales`).
+// Throws InvalidArgument when the budget holds no slot / page, or when a
+// request cannot fit.
 #pragma once
 
 #include <cstddef>
@@ -20,6 +21,7 @@
 
 #include "kvcache/engine/model.h"
 #include "kvcache/engine/workload.h"
+#include "kvcache/kv_scales.h"
 
 namespace kvcache::engine {
 
@@ -37,6 +39,10 @@ struct ServeOptions {
   // Samples per request (Request::n): paged configurations fork the prompt,
   // continuous slots compute it once per sample.
   std::uint32_t samples = 1;
+  // The cache's element type; fp8 caches use kv_scales (the model's shape;
+  // Model::calibrate_kv_scales), or scales of 1 when it is empty.
+  DType kv_dtype = DType::f32;
+  KVScales kv_scales{};
   // Called after every step with (finished outputs, total outputs: requests x samples).
   std::function<void(std::size_t, std::size_t)> progress;
 };
@@ -48,7 +54,7 @@ struct ServeReport {
   std::uint32_t requests = 0, samples = 1;  // outputs = requests x samples
   std::uint64_t prompt_tokens = 0, requested_output_tokens = 0, generated_tokens = 0;
   std::uint32_t blocks = 0, page_size = 0;  // slots x max_seq_len, or pages x page_size
-  std::size_t memory_bytes = 0;                // bytes the blocks occupy (<= budget)
+  std::size_t memory_bytes = 0;             // bytes the blocks occupy (<= budget)
   double elapsed_s = 0, requests_per_s = 0, output_tokens_per_s = 0;
   double ttft_mean_s = 0, ttft_p50_s = 0, ttft_p99_s = 0, tpot_mean_s = 0;
   std::uint32_t peak_running = 0;
