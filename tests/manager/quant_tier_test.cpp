@@ -210,8 +210,8 @@ TEST_P(QuantTier, Fp8PagesOfOtherScalesAreNeverLoaded) {
 // A tier's page is the manager's: int8's in-page scales included (without
 // them every int8 write-back was refused as the wrong size).
 TEST(QuantTierFingerprint, PageBytesAreTheManagersForEveryDType) {
-  for (DType dtype : {DType::f32, DType::f16, DType::bf16, DType::fp8_e4m3, DType::fp8_e5m2,
-                      DType::int8}) {
+  for (DType dtype :
+       {DType::f32, DType::f16, DType::bf16, DType::fp8_e4m3, DType::fp8_e5m2, DType::int8}) {
     const KVCacheParams p = params_of(dtype, PoolArrangement::interleaved);
     EXPECT_EQ(TierFingerprint::of(p).page_bytes(), kPage * p.bytes_per_token_per_device())
         << dtype_name(dtype);
