@@ -8,12 +8,16 @@
 // With --host-capacity and/or --disk-dir a fourth configuration adds storage
 // tiers below the same device pool (paged + prefix + tiers), with per-tier
 // hits, pages loaded and the time spent waiting on loads.
+// --kv-dtype stores the KV in another element type (an 8-bit cache holds
+// more tokens in the same budget); fp8 scales are calibrated once, before
+// serving, on the first request's first kCalibrationTokens prompt tokens.
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -36,6 +40,8 @@ using engine::ServeReport;
 
 // Tokens the default KV budget holds (32 MiB of the small model's f32 KV).
 constexpr std::uint64_t kDefaultBudgetTokens = 8192;
+// fp8 caches: the prompt tokens their static scales are calibrated on.
+constexpr std::size_t kCalibrationTokens = 256;
 
 struct DemoOptions {
   std::string preset = "small";
@@ -50,6 +56,7 @@ struct DemoOptions {
   std::uint32_t samples = 1;
   std::string trace;
   double trace_scale = 1.0 / 16;
+  std::string kv_dtype = "f32";
   bool json = false;
   std::string host_capacity;  // tiers: host tier bytes (empty: none)
   std::string disk_dir;       // tiers: disk tier directory (empty: none)
@@ -274,13 +281,25 @@ engine::ServeTiers demo_tiers(const DemoOptions& o, const engine::ModelConfig& c
 }
 
 // --memory, or room for kDefaultBudgetTokens tokens of this model's KV.
+// --memory, or room for kDefaultBudgetTokens tokens of this model's f32 KV
+// (whatever --kv-dtype: an 8-bit cache gets the same bytes).
 std::uint64_t memory_budget(const DemoOptions& o, const engine::ModelConfig& config) {
   if (!o.memory.empty()) return engine::parse_byte_size(o.memory);
   return kDefaultBudgetTokens *
          config.cache_params(CacheStrategy::paged, o.page_size).bytes_per_token();
 }
 
+// fp8: scales from the first request's first kCalibrationTokens prompt tokens.
+KVScales calibrated_scales(const engine::Model& model, DType dtype,
+                           const std::vector<engine::WorkloadRequest>& workload) {
+  if (!is_fp8(dtype) || workload.empty()) return {};
+  const auto& prompt = workload.front().prompt;
+  return model.calibrate_kv_scales(
+      std::span(prompt).first(std::min(prompt.size(), kCalibrationTokens)), dtype);
+}
+
 void run_demo(const DemoOptions& o) {
+  const DType kv_dtype = parse_dtype(o.kv_dtype);
   const ModelPreset& preset = find_preset(o.preset);
   const engine::ModelConfig config = engine_model_config(preset);
   const engine::Model model = engine::Model::from_seed(config, o.seed);
@@ -295,6 +314,8 @@ void run_demo(const DemoOptions& o) {
   so.max_num_tokens = o.token_budget;
   so.samples = o.samples;
   so.tiers = tiers;
+  so.kv_dtype = kv_dtype;
+  so.kv_scales = calibrated_scales(model, kv_dtype, workload);
   if (narrate) {
     *narrate << "Model: '" << config.name << "' Llama-style, " << config.num_layers
              << " layers, hidden " << config.hidden_size << ", " << config.n_q_heads << "/"
@@ -303,7 +324,8 @@ void run_demo(const DemoOptions& o) {
     if (!preset.engine_model) *narrate << "  (" << stand_in_note(preset) << ")\n";
     *narrate << "KV budget: " << format_bytes(so.memory_bytes) << " for every configuration; "
              << "max_seq_len " << o.max_seq_len << ", page size " << o.page_size
-             << ", step token budget " << o.token_budget;
+             << ", step token budget " << o.token_budget << ", KV cache " << dtype_name(kv_dtype);
+    if (is_fp8(kv_dtype)) *narrate << " (scales calibrated on the first request's prompt)";
     if (o.samples > 1) {
       *narrate << ", " << o.samples
                << " samples per request (paged: the prompt forked; slots: computed per sample)";
@@ -340,6 +362,7 @@ void run_demo(const DemoOptions& o) {
                   {"stand_in", !preset.engine_model},
                   {"parameters", config.num_parameters()}};
     j["memory_budget_bytes"] = so.memory_bytes;
+    j["kv_dtype"] = dtype_name(kv_dtype);
     j["page_size"] = o.page_size;
     j["max_seq_len"] = o.max_seq_len;
     j["configurations"] = nlohmann::json::array();
@@ -406,6 +429,11 @@ void add_demo_command(CLI::App& app) {
                   "configurations to run, comma-separated: continuous, paged, prefix, tiers "
                   "(default: the first three, and tiers when a tier is given)")
       ->delimiter(',');
+  cmd->add_option("--kv-dtype", o.kv_dtype,
+                  "KV cache element type: " + std::string(kDTypeNames) +
+                      "; fp8 scales are calibrated on the first request's first " +
+                      std::to_string(kCalibrationTokens) + " prompt tokens")
+      ->capture_default_str();
   cmd->add_flag("--json", o.json, "print JSON instead of the table");
   cmd->callback([] { run_demo(o); });
 }

@@ -1,7 +1,7 @@
 // tools/generate.cpp — `kvcache generate`: one request through the engine.
 //
 //   kvcache generate --prompt-tokens 1,2,3 --max-new-tokens 8 [--temperature 0.8 --top-p 0.9]
-//                    [--samples 4]
+//                    [--samples 4] [--kv-dtype int8] [--compare f32]
 // prints the generated token ids, comma separated: one line per sample
 // (--samples n: the prompt computed once and forked, sample i seeded with
 // seed + i), then its timing on stderr (prefill and decode tokens/s, wall
@@ -10,6 +10,12 @@
 // stand-in), or loaded with --model DIR (config.json + model.safetensors). Refused (exit 2, naming
 // the value and the limit): an empty prompt, and prompt + max-new-tokens past the model's
 // max_position or past what 2^32 - 1 pages of the cache can index.
+// --kv-dtype picks the cache's element type (f32 default; an fp8 cache gets
+// static K/V scales calibrated on the prompt's first kCalibrationTokens
+// tokens: Model::calibrate_kv_scales). --compare REF measures that cache
+// against a REF cache instead of generating freely: engine::compare_kv_dtypes
+// over --max-new-tokens positions, teacher-forced on REF's greedy tokens
+// (largest logit difference, KL divergence, top-1 agreement).
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -24,6 +30,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "kvcache/engine/kv_accuracy.h"
 #include "kvcache/engine/model.h"
 #include "kvcache/engine/safetensors.h"
 #include "kvcache/engine/scheduler.h"
@@ -44,8 +51,13 @@ struct GenerateOptions {
   std::uint64_t seed = 1;
   std::uint32_t page_size = 16;
   std::uint32_t samples = 1;
+  std::string kv_dtype = "f32";
+  std::string compare;  // a reference dtype: compare instead of generating
   bool json = false;
 };
+
+// fp8 caches: the prompt tokens their static scales are calibrated on.
+constexpr std::uint32_t kCalibrationTokens = 256;
 
 // Where a run's time went: prefill = arrival to the first token (the prompt
 // and the first sampled token), decode = first token to the last one, over
@@ -155,19 +167,73 @@ void report(const GenerateOptions& o, const std::vector<engine::RequestOutput>& 
                t.decode_s * 1e3, t.decode_tokens_per_s(), t.total_s * 1e3, t.load_s * 1e3);
 }
 
+void run_compare(const GenerateOptions& o, const engine::Model& model,
+                 const std::vector<engine::TokenId>& prompt) {
+  if (o.samples != 1) {
+    throw InvalidArgument("--compare runs one greedy sequence: --samples is " +
+                          std::to_string(o.samples) + ", it must be 1");
+  }
+  (void)pages_per_sample(o, prompt.size(), model.config());  // the length checks
+  engine::KVCompareOptions c;
+  c.reference = parse_dtype(o.compare);
+  c.dtype = parse_dtype(o.kv_dtype);
+  c.page_size = o.page_size;
+  c.calibration_tokens = kCalibrationTokens;
+  const auto t0 = std::chrono::steady_clock::now();
+  const engine::KVCompareReport r = engine::compare_kv_dtypes(model, prompt, o.max_new_tokens, c);
+  const double seconds = seconds_since(t0);
+  const std::string scales_note =
+      is_fp8(r.dtype)
+          ? "calibrated on the prompt's first " +
+                std::to_string(std::min<std::size_t>(prompt.size(), kCalibrationTokens)) + " tokens"
+          : "none";
+  const nlohmann::json j{{"model", model.config().name},
+                         {"kv_dtype", dtype_name(r.dtype)},
+                         {"reference", dtype_name(r.reference)},
+                         {"prompt_tokens", r.prompt_tokens},
+                         {"positions", r.positions},
+                         {"max_logit_diff", r.max_logit_diff},
+                         {"mean_kl", r.mean_kl},
+                         {"max_kl", r.max_kl},
+                         {"top1_agreement", r.top1_agreement},
+                         {"fp8_scales", scales_note},
+                         {"seconds", seconds}};
+  if (o.json) {
+    std::cout << j.dump(2) << '\n';
+    return;
+  }
+  std::printf(
+      "%s cache against %s, %u positions (teacher-forced on %s's greedy tokens), model '%s':\n"
+      "  largest logit difference %.4g\n  KL divergence mean %.3g, max %.3g nats\n"
+      "  top-1 agreement %.4f\n",
+      std::string(dtype_name(r.dtype)).c_str(), std::string(dtype_name(r.reference)).c_str(),
+      r.positions, std::string(dtype_name(r.reference)).c_str(), model.config().name.c_str(),
+      r.max_logit_diff, r.mean_kl, r.max_kl, r.top1_agreement);
+}
+
 void run_generate(const GenerateOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<engine::TokenId> prompt = parse_token_ids(o.prompt);
+  const DType dtype = parse_dtype(o.kv_dtype);
+  if (!o.compare.empty()) (void)parse_dtype(o.compare);
   const std::size_t prompt_tokens = prompt.size();
   const engine::Model model =
       o.model_dir.empty()
           ? engine::Model::from_seed(engine_model_config(find_preset(o.preset)), o.seed)
           : engine::load_model(o.model_dir);
   const double load_s = seconds_since(t0);
+  if (!o.compare.empty()) {
+    run_compare(o, model, prompt);
+    return;
+  }
   const std::uint32_t pages = pages_per_sample(o, prompt.size(), model.config());
   // Room for every sample at once (fewer would be enough: they share the prompt).
-  PagedKVCacheManager manager(model.config().cache_params(CacheStrategy::paged, o.page_size),
+  PagedKVCacheManager manager(model.config().cache_params(CacheStrategy::paged, o.page_size, dtype),
                               pages * o.samples, o.samples, pages * o.page_size);
+  if (is_fp8(dtype)) {
+    const std::size_t n = std::min<std::size_t>(prompt.size(), kCalibrationTokens);
+    manager.set_kv_scales(model.calibrate_kv_scales(std::span(prompt).first(n), dtype));
+  }
   engine::SchedulerConfig config;
   config.max_num_seqs = o.samples;
   config.clock = [t0] { return seconds_since(t0); };
@@ -220,9 +286,19 @@ void add_generate_command(CLI::App& app) {
                   "computed once and forked; sample i uses seed + i)")
       ->capture_default_str()
       ->check(CLI::Range(1u, 64u));
+  cmd->add_option("--kv-dtype", o.kv_dtype,
+                  "KV cache element type: " + std::string(kDTypeNames) +
+                      "; fp8 scales are calibrated on the prompt's first " +
+                      std::to_string(kCalibrationTokens) + " tokens")
+      ->capture_default_str();
+  cmd->add_option("--compare", o.compare,
+                  "a reference dtype (e.g. f32): instead of generating, compare the --kv-dtype "
+                  "cache's logits with it over --max-new-tokens positions, teacher-forced on the "
+                  "reference's greedy tokens (largest logit difference, KL divergence, top-1 "
+                  "agreement)");
   cmd->add_flag("--json", o.json,
-                "print one JSON object (samples, prefill/decode tokens/s, times) instead of "
-                "token lines and a timing line on stderr");
+                "print one JSON object (samples, prefill/decode tokens/s, times; with --compare "
+                "the figures) instead of token lines and a timing line on stderr");
   cmd->callback([] { run_generate(o); });
 }
 

@@ -45,6 +45,9 @@ class KVScales {
 
   // All scales, [num_layers][2][n_kv_heads].
   std::span<const float> data() const { return scales_; }
+  // 64-bit digest (XXH3) of the counts and every scale's bits: equal scales
+  // give equal digests (the tier keys of an fp8 manager include it).
+  std::uint64_t digest() const;
 
   friend bool operator==(const KVScales&, const KVScales&) = default;
 

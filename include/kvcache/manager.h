@@ -223,7 +223,9 @@ class KVCacheManager {
   // changed) for a cache that is not fp8, another shape, or while any
   // sequence is active (its stored codes were written with the old scales).
   // Pages a prefix cache keeps were written with the scales of their time:
-  // reset the prefix cache when changing them on a serving manager. Not
+  // reset the prefix cache when changing them on a serving manager. A paged
+  // manager's tier keys include the scales (KVScales::digest), so pages a
+  // tier holds from other scales are never loaded (docs/tiers.md). Not
   // synchronised with other calls: set the scales before serving.
   void set_kv_scales(const KVScales& scales);
   // The scales set (all 1 by default); empty (0 layers) unless fp8.
@@ -247,6 +249,8 @@ class KVCacheManager {
  protected:
   // Fills kv_scales_ and device_scales_ (strong guarantee).
   void set_device_scales(const KVScales& scales);
+  // Called by set_kv_scales once the new scales are in place (noexcept).
+  virtual void kv_scales_changed() noexcept {}
   // What fetch puts in a batch (KVCacheBatch::head_scales_): null unless fp8.
   const float* device_scales() const {
     return device_scales_.empty() ? nullptr : device_scales_.data();

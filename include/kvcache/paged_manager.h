@@ -200,6 +200,7 @@ class PagedKVCacheManager final : public KVCacheManager {
   void check_invariants() const override;
 
  private:
+  void kv_scales_changed() noexcept override;
   void step_ids_unknown(std::span<const SeqId> seqs, std::span<const std::uint32_t> valid_lengths,
                         bool on_purpose);
   struct Impl;

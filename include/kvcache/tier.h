@@ -78,7 +78,8 @@ struct TierFingerprint {
                             std::string cache_salt = {}, std::uint32_t device_index = 0);
   // 64-bit digest of every field (XXH3): part of every key and header.
   std::uint64_t digest() const;
-  // Bytes of one page's K and V, every layer of the range.
+  // Bytes of one page's K and V, every layer of the range (int8: its in-page
+  // scales too, as KVCacheParams::bytes_per_token counts them).
   std::size_t page_bytes() const;
 
   friend bool operator==(const TierFingerprint&, const TierFingerprint&) = default;

@@ -7,6 +7,9 @@
 
 #include "kvcache/error.h"
 
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 namespace kvcache {
 namespace {
 
@@ -103,6 +106,12 @@ std::vector<float> fp8_head_scales(DType dtype, std::uint32_t n_kv_heads, std::u
     m = m > 0.0f ? std::max(m / quantized_max(dtype), std::numeric_limits<float>::min()) : 1.0f;
   }
   return absmax;
+}
+
+std::uint64_t KVScales::digest() const {
+  const std::uint32_t counts[2] = {num_layers_, n_kv_heads_};
+  const std::uint64_t seed = XXH3_64bits(counts, sizeof counts);
+  return XXH3_64bits_withSeed(scales_.data(), scales_.size() * sizeof(float), seed);
 }
 
 }  // namespace kvcache

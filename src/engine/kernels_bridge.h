@@ -4,7 +4,8 @@
 // model passes RoPE on K there, so K is rotated on the way in) and runs
 // causal GQA attention of q over history + new tokens, with the fast kernels
 // (kvcache::store_kv / kvcache::attention, kernels/attention.h) on the
-// calling thread.
+// calling thread, on the batch's per-layer descriptors (any dtype, either
+// strategy).
 #pragma once
 
 #include <cstdint>

@@ -76,9 +76,10 @@ void ModelConfig::validate() const {
   }
 }
 
-KVCacheParams ModelConfig::cache_params(CacheStrategy strategy, std::uint32_t page_size) const {
+KVCacheParams ModelConfig::cache_params(CacheStrategy strategy, std::uint32_t page_size,
+                                        DType dtype) const {
   KVCacheParams p;
-  p.dtype = DType::f32;
+  p.dtype = dtype;
   p.num_layers = num_layers;
   p.n_kv_heads = n_kv_heads;
   p.head_dim = head_dim;
@@ -288,11 +289,11 @@ void attention_no_cache(const ModelConfig& c, std::size_t n, const float* q, con
 void check_batch(const ModelConfig& c, const KVCacheBatch& batch,
                  std::span<const std::uint32_t> row_offsets, std::size_t num_tokens) {
   const KVCacheParams& p = batch.params();
-  if (p.dtype != DType::f32 || p.num_layers != c.num_layers || p.n_kv_heads != c.n_kv_heads ||
-      p.head_dim != c.head_dim || p.n_devices != 1) {
+  if (p.num_layers != c.num_layers || p.n_kv_heads != c.n_kv_heads || p.head_dim != c.head_dim ||
+      p.n_devices != 1) {
     throw InvalidArgument("cache " + p.to_string() + " does not fit model '" + c.name +
-                          "' (needs f32 L" + num(c.num_layers) + " kv" + num(c.n_kv_heads) +
-                          " d" + num(c.head_dim) + " on one device)");
+                          "' (needs L" + num(c.num_layers) + " kv" + num(c.n_kv_heads) + " d" +
+                          num(c.head_dim) + " on one device)");
   }
   if (row_offsets.size() != std::size_t{batch.batch_size()} + 1) {
     throw InvalidArgument("row_offsets has " + num(row_offsets.size()) +
@@ -357,6 +358,37 @@ std::vector<float> Model::forward_no_cache(std::span<const TokenId> tokens) cons
   std::vector<float> logits(n * config_.vocab_size);
   lm_head(config_, weights_, all, logits, s);
   return logits;
+}
+
+KVScales Model::calibrate_kv_scales(std::span<const TokenId> tokens, DType dtype,
+                                    float headroom) const {
+  if (!is_fp8(dtype)) {
+    throw InvalidArgument("calibrate_kv_scales: dtype " + std::string(dtype_name(dtype)) +
+                          " has no static scales (fp8_e4m3 and fp8_e5m2 do)");
+  }
+  if (tokens.empty()) throw InvalidArgument("calibrate_kv_scales: no calibration tokens");
+  if (!(headroom >= 1.0f) || !std::isfinite(headroom)) {
+    throw InvalidArgument("calibrate_kv_scales: headroom " + std::to_string(headroom) +
+                          " must be finite and >= 1");
+  }
+  check_tokens(tokens);
+  ForwardScratch s;
+  const std::size_t n = tokens.size();
+  s.positions.resize(n);
+  for (std::size_t i = 0; i < n; ++i) s.positions[i] = static_cast<std::uint32_t>(i);
+  embed(config_, weights_, tokens, s);
+  KVScales scales(config_.num_layers, config_.n_kv_heads);
+  run_layers(config_, weights_, rope_table_, /*rotate_k=*/true, n, s.positions, s,
+             [&](std::uint32_t layer) {
+               for (std::uint32_t kv = 0; kv < 2; ++kv) {
+                 std::vector<float> head = fp8_head_scales(dtype, config_.n_kv_heads,
+                                                           config_.head_dim, kv == 0 ? s.k : s.v);
+                 for (float& x : head) x *= headroom;
+                 scales.set(layer, kv, head);
+               }
+               attention_no_cache(config_, n, s.q.data(), s.k.data(), s.v.data(), s.attn.data());
+             });
+  return scales;
 }
 
 }  // namespace kvcache::engine

@@ -75,8 +75,7 @@ Scheduler::Scheduler(const Model& model, KVCacheManager& manager, SchedulerConfi
   }
   const ModelConfig& c = model_.config();
   const KVCacheParams& p = manager_.params();
-  if (p.dtype != DType::f32 || p.num_layers != c.num_layers || p.n_kv_heads != c.n_kv_heads ||
-      p.head_dim != c.head_dim) {
+  if (p.num_layers != c.num_layers || p.n_kv_heads != c.n_kv_heads || p.head_dim != c.head_dim) {
     throw InvalidArgument("scheduler: cache " + p.to_string() + " does not fit model '" + c.name +
                           "'");
   }

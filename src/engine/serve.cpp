@@ -75,11 +75,11 @@ PrefixCacheConfig tier_config(const KVCacheParams& p, const ServeOptions& o) {
   return config;
 }
 
-std::unique_ptr<KVCacheManager> make_manager(const Model& model, const ServeOptions& o,
-                                             ServeReport& r) {
+std::unique_ptr<KVCacheManager> make_manager_of(const Model& model, const ServeOptions& o,
+                                                ServeReport& r) {
   const ModelConfig& c = model.config();
   if (o.mode == ServeMode::continuous) {
-    const KVCacheParams p = c.cache_params(CacheStrategy::continuous, 0);
+    const KVCacheParams p = c.cache_params(CacheStrategy::continuous, 0, o.kv_dtype);
     const std::size_t slot = std::size_t{o.max_seq_len} * p.bytes_per_token();
     const auto slots = static_cast<std::uint32_t>(o.memory_bytes / slot);
     if (slots == 0) {
@@ -91,7 +91,7 @@ std::unique_ptr<KVCacheManager> make_manager(const Model& model, const ServeOpti
         ContinuousBatchingKVCacheManager::estimated_memory_size(p, slots, o.max_seq_len);
     return std::make_unique<ContinuousBatchingKVCacheManager>(p, slots, o.max_seq_len);
   }
-  KVCacheParams p = c.cache_params(CacheStrategy::paged, o.page_size);
+  KVCacheParams p = c.cache_params(CacheStrategy::paged, o.page_size, o.kv_dtype);
   p.enable_prefix_caching = o.mode == ServeMode::paged_prefix || o.mode == ServeMode::paged_tiers;
   const std::uint32_t pages = PagedKVCacheManager::pages_for_memory(p, o.memory_bytes);
   if (pages == 0) {
@@ -105,6 +105,14 @@ std::unique_ptr<KVCacheManager> make_manager(const Model& model, const ServeOpti
                                                  tier_config(p, o));
   }
   return std::make_unique<PagedKVCacheManager>(p, pages, o.max_num_seqs, o.max_seq_len);
+}
+
+// The manager, with the fp8 scales set before any sequence is claimed.
+std::unique_ptr<KVCacheManager> make_manager(const Model& model, const ServeOptions& o,
+                                             ServeReport& r) {
+  std::unique_ptr<KVCacheManager> m = make_manager_of(model, o, r);
+  if (is_fp8(o.kv_dtype) && o.kv_scales.num_layers() != 0) m->set_kv_scales(o.kv_scales);
+  return m;
 }
 
 void summarise(const std::vector<RequestOutput>& done, double elapsed, ServeReport& r) {

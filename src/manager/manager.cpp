@@ -57,6 +57,7 @@ void KVCacheManager::set_kv_scales(const KVScales& scales) {
                           " sequences are active; their codes were written with the old scales");
   }
   set_device_scales(scales);
+  kv_scales_changed();
 }
 
 KVCacheBatch KVCacheManager::fetch(std::span<const SeqId> seqs,

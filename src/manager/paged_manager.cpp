@@ -44,6 +44,7 @@ PagedKVCacheManager::PagedKVCacheManager(const KVCacheParams& params, std::uint3
                       ")");
   }
   impl_->pool_bytes = bytes;
+  kv_scales_changed();  // fp8: the tier keys take the (default) scales
   manager::log_after_commit(LogLevel::info, [&] {
     return manager::construction_line("paged manager", total_num_pages, "page", params.page_size,
                                       params, bytes) +
@@ -54,6 +55,11 @@ PagedKVCacheManager::PagedKVCacheManager(const KVCacheParams& params, std::uint3
 }
 
 PagedKVCacheManager::~PagedKVCacheManager() = default;
+
+void PagedKVCacheManager::kv_scales_changed() noexcept {
+  std::lock_guard lock(impl_->mu);
+  if (impl_->tiered() && is_fp8(params().dtype)) impl_->link->set_kv_scales(kv_scales());
+}
 
 std::size_t PagedKVCacheManager::estimated_memory_size(const KVCacheParams& params,
                                                        std::uint32_t total_num_pages) {

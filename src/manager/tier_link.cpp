@@ -144,7 +144,8 @@ std::uint64_t TierLink::staging_bytes(const KVCacheParams& params, const TierCon
 TierLink::TierLink(const KVCacheParams& params, std::uint32_t num_pages, std::byte* arena,
                    const TierConfig& config, std::function<void(const PageEvent&)> on_event)
     : tiers_(config.tiers),
-      digest_(TierFingerprint::of(params, config.model_id, config.cache_salt).digest()),
+      fingerprint_digest_(TierFingerprint::of(params, config.model_id, config.cache_salt).digest()),
+      digest_(fingerprint_digest_),
       page_size_(params.page_size),
       admission_(config.admission),
       bytes_(params, arena, num_pages),
@@ -170,6 +171,14 @@ TierLink::~TierLink() {
 
 PageKey TierLink::key(PageKey parent, std::span<const std::uint32_t> tokens) const noexcept {
   return page_key(parent, tokens, digest_);
+}
+
+void TierLink::set_kv_scales(const KVScales& scales) noexcept {
+  // splitmix64's finaliser over the sum: a fixed, well-spread mix of the two.
+  std::uint64_t z = fingerprint_digest_ + 0x9e3779b97f4a7c15ull * (scales.digest() | 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  digest_ = z ^ (z >> 31);
 }
 
 void TierLink::emit(PageEvent::Kind kind, const Slot& info, std::size_t tier) const noexcept {

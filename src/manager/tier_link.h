@@ -110,6 +110,10 @@ class TierLink {
   // key_j from key_{j-1} and the page's tokens (kvcache/tier.h page_key,
   // computed without allocating); root(extra_key) is a chain's key_{-1}.
   PageKey key(PageKey parent, std::span<const std::uint32_t> tokens) const noexcept;
+  // fp8: the keys from now on chain with the fingerprint's digest mixed with
+  // these static scales' (KVScales::digest): pages written with other scales
+  // are other keys. Keys already computed keep the scales they were made with.
+  void set_kv_scales(const KVScales& scales) noexcept;
   static PageKey root(std::uint64_t extra_key) noexcept { return {0, extra_key}; }
 
   // ---- write-back
@@ -166,7 +170,8 @@ class TierLink {
 
   std::vector<std::shared_ptr<Tier>> tiers_;
   std::vector<std::string> names_;
-  std::uint64_t digest_;
+  std::uint64_t fingerprint_digest_;
+  std::uint64_t digest_;  // what keys chain with: fingerprint_digest_, mixed with fp8 scales
   std::uint32_t page_size_;
   OffloadAdmission admission_;
   PageBytes bytes_;

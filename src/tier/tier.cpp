@@ -65,13 +65,15 @@ std::size_t TierFingerprint::page_bytes() const {
     throw InvalidArgument("tier fingerprint layer range [" + std::to_string(layer_begin) + ", " +
                           std::to_string(layer_end) + ") is reversed");
   }
+  // Bytes of one (token, head): its values, and int8's scale kept in the page.
+  const std::uint64_t head_bytes =
+      std::uint64_t{head_dim} * dtype_size(dtype) + (has_page_scales(dtype) ? sizeof(float) : 0);
   return static_cast<std::size_t>(
       detail::checked_product("tier page bytes", {{"2 (K, V)", 2},
                                                   {"layers", layer_end - layer_begin},
                                                   {"page_size", page_size},
                                                   {"n_kv_heads", n_kv_heads},
-                                                  {"head_dim", head_dim},
-                                                  {"element size", dtype_size(dtype)}}));
+                                                  {"head bytes", head_bytes}}));
 }
 
 PageKey page_key(PageKey parent, std::span<const std::uint32_t> tokens,

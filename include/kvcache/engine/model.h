@@ -27,6 +27,7 @@
 
 #include "kvcache/batch.h"
 #include "kvcache/kernels/rope_table.h"
+#include "kvcache/kv_scales.h"
 #include "kvcache/params.h"
 
 namespace kvcache::engine {
@@ -50,8 +51,11 @@ struct ModelConfig {
   // Throws InvalidArgument naming the field: zero sizes, n_q_heads not a
   // multiple of n_kv_heads, odd head_dim (RoPE pairs).
   void validate() const;
-  // The KV cache shape this model needs (f32, given strategy / page size).
-  KVCacheParams cache_params(CacheStrategy strategy, std::uint32_t page_size) const;
+  // The KV cache shape this model needs (given strategy / page size, f32
+  // unless `dtype` says otherwise: any DType; an 8-bit cache is
+  // docs/quantization.md's, int8 needing head_dim a multiple of 4).
+  KVCacheParams cache_params(CacheStrategy strategy, std::uint32_t page_size,
+                             DType dtype = DType::f32) const;
   std::size_t num_parameters() const;
 };
 
@@ -112,9 +116,10 @@ class Model {
   // [row_offsets[b], row_offsets[b+1]). logit_rows: indices into tokens
   // whose logits are wanted (e.g. the last token of each finished prefill);
   // logits receives logit_rows.size() * vocab floats. The batch must come
-  // from a fetch of exactly these entries with these token counts and an f32
-  // cache of this model's shape. Throws InvalidArgument on shape mismatch or
-  // token ids outside the vocabulary.
+  // from a fetch of exactly these entries with these token counts and a
+  // cache of this model's shape, of any dtype (an fp8 batch carries its
+  // manager's static scales: calibrate_kv_scales). Throws InvalidArgument on
+  // shape mismatch or token ids outside the vocabulary.
   void forward(std::span<const TokenId> tokens, std::span<const std::uint32_t> row_offsets,
                const KVCacheBatch& batch, std::span<const std::uint32_t> logit_rows,
                std::span<float> logits, ForwardScratch& scratch) const;
@@ -122,6 +127,16 @@ class Model {
   // Logits of every position of `tokens` ([tokens.size()][vocab]), computed
   // without a cache (full causal attention recomputed). The test oracle.
   std::vector<float> forward_no_cache(std::span<const TokenId> tokens) const;
+
+  // Static K/V scales for an fp8 cache (kv_scales.h) from a calibration pass
+  // over `tokens` without a cache: fp8_head_scales of every layer's K (after
+  // RoPE, as the cache holds it) and V over these tokens, each multiplied by
+  // `headroom` (>= 1: values up to headroom x the calibration's largest keep
+  // their own code; larger ones saturate). Throws InvalidArgument for a
+  // dtype that is not fp8, no tokens, ids outside the vocabulary or a
+  // headroom that is not finite and >= 1.
+  KVScales calibrate_kv_scales(std::span<const TokenId> tokens, DType dtype,
+                               float headroom = 1.0f) const;
 
  private:
   void check_tokens(std::span<const TokenId> tokens) const;

@@ -8,17 +8,18 @@
 // (sequences left claimed, blocks neither free nor cached).
 // The continuous configuration gets floor(budget / (max_seq_len * bytes per
 // token)) slots; the paged ones floor(budget / (page_size * bytes per token))
-// pages. Throws InvalidArgument when the budget holds no slot / page, or
-// when a request cannot fit.
+// pages, of the cache dtype `kv_dtype` (an fp8 cache takes `kv_scales`).
+// Throws InvalidArgument when the budget holds no slot / page, or when a
+// request cannot fit.
 //
 // `paged_tiers` is paged + prefix caching with tiers below the same device
 // pool (ServeTiers: a host-memory tier, a disk tier, or both; docs/tiers.md):
 // evicted pages are written down and prefix hits in a tier loaded back while
-// other requests compute (scheduler.h). The manager writes to the first tier
-// only (host when both are given); a disk tier behind a host tier serves what
-// an earlier process left in its directory. Throws InvalidArgument for
-// paged_tiers without a tier, and what HostTier / DiskTier throw (a disk
-// directory another process holds, ...).
+// other requests compute (scheduler.h). With both, the host tier writes
+// through to the disk (kvcache/write_through_tier.h), which serves what the
+// host no longer holds and keeps it across processes. Throws
+// InvalidArgument for paged_tiers without a tier, and what HostTier /
+// DiskTier throw (a disk directory another process holds, ...).
 #pragma once
 
 #include <cstddef>
@@ -31,6 +32,7 @@
 #include "kvcache/engine/model.h"
 #include "kvcache/engine/workload.h"
 #include "kvcache/manager.h"
+#include "kvcache/kv_scales.h"
 
 namespace kvcache::engine {
 
@@ -58,6 +60,10 @@ struct ServeOptions {
   // continuous slots compute it once per sample.
   std::uint32_t samples = 1;
   ServeTiers tiers;  // paged_tiers only
+  // The cache's element type; fp8 caches use kv_scales (the model's shape;
+  // Model::calibrate_kv_scales), or scales of 1 when it is empty.
+  DType kv_dtype = DType::f32;
+  KVScales kv_scales{};
   // Called after every step with (finished outputs, total outputs: requests x samples).
   std::function<void(std::size_t, std::size_t)> progress;
 };

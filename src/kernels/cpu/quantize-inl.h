@@ -1,16 +1,7 @@
-// 8-bit encode / decode of whole vectors, per Highway target (included by
-// attention_q8-inl.h and store_kv_cpu.cpp). Bit-identical to dtype.h's
-// scalar conversions (the encoders use the same integer formulas; the
-// decoders are exact), tested against them over every code.
-//  - int8: codes are int8 lanes, converted exactly.
-//  - fp8_e5m2: the code shifted into the top byte is binary16, widened by
-//    the hardware converter (exact, infinities and NaN kept).
-//  - fp8_e4m3: sign to bit 15, exponent and mantissa to bits 13..7 make the
-//    binary16 of value / 256 (normals and subnormals alike: both formats'
-//    subnormal ranges line up); DecodeQ8 returns value / 256 and callers
-//    fold the 256 into a scale (kE4M3Unit). The NaN code S.1111.111 decodes
-//    to +-480 (not NaN) on this path: the encoders never write it from
-//    finite input.
+// 8-bit encode of whole vectors, per Highway target (included by
+// store_kv_cpu.cpp and store_q8-inl.h; the attention kernels decode codes in
+// code_types.h). Bit-identical to dtype.h's scalar conversions (the same
+// integer formulas), tested against them over every code.
 #if defined(KVCACHE_KERNELS_CPU_QUANTIZE_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef KVCACHE_KERNELS_CPU_QUANTIZE_INL_H_
 #undef KVCACHE_KERNELS_CPU_QUANTIZE_INL_H_
@@ -27,45 +18,6 @@
 HWY_BEFORE_NAMESPACE();
 namespace kvcache::kernels::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
-
-// Factor from DecodeQ8's result to the code's value.
-template <DType kType>
-constexpr float kDecodeUnit = kType == DType::fp8_e4m3 ? 256.0f : 1.0f;
-
-// The scalar decode with DecodeQ8's unit (value / kDecodeUnit).
-template <DType kType>
-HWY_INLINE float DecodeQ8Scalar(std::uint8_t code) {
-  if constexpr (kType == DType::int8) {
-    return static_cast<float>(static_cast<std::int8_t>(code));
-  } else if constexpr (kType == DType::fp8_e5m2) {
-    return e5m2_bits_to_f32(code);
-  } else {
-    return e4m3_bits_to_f32(code) * (1.0f / 256.0f);
-  }
-}
-
-// Lanes(df) codes at p, widened to floats (in units of kDecodeUnit).
-template <DType kType, class DF>
-HWY_INLINE hn::Vec<DF> DecodeQ8(DF df, const std::uint8_t* p) {
-  if constexpr (kType == DType::int8) {
-    const hn::Rebind<std::int8_t, DF> d8;
-    const hn::Rebind<std::int32_t, DF> d32;
-    return hn::ConvertTo(
-        df, hn::PromoteTo(d32, hn::LoadU(d8, reinterpret_cast<const std::int8_t*>(p))));
-  } else {
-    const hn::Rebind<std::uint8_t, DF> d8;
-    const hn::Rebind<std::uint16_t, DF> d16;
-    const hn::Rebind<hwy::float16_t, DF> dh;
-    auto u = hn::PromoteTo(d16, hn::LoadU(d8, p));
-    if constexpr (kType == DType::fp8_e5m2) {
-      u = hn::ShiftLeft<8>(u);
-    } else {
-      u = hn::Or(hn::ShiftLeft<8>(hn::And(u, hn::Set(d16, 0x80))),
-                 hn::ShiftLeft<7>(hn::And(u, hn::Set(d16, 0x7f))));
-    }
-    return hn::PromoteTo(df, hn::BitCast(dh, u));
-  }
-}
 
 // fp8 codes of v (already divided by the scale), as int32 lanes 0..255:
 // f32_to_e4m3_bits / f32_to_e5m2_bits lane by lane.

@@ -7,7 +7,7 @@
 // read from a RopeTable when the caller gave one) rotate each K head in
 // registers on its way to the conversion where the rotated pairs fill whole
 // vector pairs (RotateConvertHead), else into a per-thread float row first.
-// 8-bit caches quantise each (token, head) row (quantize-inl.h), exactly as
+// 8-bit caches quantise each (token, head) row (store_q8-inl.h), exactly as
 // the views' store_row does, K rotated into a float row first.
 #include <algorithm>
 #include <atomic>
@@ -28,6 +28,7 @@
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
 #include "kernels/cpu/quantize-inl.h"
+#include "kernels/cpu/store_q8-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace kvcache::kernels::HWY_NAMESPACE {
@@ -374,68 +375,6 @@ void RunStore(const StoreCtx& c) {
       store_rows(ch * kRowsPerChunk, std::min(c.total_rows, (ch + 1) * kRowsPerChunk), tmp);
     }
   });
-}
-
-// 8-bit caches: each (token, head) row quantised (int8: its absmax scale
-// written beside the page's values; fp8: times 1 / the head's scale), K
-// rotated first into tmp when RoPE is on.
-template <DType kType>
-void StoreRowsQ8(const StoreCtx& c, std::uint32_t r0, std::uint32_t r1, std::vector<float>& tmp) {
-  const std::size_t row = std::size_t{c.n_kv} * c.dim;
-  std::uint32_t b = 0;
-  for (std::uint32_t r = r0; r < r1; ++r) {
-    while (r >= c.row_offsets[b + 1]) ++b;
-    const std::uint32_t pos = c.cache_lengths[b] + (r - c.row_offsets[b]);
-    const std::uint32_t row_in_page = pos % c.page;
-    const std::size_t block =
-        std::size_t{c.lookup[std::size_t{b} * c.lookup_stride + pos / c.page]} * c.block_stride;
-    const float* k_src = c.k_new + std::size_t{r} * row;
-    if (c.rope) {
-      RopeRow(c, k_src, tmp.data(), pos, tmp.data() + row);
-      k_src = tmp.data();
-    }
-    for (std::uint32_t kv = 0; kv < 2; ++kv) {
-      const float* src = kv == 0 ? k_src : c.v_new + std::size_t{r} * row;
-      auto* base = static_cast<std::uint8_t*>(kv == 0 ? c.k_blocks : c.v_blocks) + block;
-      const float* head_scales = kv == 0 ? c.k_head_scales : c.v_head_scales;
-      for (std::uint32_t h = 0; h < c.n_kv; ++h) {
-        const std::size_t at = std::size_t{row_in_page} * c.token_stride + h * c.head_stride;
-        const float* x = src + std::size_t{h} * c.dim;
-        float inverse;
-        if constexpr (kType == DType::int8) {
-          const float absmax = AbsMax(x, c.dim);
-          inverse = int8_inverse_scale(absmax);
-          const float scale = int8_scale(absmax);
-          std::memcpy(base + c.scales_offset + at / c.dim * sizeof(float), &scale, sizeof(float));
-        } else {
-          inverse = 1.0f / head_scales[h];
-        }
-        EncodeRowQ8<kType>(x, base + at, c.dim, inverse);
-      }
-    }
-  }
-}
-
-template <DType kType>
-void RunStoreQ8(const StoreCtx& c) {
-  constexpr std::uint32_t kRowsPerChunk = 16;
-  const std::uint32_t n_chunks = (c.total_rows + kRowsPerChunk - 1) / kRowsPerChunk;
-  const std::size_t tmp_size = c.rope ? std::size_t{c.n_kv} * c.dim + c.rotary_dim : 0;
-  const std::size_t workers =
-      c.pool == nullptr ? 1 : std::min<std::size_t>(c.pool->num_threads(), n_chunks);
-  std::atomic<std::uint32_t> next{0};
-  const auto work = [&](std::size_t) {
-    std::vector<float> tmp(tmp_size);
-    for (std::uint32_t ch = next.fetch_add(1); ch < n_chunks; ch = next.fetch_add(1)) {
-      StoreRowsQ8<kType>(c, ch * kRowsPerChunk, std::min(c.total_rows, (ch + 1) * kRowsPerChunk),
-                         tmp);
-    }
-  };
-  if (workers <= 1) {
-    work(0);
-  } else {
-    c.pool->parallel_for(workers, work);
-  }
 }
 
 void StoreE4M3(const StoreCtx& c) { RunStoreQ8<DType::fp8_e4m3>(c); }
