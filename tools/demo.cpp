@@ -5,8 +5,12 @@
 // trace) through the small Llama-style engine with continuous-batching
 // slots, a paged cache, and a paged cache with prefix caching — all under the
 // SAME KV memory budget — and prints one comparison table (or JSON).
+// With --host-capacity and/or --disk-dir a fourth configuration adds storage
+// tiers below the same device pool (paged + prefix + tiers), with per-tier
+// hits, pages loaded and the time spent waiting on loads.
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -18,6 +22,8 @@
 #include "kvcache/engine/serve.h"
 #include "kvcache/engine/units.h"
 #include "kvcache/engine/workload.h"
+#include "kvcache/error.h"
+#include "kvcache/manager.h"
 #include "presets.h"
 #include "progress.h"
 #include "table.h"
@@ -45,7 +51,35 @@ struct DemoOptions {
   std::string trace;
   double trace_scale = 1.0 / 16;
   bool json = false;
+  std::string host_capacity;  // tiers: host tier bytes (empty: none)
+  std::string disk_dir;       // tiers: disk tier directory (empty: none)
+  std::string disk_capacity = "unlimited";
+  std::vector<std::string> configs;  // empty: every configuration
 };
+
+// --configs names -> modes; empty: the three, and tiers when a tier is set.
+std::vector<ServeMode> demo_modes(const DemoOptions& o, bool tiers) {
+  std::vector<ServeMode> modes;
+  for (const std::string& c : o.configs) {
+    if (c == "continuous")
+      modes.push_back(ServeMode::continuous);
+    else if (c == "paged")
+      modes.push_back(ServeMode::paged);
+    else if (c == "prefix")
+      modes.push_back(ServeMode::paged_prefix);
+    else if (c == "tiers")
+      modes.push_back(ServeMode::paged_tiers);
+    else
+      throw InvalidArgument("--configs: '" + c + "' is not continuous, paged, prefix or tiers");
+  }
+  if (!tiers && std::find(modes.begin(), modes.end(), ServeMode::paged_tiers) != modes.end()) {
+    throw InvalidArgument("--configs tiers needs --host-capacity or --disk-dir");
+  }
+  if (!o.configs.empty()) return modes;
+  modes = {ServeMode::continuous, ServeMode::paged, ServeMode::paged_prefix};
+  if (tiers) modes.push_back(ServeMode::paged_tiers);
+  return modes;
+}
 
 std::string fixed(double v, int digits) {
   char buf[64];
@@ -54,6 +88,35 @@ std::string fixed(double v, int digits) {
 }
 
 std::string ms(double seconds) { return fixed(seconds * 1000.0, 1) + " ms"; }
+
+double mean_load_ms(const TierFigures& t) {
+  return t.pages_loaded ? double(t.load_nanoseconds) / double(t.pages_loaded) / 1e6 : 0.0;
+}
+
+nlohmann::json tiers_json(const ServeReport& r) {
+  nlohmann::json tiers = nlohmann::json::array();
+  for (const TierFigures& t : r.tiers) {
+    tiers.push_back({{"name", t.name},
+                     {"enabled", t.enabled},
+                     {"lookups", t.lookups},
+                     {"hits", t.hits},
+                     {"pages_loaded", t.pages_loaded},
+                     {"pages_onboarded", t.pages_onboarded},
+                     {"bytes_loaded", t.bytes_loaded},
+                     {"mean_load_ms", mean_load_ms(t)},
+                     {"pages_offloaded", t.pages_offloaded},
+                     {"offload_dropped", t.offload_dropped},
+                     {"load_failures", t.load_failures},
+                     {"pages_held", t.pages_held},
+                     {"evictions", t.evictions}});
+  }
+  return {{"tiers", tiers},
+          {"tier_matches", r.tier_matches},
+          {"load_failed_tokens", r.load_failed_tokens},
+          {"load_waits", r.load_waits},
+          {"load_wait_s", r.load_wait_s},
+          {"load_mean_s", r.load_mean_s}};
+}
 
 nlohmann::json to_json(const ServeReport& r) {
   nlohmann::json j;
@@ -87,7 +150,45 @@ nlohmann::json to_json(const ServeReport& r) {
   j["scheduler_manager_overhead_s"] = r.overhead_s;
   j["active_sequences_left"] = r.active_sequences_left;
   j["blocks_not_free"] = r.blocks_not_free;
+  if (!r.tiers.empty()) j.update(tiers_json(r));
   return j;
+}
+
+// Rows of the tiers' figures ("-" for a configuration without tiers).
+template <typename Row>
+void add_tier_rows(const std::vector<ServeReport>& reports, Row& row) {
+  const ServeReport* tiered = nullptr;
+  for (const auto& r : reports) {
+    if (!r.tiers.empty()) tiered = &r;
+  }
+  if (tiered == nullptr) return;
+  for (std::size_t i = 0; i < tiered->tiers.size(); ++i) {
+    const std::string name = tiered->tiers[i].name;
+    auto tier_cell = [i](const ServeReport& r, auto&& cell) -> std::string {
+      return i < r.tiers.size() ? cell(r.tiers[i]) : "-";
+    };
+    row(name + " tier lookup hits / pages loaded", [&](const ServeReport& r) {
+      return tier_cell(r, [](const TierFigures& t) {
+        return with_commas(t.hits) + " / " + with_commas(t.pages_onboarded);
+      });
+    });
+    row(name + " tier pages stored", [&](const ServeReport& r) {
+      return tier_cell(r, [](const TierFigures& t) { return with_commas(t.pages_offloaded); });
+    });
+    row(name + " tier mean page load latency", [&](const ServeReport& r) {
+      return tier_cell(r, [](const TierFigures& t) { return fixed(mean_load_ms(t), 3) + " ms"; });
+    });
+  }
+  auto tiered_cell = [](const ServeReport& r, std::string cell) {
+    return r.tiers.empty() ? std::string("-") : cell;
+  };
+  row("prefix matches that loaded",
+      [&](const ServeReport& r) { return tiered_cell(r, std::to_string(r.tier_matches)); });
+  row("mean load time (in TTFT)",
+      [&](const ServeReport& r) { return tiered_cell(r, ms(r.load_mean_s)); });
+  row("engine idle on loads", [&](const ServeReport& r) {
+    return tiered_cell(r, ms(r.load_wait_s) + " (" + std::to_string(r.load_waits) + " waits)");
+  });
 }
 
 void print_table(const std::vector<ServeReport>& reports, std::ostream& os) {
@@ -115,6 +216,7 @@ void print_table(const std::vector<ServeReport>& reports, std::ostream& os) {
       [](const ServeReport& r) { return fixed(100.0 * r.prefix_hit_rate, 1) + " %"; });
   row("prompt tokens computed", [](const ServeReport& r) { return with_commas(r.prefill_tokens); });
   row("preemptions", [](const ServeReport& r) { return std::to_string(r.preemptions); });
+  add_tier_rows(reports, row);
   row("wall time", [](const ServeReport& r) { return fixed(r.elapsed_s, 1) + " s"; });
   t.print(os);
   for (const auto& r : reports) {
@@ -157,6 +259,20 @@ std::vector<engine::WorkloadRequest> make_workload(const DemoOptions& o,
   return w;
 }
 
+// --host-capacity, --disk-dir, --disk-capacity; the model id ties a disk
+// directory's pages to these weights (preset and seed).
+engine::ServeTiers demo_tiers(const DemoOptions& o, const engine::ModelConfig& config) {
+  engine::ServeTiers t;
+  if (!o.host_capacity.empty()) {
+    t.host_bytes = engine::parse_byte_size(o.host_capacity);
+    if (t.host_bytes == 0) throw InvalidArgument("--host-capacity 0 holds no page");
+  }
+  t.disk_dir = o.disk_dir;
+  if (o.disk_capacity != "unlimited") t.disk_bytes = engine::parse_byte_size(o.disk_capacity);
+  t.model_id = config.name + "@seed" + std::to_string(o.seed);
+  return t;
+}
+
 // --memory, or room for kDefaultBudgetTokens tokens of this model's KV.
 std::uint64_t memory_budget(const DemoOptions& o, const engine::ModelConfig& config) {
   if (!o.memory.empty()) return engine::parse_byte_size(o.memory);
@@ -168,6 +284,8 @@ void run_demo(const DemoOptions& o) {
   const ModelPreset& preset = find_preset(o.preset);
   const engine::ModelConfig config = engine_model_config(preset);
   const engine::Model model = engine::Model::from_seed(config, o.seed);
+  const engine::ServeTiers tiers = demo_tiers(o, config);
+  const std::vector<ServeMode> modes = demo_modes(o, tiers.any());
   std::ostream* narrate = o.json ? nullptr : &std::cout;
   const auto workload = make_workload(o, config, narrate);
   engine::ServeOptions so;
@@ -176,6 +294,7 @@ void run_demo(const DemoOptions& o) {
   so.max_seq_len = o.max_seq_len;
   so.max_num_tokens = o.token_budget;
   so.samples = o.samples;
+  so.tiers = tiers;
   if (narrate) {
     *narrate << "Model: '" << config.name << "' Llama-style, " << config.num_layers
              << " layers, hidden " << config.hidden_size << ", " << config.n_q_heads << "/"
@@ -189,10 +308,22 @@ void run_demo(const DemoOptions& o) {
       *narrate << ", " << o.samples
                << " samples per request (paged: the prompt forked; slots: computed per sample)";
     }
-    *narrate << "\n\n";
+    *narrate << "\n";
+    if (so.tiers.any()) {
+      *narrate << "Tiers below the same device pool:";
+      if (so.tiers.host_bytes) *narrate << " host " << format_bytes(so.tiers.host_bytes);
+      if (!so.tiers.disk_dir.empty()) {
+        *narrate << " disk " << so.tiers.disk_dir << " ("
+                 << (o.disk_capacity == "unlimited" ? std::string("unlimited")
+                                                    : format_bytes(so.tiers.disk_bytes))
+                 << ")";
+      }
+      *narrate << '\n';
+    }
+    *narrate << '\n';
   }
   std::vector<ServeReport> reports;
-  for (ServeMode mode : {ServeMode::continuous, ServeMode::paged, ServeMode::paged_prefix}) {
+  for (ServeMode mode : modes) {
     Progress progress{std::string(engine::serve_mode_name(mode)), Progress::terminal()};
     so.mode = mode;
     so.progress = [&](std::size_t d, std::size_t t) { progress(d, t); };
@@ -263,6 +394,18 @@ void add_demo_command(CLI::App& app) {
   cmd->add_option("--trace-scale", o.trace_scale, "multiply trace lengths by this")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--host-capacity", o.host_capacity,
+                  "add a configuration with tiers: a host-memory tier of this many bytes below "
+                  "the same device pool, e.g. 1GiB");
+  cmd->add_option("--disk-dir", o.disk_dir,
+                  "add a configuration with tiers: a disk tier in this directory (behind the "
+                  "host tier when both are given; it keeps its pages across runs)");
+  cmd->add_option("--disk-capacity", o.disk_capacity, "disk tier bytes, e.g. 4GiB, or unlimited")
+      ->capture_default_str();
+  cmd->add_option("--configs", o.configs,
+                  "configurations to run, comma-separated: continuous, paged, prefix, tiers "
+                  "(default: the first three, and tiers when a tier is given)")
+      ->delimiter(',');
   cmd->add_flag("--json", o.json, "print JSON instead of the table");
   cmd->callback([] { run_demo(o); });
 }

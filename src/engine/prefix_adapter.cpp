@@ -49,6 +49,20 @@ SeqId fork(KVCacheManager& m, SeqId seq) {
   return paged->fork(seq);
 }
 
+bool has_tiers(const KVCacheManager& m) { return available(m) && m.paged()->has_tiers(); }
+
+bool has_pending_loads(const KVCacheManager& m, SeqId seq) {
+  return has_tiers(m) && m.paged()->has_pending_loads(seq);
+}
+
+void poll_loads(KVCacheManager& m) {
+  if (has_tiers(m)) (void)m.paged()->poll_loads();
+}
+
+void wait_loads(KVCacheManager& m, SeqId seq) {
+  if (has_tiers(m)) m.paged()->wait_loads(seq);
+}
+
 void step(KVCacheManager& m, std::span<const SeqId> seqs, std::span<const std::uint32_t> valid,
           std::span<const TokenId> new_tokens) {
   if (PagedKVCacheManager* pm = prefix_manager(m)) {

@@ -35,6 +35,14 @@ void release(KVCacheManager& m, SeqId seq, ReuseHint hint);
 // Throws InvalidArgument for a continuous manager.
 SeqId fork(KVCacheManager& m, SeqId seq);
 
+// Tiers (PrefixCacheConfig::tiers): whether `m` has any; whether `seq` still
+// has pages loading; finish the loads that are done (never waits); wait for
+// `seq`'s loads and finish them. All false / no-ops without tiers.
+bool has_tiers(const KVCacheManager& m);
+bool has_pending_loads(const KVCacheManager& m, SeqId seq);
+void poll_loads(KVCacheManager& m);
+void wait_loads(KVCacheManager& m, SeqId seq);
+
 // Commits a step; new_tokens holds the ids of every sequence's valid tokens,
 // concatenated in batch order (used to hash pages that became full).
 void step(KVCacheManager& m, std::span<const SeqId> seqs, std::span<const std::uint32_t> valid,

@@ -27,13 +27,16 @@ double steady_seconds() {
 
 struct Scheduler::Seq {
   Request req;
-  std::vector<TokenId> tokens;   // prompt + generated so far
-  std::uint32_t computed = 0;    // tokens in the cache (== manager cache_length)
-  std::uint32_t reserved = 0;    // room the last fetch guaranteed
-  std::uint32_t matched = 0;     // tokens the last admission took from the prefix cache
-  std::optional<SeqId> id;       // claimed manager sequence while running
-  std::uint64_t order = 0;       // arrival order: FCFS tie-break
-  std::uint32_t forks_left = 0;  // samples still to fork at the first token (Request::n - 1)
+  std::vector<TokenId> tokens;      // prompt + generated so far
+  std::uint32_t computed = 0;       // tokens in the cache (== manager cache_length)
+  std::uint32_t reserved = 0;       // room the last fetch guaranteed
+  std::uint32_t matched = 0;        // tokens the last admission took from the prefix cache
+  std::optional<SeqId> id;          // claimed manager sequence while running (or parked loading)
+  std::uint64_t order = 0;          // arrival order: FCFS tie-break
+  std::uint32_t forks_left = 0;     // samples still to fork at the first token (Request::n - 1)
+  bool loading = false;             // its attached prefix has pages loading from a tier
+  double loading_since = 0;         // when those loads started
+  std::uint64_t admitted_step = 0;  // step_serial_ of its last admission
   std::mt19937_64 rng;
   RequestOutput out;
   std::uint32_t remaining() const { return static_cast<std::uint32_t>(tokens.size()) - computed; }
@@ -59,6 +62,7 @@ Scheduler::Scheduler(const Model& model, KVCacheManager& manager, SchedulerConfi
     : model_(model), manager_(manager), config_(std::move(config)) {
   config_.validate();
   paged_ = manager_.params().cache_strategy == CacheStrategy::paged;
+  tiers_ = config_.prefix_caching && prefix::has_tiers(manager_);
   if (config_.max_num_seqs > manager_.max_batch_size()) {
     throw InvalidArgument("scheduler: max_num_seqs " + num(config_.max_num_seqs) +
                           " exceeds the manager's max_batch_size " +
@@ -82,6 +86,9 @@ Scheduler::Scheduler(const Model& model, KVCacheManager& manager, SchedulerConfi
 Scheduler::~Scheduler() {
   for (auto& s : running_) {
     if (s->id) manager_.release(*s->id);
+  }
+  for (auto& s : waiting_) {
+    if (s->id) manager_.release(*s->id);  // parked while loading
   }
 }
 
@@ -176,21 +183,36 @@ std::uint32_t Scheduler::pending_forks() const {
 }
 
 bool Scheduler::try_admit(Seq& s, std::uint32_t budget) {
-  // Room for the sequence, its samples to come and those of the running ones.
-  const std::uint64_t slots = running_.size() + std::uint64_t{pending_forks()} + 1 + s.forks_left;
+  // Room for the sequence, its samples to come, those of the running ones
+  // and the sequences parked while loading.
+  const bool parked = s.id.has_value();
+  const std::uint64_t slots = running_.size() + std::uint64_t{pending_forks()} + 1 + s.forks_left +
+                              parked_ - (parked ? 1 : 0);
   if (budget == 0 || slots > config_.max_num_seqs) return false;
   if (!paged_) {
     if (manager_.free_blocks() == 0) return false;
     s.id = manager_.claim(1)[0];
+    s.admitted_step = step_serial_;
     return true;
   }
-  const SeqId id = manager_.claim(1)[0];
-  std::uint32_t matched = 0;
-  if (config_.prefix_caching) {
-    matched = prefix::match(manager_, id, std::span(s.tokens).first(s.tokens.size() - 1));
+  if (!parked) {
+    const SeqId id = manager_.claim(1)[0];
+    std::uint32_t matched = 0;
+    if (config_.prefix_caching) {
+      matched = prefix::match(manager_, id, std::span(s.tokens).first(s.tokens.size() - 1));
+    }
+    s.id = id;
+    s.computed = s.reserved = matched;
+    s.loading = tiers_ && prefix::has_pending_loads(manager_, id);
+    if (s.loading) {
+      s.loading_since = now();
+      ++stats_.tier_matches;
+    }
   }
-  s.computed = matched;
-  s.reserved = matched;
+  // A parked sequence (s.id set before this call: still loading) keeps
+  // what it matched.
+  const SeqId id = *s.id;
+  const std::uint32_t matched = s.computed;
   const std::uint32_t total = manager_.total_blocks();
   const auto keep = static_cast<std::uint32_t>(config_.watermark * total);
   // Each sample to fork writes its first token into a page of its own.
@@ -200,23 +222,94 @@ bool Scheduler::try_admit(Seq& s, std::uint32_t budget) {
   const std::uint64_t available =
       std::uint64_t{manager_.free_blocks()} + prefix::cached_pages(manager_);
   if (need > available) {
+    // Loading: parked in the queue with its loads, not matched again (which
+    // would load the pages once more) until they are finished (unpark).
+    if (s.loading) {
+      if (!parked) ++parked_;
+      return false;
+    }
     prefix::release(manager_, id, ReuseHint::likely);  // it retries: keep what it matched
+    s.id.reset();
     s.computed = s.reserved = 0;
     return false;
   }
-  s.id = id;
+  if (parked) --parked_;
   s.matched = matched;
+  s.admitted_step = step_serial_;
   stats_.prefix_hit_tokens += matched;
   s.out.prefix_hit_tokens += matched;
   return true;
 }
 
+// A running sequence's loads are finished: a failed one shortened its
+// prefix (the manager truncated it), so it computes from the manager's
+// cache length, and the figures give back what the failure took.
+void Scheduler::loads_finished(Seq& s) {
+  s.loading = false;
+  s.out.load_seconds += now() - s.loading_since;
+  const std::uint32_t length = manager_.cache_length(*s.id);
+  if (length >= s.computed) return;
+  const std::uint32_t lost = s.computed - length;
+  s.computed = s.reserved = length;
+  stats_.load_failed_tokens += lost;
+  stats_.prefix_hit_tokens -= lost;
+  s.out.prefix_hit_tokens -= lost;
+  s.matched -= lost;
+}
+
+// A parked sequence's loads are finished: it lets its sequence go (the
+// loaded pages are published: they stay cached, and its next admission
+// finds them in the device index), so that it holds no pages while it waits.
+void Scheduler::unpark(Seq& s) {
+  s.loading = false;
+  s.out.load_seconds += now() - s.loading_since;
+  prefix::release(manager_, *s.id, ReuseHint::likely);
+  s.id.reset();
+  s.computed = s.reserved = 0;
+  --parked_;
+}
+
+// Finishes the loads that are done and takes their sequences off loading.
+void Scheduler::finish_loads() {
+  prefix::poll_loads(manager_);
+  for (auto& s : running_) {
+    if (s->loading && !prefix::has_pending_loads(manager_, *s->id)) loads_finished(*s);
+  }
+  for (auto& s : waiting_) {
+    if (s->loading && !prefix::has_pending_loads(manager_, *s->id)) unpark(*s);
+  }
+}
+
+// Nothing else can run: blocks on the loads of the oldest loading sequence
+// (running ones first: they compute as soon as their pages arrive).
+// Returns false when no sequence is loading.
+bool Scheduler::wait_for_loads() {
+  const Seq* oldest = nullptr;
+  for (const auto& s : running_) {
+    if (s->loading && (oldest == nullptr || s->order < oldest->order)) oldest = s.get();
+  }
+  for (const auto& s : waiting_) {
+    if (oldest == nullptr && s->loading) oldest = s.get();
+  }
+  if (oldest == nullptr) return false;
+  const double t = now();
+  prefix::wait_loads(manager_, *oldest->id);
+  stats_.load_wait_seconds += now() - t;
+  ++stats_.load_waits;
+  finish_loads();
+  return true;
+}
+
 std::size_t Scheduler::pick_victim() const {
-  // Lowest priority (when enabled), newest arrival.
+  // Lowest priority (when enabled), newest arrival; never a loading sequence
+  // (its pages stay taken until the loads end). Called with a planned, hence
+  // loaded, sequence running.
   std::size_t victim = running_.size() - 1;
+  while (running_[victim]->loading) --victim;
   for (std::size_t i = running_.size(); i-- > 0;) {
     const Seq& a = *running_[i];
     const Seq& v = *running_[victim];
+    if (a.loading) continue;
     const bool lower = config_.use_priority && a.req.priority < v.req.priority;
     const bool same = !config_.use_priority || a.req.priority == v.req.priority;
     if (lower || (same && a.order > v.order)) victim = i;
@@ -331,41 +424,47 @@ void Scheduler::record_utilisation() {
   stats_.kv_utilisation_sum += reserved > 0 ? stored / reserved : 0.0;
 }
 
-StepResult Scheduler::step() {
-  StepResult result;
-  if (!has_work()) return result;
-  const double t0 = now();
+// Steps 1-3 of the header comment: the running sequences' decodes and
+// prefill chunks, then admission; loading sequences are left out.
+void Scheduler::plan_step(std::vector<Planned>& plan) {
+  plan.clear();
   std::uint32_t budget = config_.max_num_tokens;
-  std::vector<Planned> plan;
-  // 1 + 2: running sequences, decodes first, then prefill chunks.
+  auto add = [&](Seq& s, std::uint32_t n) {
+    plan.push_back({&s, n, s.admitted_step == step_serial_});
+    budget -= n;
+  };
   for (auto& s : running_) {
-    if (s->remaining() == 1 && budget > 0) {
-      plan.push_back({s.get(), 1, false});
-      --budget;
-    }
+    if (!s->loading && s->remaining() == 1 && budget > 0) add(*s, 1);
   }
   for (auto& s : running_) {
-    if (s->remaining() > 1 && budget > 0) {
-      const std::uint32_t n = std::min(s->remaining(), budget);
-      plan.push_back({s.get(), n, false});
-      budget -= n;
-    }
+    if (!s->loading && s->remaining() > 1 && budget > 0) add(*s, std::min(s->remaining(), budget));
   }
-  // 3: admission, head of the queue first (no overtaking).
+  // Admission, head of the queue first (no overtaking).
   while (!waiting_.empty() && try_admit(*waiting_.front(), budget)) {
     std::unique_ptr<Seq> s = std::move(waiting_.front());
     waiting_.pop_front();
     stats_.admitted_prompt_tokens += s->tokens.size();
-    const std::uint32_t n = std::min(s->remaining(), budget);
-    plan.push_back({s.get(), n, true});
-    budget -= n;
+    if (!s->loading) add(*s, std::min(s->remaining(), budget));
     running_.push_back(std::move(s));
   }
+}
+
+StepResult Scheduler::step() {
+  StepResult result;
+  if (!has_work()) return result;
+  const double t0 = now();
+  ++step_serial_;
+  std::vector<Planned> plan;
+  if (tiers_) finish_loads();
+  plan_step(plan);
+  // Only loads to wait for: block on them rather than spin.
+  while (tiers_ && plan.empty() && wait_for_loads()) plan_step(plan);
   stats_.peak_running = std::max(stats_.peak_running, num_running());
   // 4: memory for the batch, preempting if the pool ran out.
   if (!fetch_with_preemption(plan, result)) {
     stats_.step_seconds += now() - t0;
-    if (running_.empty() && !waiting_.empty()) {
+    // (Pages a parked request is loading come back when its loads end.)
+    if (running_.empty() && !waiting_.empty() && parked_ == 0) {
       throw OutOfPages("scheduler: request " + num(waiting_.front()->req.id) +
                        " does not fit in the empty pool");
     }

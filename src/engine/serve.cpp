@@ -8,9 +8,12 @@
 
 #include "engine/prefix_adapter.h"
 #include "kvcache/continuous_manager.h"
+#include "kvcache/disk_tier.h"
 #include "kvcache/engine/scheduler.h"
 #include "kvcache/error.h"
+#include "kvcache/host_tier.h"
 #include "kvcache/paged_manager.h"
+#include "kvcache/write_through_tier.h"
 
 namespace kvcache::engine {
 namespace {
@@ -41,6 +44,37 @@ double percentile(std::vector<double> v, double p) {
   return v[lo] + (v[hi] - v[lo]) * (idx - double(lo));
 }
 
+// Write-back staging: room for what one call can evict (a whole prompt
+// loaded or matched, a step's pages, a new page per sequence).
+std::uint32_t staging_pages(const ServeOptions& o) {
+  const std::uint64_t pages = std::uint64_t{o.max_seq_len} / o.page_size +
+                              o.max_num_tokens / o.page_size + o.max_num_seqs + 1;
+  return static_cast<std::uint32_t>(std::clamp<std::uint64_t>(pages, 16, 65536));
+}
+
+PrefixCacheConfig tier_config(const KVCacheParams& p, const ServeOptions& o) {
+  if (!o.tiers.any()) {
+    throw InvalidArgument(std::string(serve_mode_name(o.mode)) +
+                          " needs a tier: a host capacity or a disk directory");
+  }
+  PrefixCacheConfig config;
+  TierConfig& t = config.tiers;
+  t.model_id = o.tiers.model_id;
+  t.staging_pages = staging_pages(o);
+  const TierFingerprint fp = TierFingerprint::of(p, t.model_id);
+  std::shared_ptr<Tier> host, disk;
+  if (o.tiers.host_bytes > 0) host = std::make_shared<HostTier>(fp, o.tiers.host_bytes);
+  if (!o.tiers.disk_dir.empty()) {
+    disk = std::make_shared<DiskTier>(fp, o.tiers.disk_dir, o.tiers.disk_bytes);
+  }
+  // Both: the host writes through to the disk, which serves what the host
+  // no longer holds (kvcache/write_through_tier.h).
+  if (host && disk) host = std::make_shared<WriteThroughTier>(host, disk);
+  for (auto& tier : {host, disk})
+    if (tier) t.tiers.push_back(tier);
+  return config;
+}
+
 std::unique_ptr<KVCacheManager> make_manager(const Model& model, const ServeOptions& o,
                                              ServeReport& r) {
   const ModelConfig& c = model.config();
@@ -58,7 +92,7 @@ std::unique_ptr<KVCacheManager> make_manager(const Model& model, const ServeOpti
     return std::make_unique<ContinuousBatchingKVCacheManager>(p, slots, o.max_seq_len);
   }
   KVCacheParams p = c.cache_params(CacheStrategy::paged, o.page_size);
-  p.enable_prefix_caching = o.mode == ServeMode::paged_prefix;
+  p.enable_prefix_caching = o.mode == ServeMode::paged_prefix || o.mode == ServeMode::paged_tiers;
   const std::uint32_t pages = PagedKVCacheManager::pages_for_memory(p, o.memory_bytes);
   if (pages == 0) {
     throw InvalidArgument("memory budget " + std::to_string(o.memory_bytes) +
@@ -66,15 +100,20 @@ std::unique_ptr<KVCacheManager> make_manager(const Model& model, const ServeOpti
   }
   r.blocks = pages, r.page_size = o.page_size;
   r.memory_bytes = PagedKVCacheManager::estimated_memory_size(p, pages);
+  if (o.mode == ServeMode::paged_tiers) {
+    return std::make_unique<PagedKVCacheManager>(p, pages, o.max_num_seqs, o.max_seq_len,
+                                                 tier_config(p, o));
+  }
   return std::make_unique<PagedKVCacheManager>(p, pages, o.max_num_seqs, o.max_seq_len);
 }
 
 void summarise(const std::vector<RequestOutput>& done, double elapsed, ServeReport& r) {
   std::vector<double> ttft;
-  double tpot_sum = 0;
-  std::size_t tpot_n = 0;
+  double tpot_sum = 0, load_sum = 0;
+  std::size_t tpot_n = 0, load_n = 0;
   for (const RequestOutput& o : done) {
     r.generated_tokens += o.tokens.size();
+    if (o.load_seconds > 0) load_sum += o.load_seconds, ++load_n;
     ttft.push_back(o.first_token_time - o.arrival_time);
     if (o.tokens.size() > 1) {
       tpot_sum += (o.finish_time - o.first_token_time) / double(o.tokens.size() - 1);
@@ -90,6 +129,7 @@ void summarise(const std::vector<RequestOutput>& done, double elapsed, ServeRepo
   r.ttft_p50_s = percentile(ttft, 0.5);
   r.ttft_p99_s = percentile(ttft, 0.99);
   r.tpot_mean_s = tpot_n ? tpot_sum / double(tpot_n) : 0;
+  r.load_mean_s = load_n ? load_sum / double(load_n) : 0;
 }
 
 }  // namespace
@@ -102,6 +142,8 @@ std::string_view serve_mode_name(ServeMode m) {
       return "paged";
     case ServeMode::paged_prefix:
       return "paged + prefix caching";
+    case ServeMode::paged_tiers:
+      return "paged + prefix + tiers";
   }
   return "?";
 }
@@ -117,7 +159,8 @@ ServeReport serve(const Model& model, const std::vector<WorkloadRequest>& worklo
     r.requested_output_tokens += std::uint64_t{w.output_tokens} * o.samples;
   }
   std::unique_ptr<KVCacheManager> manager = make_manager(model, o, r);
-  if (o.mode == ServeMode::paged_prefix && !prefix::available(*manager)) {
+  const bool prefix_mode = o.mode == ServeMode::paged_prefix || o.mode == ServeMode::paged_tiers;
+  if (prefix_mode && !prefix::available(*manager)) {
     r.pending = true;
     r.note = "prefix caching: pending (PagedKVCacheManager::match_prefix not in this build)";
     return r;
@@ -127,7 +170,7 @@ ServeReport serve(const Model& model, const std::vector<WorkloadRequest>& worklo
   sc.max_num_tokens = o.max_num_tokens;
   sc.max_num_seqs = std::min(o.max_num_seqs, manager->max_batch_size());
   sc.watermark = o.watermark;
-  sc.prefix_caching = o.mode == ServeMode::paged_prefix;
+  sc.prefix_caching = prefix_mode;
   sc.clock = [&clock] { return clock.now(); };
   std::vector<RequestOutput> done;
   {
@@ -160,8 +203,16 @@ ServeReport serve(const Model& model, const std::vector<WorkloadRequest>& worklo
     r.model_s = s.model_seconds;
     r.sampling_s = s.sampling_seconds;
     r.overhead_s = s.overhead_seconds();
+    r.tier_matches = s.tier_matches;
+    r.load_failed_tokens = s.load_failed_tokens;
+    r.load_waits = s.load_waits;
+    r.load_wait_s = s.load_wait_seconds;
   }
   summarise(done, clock.now(), r);
+  if (PagedKVCacheManager* pm = manager->paged(); pm != nullptr && pm->has_tiers()) {
+    pm->wait_tiers();  // write-backs still in flight
+    r.tiers = pm->stats().tiers;
+  }
   r.active_sequences_left = manager->num_active_sequences();
   r.blocks_cached = prefix::cached_pages(*manager);
   r.blocks_not_free = manager->used_blocks() - r.blocks_cached;

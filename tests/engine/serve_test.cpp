@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <random>
+
 #include "kvcache/engine/model.h"
 #include "kvcache/engine/workload.h"
 #include "kvcache/error.h"
@@ -84,6 +86,44 @@ TEST(Serve, RefusesABudgetWithoutRoom) {
   o.mode = ServeMode::continuous;
   o.memory_bytes = 100;
   EXPECT_THROW(serve(model, small_workload(), o), InvalidArgument);
+}
+
+// Conversations returning to their prefixes after others pushed them out of
+// a pool of 16 pages, with a host tier below it: evicted pages are written
+// down (whether a later match finds a page depends on the tier's threads
+// having finished its copy: tests/engine/tier_engine_test.cpp checks the
+// loads with synchronous tiers), the figures come back, nothing leaks.
+TEST(Serve, TiersModeLoadsEvictedPrefixesBackAndNeedsATier) {
+  const Model model = Model::from_seed(model_preset("tiny"), 3);
+  std::vector<WorkloadRequest> workload;
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<TokenId> tok(0, TokenId(model.config().vocab_size) - 1);
+  std::vector<std::vector<TokenId>> convs(6);
+  for (int turn = 0; turn < 3; ++turn) {
+    for (auto& c : convs) {
+      for (int i = 0; i < 40; ++i) c.push_back(tok(rng));
+      workload.push_back({double(workload.size()), c, 2});  // one at a time
+    }
+  }
+  ServeOptions o;
+  o.mode = ServeMode::paged_tiers;
+  o.page_size = 16;
+  o.max_seq_len = 256;
+  o.memory_bytes =
+      16 * 16 * model.config().cache_params(CacheStrategy::paged, 16).bytes_per_token();
+  EXPECT_THROW(serve(model, workload, o), InvalidArgument);  // no tier given
+  o.tiers.host_bytes = 1 << 20;
+  const ServeReport r = serve(model, workload, o);
+  EXPECT_EQ(r.config, "paged + prefix + tiers");
+  ASSERT_EQ(r.tiers.size(), 1u);
+  EXPECT_EQ(r.tiers[0].name, "host");
+  EXPECT_GT(r.tiers[0].pages_offloaded, 0u);
+  EXPECT_EQ(r.tiers[0].offload_dropped, 0u);  // staging sized for the pool
+  EXPECT_EQ(r.load_failed_tokens, 0u);
+  EXPECT_EQ(r.active_sequences_left, 0u);
+  EXPECT_EQ(r.blocks_not_free, 0u);
+  o.mode = ServeMode::paged_prefix;
+  EXPECT_TRUE(serve(model, workload, o).tiers.empty());
 }
 
 TEST(Workload, ChatWorkloadSharesTheSystemPromptAndIsDeterministic) {

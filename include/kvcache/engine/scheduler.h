@@ -23,6 +23,23 @@
 // The scheduler never leaves a sequence claimed after it finishes; when
 // `has_work()` is false every sequence it claimed has been released.
 //
+// Tiers (a paged manager with PrefixCacheConfig::tiers, docs/tiers.md): the
+// prefix attached at admission may go on into a tier, whose pages arrive
+// later (pending loads). Such a sequence is admitted but left out of every
+// batch (fetch would throw for it) while the others compute; each step
+// first finishes the loads that are done (PagedKVCacheManager::poll_loads)
+// and moves those sequences in. A load that failed (missing, corrupt, I/O
+// error) shortens the attached prefix and the rest is computed. When a step
+// has nothing else to run it blocks on the oldest sequence's loads
+// (wait_loads) instead of spinning. A request that does not fit yet after
+// its prefix started loading keeps its sequence and waits in the queue
+// until the loads are finished (it is not matched again, which would load
+// the pages twice); then it lets the sequence go, the loaded pages staying
+// cached in the device index for its next admission.
+// TTFT therefore includes the load time; RequestOutput::load_seconds and
+// the load_* figures of SchedulerStats show it. Loading sequences are never
+// chosen for preemption.
+//
 // Thread-safety: not thread-safe; drive one Scheduler from one thread.
 // The model and manager must outlive it; nothing else may use the manager's
 // sequences the scheduler claims.
@@ -81,7 +98,9 @@ struct RequestOutput {
   std::uint32_t prompt_tokens = 0;
   double arrival_time = 0, first_token_time = 0, finish_time = 0;
   std::uint32_t preemptions = 0;
-  std::uint32_t prefix_hit_tokens = 0;     // prompt tokens served from the prefix cache
+  std::uint32_t prefix_hit_tokens = 0;  // prompt tokens served from the prefix cache
+                                        // (device pages and pages loaded from a tier)
+  double load_seconds = 0;  // from its admission to its tier loads finishing (in its TTFT)
   std::vector<std::vector<float>> logits;  // per generated token, if record_logits
 };
 
@@ -106,6 +125,14 @@ struct SchedulerStats {
   std::uint64_t admitted_prompt_tokens = 0;  // prompt tokens at every admission
   std::uint64_t prefix_hit_tokens = 0;       // of those, served from the prefix cache
   std::uint32_t peak_running = 0;
+  // Tiers: admission matches whose prefix went on into a tier (loads
+  // started); prompt tokens a load that failed took back (computed
+  // instead); steps that had nothing but loads to wait for, and the time
+  // they blocked.
+  std::uint64_t tier_matches = 0;
+  std::uint64_t load_failed_tokens = 0;
+  std::uint64_t load_waits = 0;
+  double load_wait_seconds = 0;
   double kv_utilisation_sum = 0;  // sum over steps of stored tokens / reserved tokens
   double model_seconds = 0;       // inside Model::forward
   double sampling_seconds = 0;
@@ -155,6 +182,11 @@ class Scheduler {
   struct Planned;
   double now() const;
   bool try_admit(Seq& s, std::uint32_t budget);
+  void plan_step(std::vector<Planned>& plan);
+  void finish_loads();
+  void loads_finished(Seq& s);
+  void unpark(Seq& s);
+  bool wait_for_loads();
   std::uint32_t pages_needed(const Seq& s) const;
   std::uint32_t pending_prompt_pages() const;
   std::uint32_t pending_forks() const;
@@ -172,7 +204,10 @@ class Scheduler {
   KVCacheManager& manager_;
   SchedulerConfig config_;
   bool paged_;
+  bool tiers_;  // the manager has tiers: sequences may be loading
   std::uint64_t next_order_ = 0;
+  std::uint64_t step_serial_ = 0;  // step() calls
+  std::uint32_t parked_ = 0;       // waiting requests holding a claimed, loading sequence
   std::deque<std::unique_ptr<Seq>> waiting_;
   std::vector<std::unique_ptr<Seq>> running_;  // admission order
   std::vector<RequestOutput> finished_;
