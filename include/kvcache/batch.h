@@ -37,6 +37,16 @@ struct BlockCopy {
   friend bool operator==(const BlockCopy&, const BlockCopy&) = default;
 };
 
+// One write-back a manager whose pool is kept apart (TierConfig::pool_apart)
+// asks of the caller: copy page `page` of the caller's pool into `bytes` (a
+// staging slot of the manager, one page long), packed [2][num_layers][block]
+// whatever the pool's arrangement (the tiers' form, kvcache/tier.h). See
+// KVCacheBatch::block_offloads.
+struct BlockOffload {
+  std::uint32_t page = 0;
+  std::span<std::byte> bytes;
+};
+
 class KVCacheBatch {
  public:
   KVCacheBatch() = default;
@@ -70,6 +80,24 @@ class KVCacheBatch {
   // (kvcache::cuda::copy_blocks); vLLM calls this list blocks_to_copy. Empty
   // for continuous batches and for fetches that shared nothing.
   std::span<const BlockCopy> block_copies() const { return block_copies_; }
+  // Tiers below a pool kept apart from the manager's (TierConfig::pool_apart,
+  // docs/tiers.md "A pool apart"); empty otherwise. The caller applies a
+  // batch's transfers to its pool in this order, before the batch's kernels:
+  //   1. block_offloads: each page's bytes, from its pool into `bytes`
+  //      (published pages the manager evicted since the last fetch: their
+  //      pages may be written by this batch, or be the destination of 2.);
+  //   2. block_loads: each page, from this batch's host pool (desc().blocks,
+  //      same arrangement and page ids) into its pool (pages a tier loaded);
+  //   3. block_copies, in order (a copy may read a loaded page, or write a
+  //      page whose old bytes 1. saves);
+  //   4. the kernels.
+  // Once the copies of 1. have completed, PagedKVCacheManager::
+  // complete_offloads(batch) hands the slots to the first tier (until then
+  // they stay reserved; their `bytes` live until then or the manager's end).
+  // The host pages of 2. must have been read before the manager's next
+  // fetch or match_prefix (a later load may write them again).
+  std::span<const BlockOffload> block_offloads() const { return block_offloads_; }
+  std::span<const std::uint32_t> block_loads() const { return block_loads_; }
 
   const KVCacheParams& params() const { return params_; }
   CacheStrategy strategy() const { return params_.cache_strategy; }
@@ -115,7 +143,8 @@ class KVCacheBatch {
   // Grows capacity so a fill of this size allocates nothing (strong guarantee
   // for fetch_into: if this throws, contents are unchanged).
   void reserve(std::size_t batch, std::size_t lookup_entries, std::size_t devices,
-               std::size_t block_copies = 0);
+               std::size_t block_copies = 0, std::size_t block_offloads = 0,
+               std::size_t block_loads = 0);
 
   KVCacheParams params_{};
   std::vector<SeqId> seq_ids_;
@@ -131,6 +160,9 @@ class KVCacheBatch {
   std::uint32_t page_size_ = 0;
   std::vector<void*> device_blocks_;
   std::vector<BlockCopy> block_copies_;
+  std::vector<BlockOffload> block_offloads_;
+  std::vector<std::uint32_t> block_loads_;
+  std::uint64_t offload_serial_ = 0;  // which fetch handed block_offloads_ out
   // fp8: the manager's scales, [n_devices][num_layers][2][heads per device].
   const float* head_scales_ = nullptr;
 };

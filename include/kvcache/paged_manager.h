@@ -142,10 +142,27 @@ class PagedKVCacheManager final : public KVCacheManager {
   // computes the rest). release() of a loading sequence is allowed (the
   // pages go back to the free list when the loads end). No I/O runs under
   // the manager's lock (contains is in memory; store and load enqueue).
-  // A pool kept apart from the manager's (a GPU pool) would need the loads
-  // reported instead of done, as block_copies are: not provided yet
-  // (docs/tiers.md says how it would work).
+  // A pool kept apart from the manager's (TierConfig::pool_apart, a GPU
+  // pool): the K/V are in the caller's pool and the manager's pool is a
+  // host bounce buffer for loads. An evicted page waits in a staging slot
+  // (no bytes copied) until the next fetch hands it out
+  // (KVCacheBatch::block_offloads: the caller copies the page from its pool
+  // into the slot before the batch's kernels, then calls
+  // complete_offloads); a page whose freshest bytes are still the host
+  // pool's (loaded, not yet handed out) is packed from there as above.
+  // Finished loads are handed out by the next fetch
+  // (KVCacheBatch::block_loads: host pool -> the caller's pool). The order
+  // of a batch's transfers: kvcache/batch.h; a CUDA helper doing them:
+  // kvcache/cuda/tier_transfers.h.
   bool has_tiers() const noexcept;
+  // A pool apart: hands the write-backs `batch` (a fetch of this manager)
+  // handed out to the first tier, once the caller copied their bytes
+  // (block_offloads). Returns how many; 0 for a batch without offloads or
+  // one completed already. Slots never completed stay reserved: later
+  // evictions that find no free slot skip their write-back (counted as
+  // offload_dropped), never wait. Throws InvalidArgument, changing nothing,
+  // for a batch with offloads from another manager.
+  std::size_t complete_offloads(const KVCacheBatch& batch);
   // Whether seq has pages still loading from a tier (false without tiers);
   // a scheduler leaves it out of the batch until this turns false.
   // Throws UnknownSequence.

@@ -123,6 +123,16 @@ struct TierConfig {
   // eviction that finds every slot busy skips the write-back (counted as
   // offload_dropped); it never waits. In [1, 65536].
   std::uint32_t staging_pages = 16;
+  // The K/V live in a pool the caller owns (e.g. a GPU pool with the same
+  // shape and page ids: kvcache/cuda/device_collection.h); the manager's own
+  // pool is only a host bounce buffer for loads. Write-back and onboarding
+  // then go through the caller: an evicted page waits in a staging slot
+  // until a fetch hands it out (KVCacheBatch::block_offloads) and the caller
+  // completes it (PagedKVCacheManager::complete_offloads); a finished load
+  // is handed out by the next fetch (KVCacheBatch::block_loads). Needs at
+  // least one tier (InvalidArgument otherwise). Not in the C and Python
+  // interfaces.
+  bool pool_apart = false;
 };
 
 // Every value is checked by the manager's constructor (InvalidArgument naming

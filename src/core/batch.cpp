@@ -54,13 +54,16 @@ void KVCacheBatch::check_view(DType want, CacheStrategy strategy, std::uint32_t 
 }
 
 void KVCacheBatch::reserve(std::size_t batch, std::size_t lookup_entries, std::size_t devices,
-                           std::size_t block_copies) {
+                           std::size_t block_copies, std::size_t block_offloads,
+                           std::size_t block_loads) {
   seq_ids_.reserve(batch);
   cache_lengths_.reserve(batch);
   reserved_lengths_.reserve(batch);
   lookup_table_.reserve(lookup_entries);
   device_blocks_.reserve(devices);
   block_copies_.reserve(block_copies);
+  block_offloads_.reserve(block_offloads);
+  block_loads_.reserve(block_loads);
 }
 
 void KVCacheBatch::recompute_maxima(std::span<const std::uint32_t> new_tokens) {

@@ -136,7 +136,9 @@ void ContinuousBatchingKVCacheManager::fetch_into(KVCacheBatch& out, std::span<c
   next.device_blocks_.clear();
   for (auto& arena : impl_->arenas) next.device_blocks_.push_back(arena.data());
   next.head_scales_ = device_scales();
-  next.block_copies_.clear();  // slots are never shared
+  next.block_copies_.clear();    // slots are never shared
+  next.block_offloads_.clear();  // no tiers
+  next.block_loads_.clear();
   for (std::size_t b = 0; b < seqs.size(); ++b) {
     Impl::Sequence& s = impl_->seqs.find(seqs[b])->second;
     s.reserved = impl_->max_seq_len;  // the whole slot is the sequence's

@@ -88,7 +88,12 @@ struct PagedKVCacheManager::Impl {
   }
 
   // A page with ref count 1: from the free list, else evicted. Precondition: available() > 0.
-  std::uint32_t take_page() { return caching() ? store->take_page() : pool.allocate(); }
+  std::uint32_t take_page() {
+    if (!caching()) return pool.allocate();
+    const std::uint32_t page = store->take_page();
+    if (tiered()) link->taken(page);  // a pool apart: an upload of it is void
+    return page;
+  }
   // Drops one reference; a published page at ref 0 becomes evictable.
   void drop_ref(std::uint32_t page, ReuseHint hint = ReuseHint::unknown) {
     if (caching()) {
@@ -168,6 +173,14 @@ struct PagedKVCacheManager::Impl {
   void flush_offloads() noexcept {
     if (tiered()) link->flush();
   }
+  // A pool apart: capacities for hand_out when a fetch evicts at most
+  // `evictions` pages, and the hand-out itself (the waiting write-backs and
+  // uploads into the batch; clears its lists otherwise).
+  std::size_t offload_bound(std::uint64_t evictions) const {
+    return tiered() ? link->offload_bound(evictions) : 0;
+  }
+  std::size_t upload_bound() const { return tiered() ? link->upload_bound() : 0; }
+  void hand_out(KVCacheBatch& out) noexcept;
   // Throws InvalidArgument when a sequence of the batch is still loading.
   void check_loaded(std::span<const SeqId> ids, const char* what) const {
     if (!tiered()) return;

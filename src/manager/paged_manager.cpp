@@ -81,6 +81,7 @@ std::size_t PagedKVCacheManager::estimated_bookkeeping_size(const KVCacheParams&
         "stored token ids", {{"total_num_pages", n}, {"page_size", params.page_size}, {"4", 4}});
     bytes += prefix::PrefixStore::bytes_for(total_num_pages, params.page_size, config);
     bytes += manager::TierLink::staging_bytes(params, config.tiers);
+    bytes += manager::TierLink::apart_bytes(total_num_pages, config.tiers);
   }
   return bytes;
 }
@@ -155,7 +156,8 @@ void PagedKVCacheManager::fetch_into(KVCacheBatch& out, std::span<const SeqId> s
   const std::uint64_t evicted_before = im.caching() ? im.store->counters().evictions : 0;
   // Grow page-table capacity and the output buffers first: the only steps
   // that can throw (bad_alloc) happen before any state changes.
-  out.reserve(seqs.size(), seqs.size() * std::size_t{stride}, im.arenas.size(), copies_needed);
+  out.reserve(seqs.size(), seqs.size() * std::size_t{stride}, im.arenas.size(), copies_needed,
+              im.offload_bound(pages_needed + copies_needed), im.upload_bound());
   for (std::size_t b = 0; b < seqs.size(); ++b) {
     Impl::Sequence& s = im.seqs.find(seqs[b])->second;
     s.pages.reserve(pages_for(std::uint64_t{s.length} + num_new_tokens[b] + (num_steps - 1), ps));
@@ -200,6 +202,7 @@ void PagedKVCacheManager::fetch_into(KVCacheBatch& out, std::span<const SeqId> s
   next.recompute_maxima(num_new_tokens);
   ++im.counters.fetches;
   im.flush_offloads();
+  im.hand_out(next);
   const std::uint64_t evicted = im.caching() ? im.store->counters().evictions - evicted_before : 0;
   if ((evicted > 0 || copies_needed > 0) && log_enabled(LogLevel::debug)) {
     const std::uint32_t free_now = im.pool.num_free(), cached_now = im.num_evictable();
@@ -571,6 +574,7 @@ void PagedKVCacheManager::check_invariants() const {
     }
   }
   if (im.tiered()) {  // a load holds its own reference on each of its pages
+    im.link->check_slots();
     for (const manager::LoadJob& job : im.link->jobs())
       for (std::uint32_t p : job.pages) ++refs[p];
   }

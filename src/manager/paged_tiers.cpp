@@ -1,7 +1,8 @@
 // The paged manager and its tiers: onboarding in match_prefix, the loads'
-// completion (poll_loads / wait_loads / wait_tiers) and what a scheduler
-// asks (has_pending_loads). Write-back happens in the prefix store's evict
-// hook (manager/tier_link.h).
+// completion (poll_loads / wait_loads / wait_tiers), what a scheduler asks
+// (has_pending_loads) and a pool apart's transfers (hand_out in fetch,
+// complete_offloads). Write-back happens in the prefix store's evict hook
+// (manager/tier_link.h).
 #include <vector>
 
 #include "manager/paged_impl.h"
@@ -83,6 +84,7 @@ void PagedKVCacheManager::Impl::finish_job(std::size_t i) noexcept {
           store->published(page)) {
         store->mark_reused(page);
       }
+      link->loaded(page);  // a pool apart: the caller's pool needs it
     }
     link->count_results(job, loaded);
     // Truncate at the first page that did not load: its sequence keeps the rest.
@@ -144,7 +146,29 @@ void PagedKVCacheManager::Impl::check_tier_state(SeqId id, const Sequence& s) co
     if (store->published(p)) throw Error(name + " page " + str(p) + " is published while loading");
 }
 
+void PagedKVCacheManager::Impl::hand_out(KVCacheBatch& out) noexcept {
+  if (!tiered()) {
+    out.block_offloads_.clear();
+    out.block_loads_.clear();
+    out.offload_serial_ = 0;
+    return;
+  }
+  out.offload_serial_ = link->hand_out(out.block_offloads_, out.block_loads_);
+}
+
 // ---- public -----------------------------------------------------------------------
+
+std::size_t PagedKVCacheManager::complete_offloads(const KVCacheBatch& batch) {
+  Impl& im = *impl_;
+  std::lock_guard lock(im.mu);
+  if (batch.block_offloads_.empty()) return 0;
+  if (!im.tiered() || batch.device_blocks_.empty() ||
+      batch.device_blocks_.front() != im.arenas.front().data()) {
+    throw InvalidArgument("complete_offloads: the batch (" + str(batch.block_offloads_.size()) +
+                          " offloads) was not fetched from this manager");
+  }
+  return im.link->complete(batch.offload_serial_);
+}
 
 bool PagedKVCacheManager::has_tiers() const noexcept { return impl_->tiered(); }
 

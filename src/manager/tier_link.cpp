@@ -108,7 +108,14 @@ LoadResult LoadJob::result(std::size_t i) const {
 // ---- TierLink ----------------------------------------------------------------------
 
 void TierLink::check(const KVCacheParams& params, const TierConfig& config) {
-  if (config.tiers.empty()) return;
+  if (config.tiers.empty()) {
+    if (config.pool_apart) {
+      throw InvalidArgument(
+          "tiers.pool_apart is set but tiers.tiers is empty: a pool apart "
+          "moves pages to and from tiers, it needs at least one");
+    }
+    return;
+  }
   if (!params.enable_prefix_caching) {
     throw InvalidArgument("tiers need prefix caching: params.enable_prefix_caching is false");
   }
@@ -151,7 +158,9 @@ TierLink::TierLink(const KVCacheParams& params, std::uint32_t num_pages, std::by
       bytes_(params, arena, num_pages),
       on_event_(std::move(on_event)),
       slots_(config.staging_pages),
-      counters_(config.tiers.size()) {
+      counters_(config.tiers.size()),
+      pool_apart_(config.pool_apart),
+      fresh_(config.pool_apart ? num_pages : 0) {
   for (const auto& t : tiers_) names_.emplace_back(t->name());
   free_slots_.reserve(slots_.size());
   staged_.reserve(slots_.size());
@@ -161,6 +170,11 @@ TierLink::TierLink(const KVCacheParams& params, std::uint32_t num_pages, std::by
     free_slots_.push_back(static_cast<std::uint32_t>(slots_.size()) - 1 - i);
   }
   stores_.reserve(slots_.size());
+  if (pool_apart_) {
+    awaiting_.reserve(slots_.size());
+    handed_.reserve(slots_.size());
+    uploads_.reserve(num_pages);
+  }
 }
 
 TierLink::~TierLink() {
@@ -205,7 +219,9 @@ void TierLink::stage(const prefix::PrefixStore& store, std::uint32_t page) noexc
   const std::uint32_t i = free_slots_.back();
   free_slots_.pop_back();
   Slot& s = slots_[i];
-  bytes_.pack(page, s.bytes);
+  // A pool apart holds the page's bytes, unless a load left them here fresher.
+  const bool from_host = !pool_apart_ || fresh_[page] != 0;
+  if (from_host) bytes_.pack(page, s.bytes);
   const auto toks = store.stored_tokens(page);
   std::copy(toks.begin(), toks.end(), s.tokens.begin());
   s.page = page;
@@ -213,7 +229,7 @@ void TierLink::stage(const prefix::PrefixStore& store, std::uint32_t page) noexc
   s.parent_hash = store.parent_hash_of(page);
   s.extra_key = store.extra_key_of(page);
   s.key = key;
-  staged_.push_back(i);  // capacity: every slot
+  (from_host ? staged_ : awaiting_).push_back(i);  // capacity: every slot
 }
 
 void TierLink::flush() noexcept {

@@ -22,6 +22,15 @@
 // pages, so they stay out of the free list while a tier may write them, even
 // if the sequence is released meanwhile (the job is then orphaned).
 //
+// A pool apart (TierConfig::pool_apart): the K/V live in the caller's pool.
+// stage() reserves a slot and fills everything but the bytes; the slot waits
+// (awaiting) until hand_out() gives it to a fetch's batch (handed), and
+// complete() submits the slots of that batch once the caller copied the
+// bytes. A page a finished load filled in the host pool (loaded()) is
+// host-fresh: its upload waits for hand_out(), and stage() packs it from the
+// host pool as without a pool apart; taken() voids the upload of a page the
+// manager hands out again.
+//
 // Destruction waits for every ticket in flight (their buffers live here and
 // in the pool). Not thread-safe: the manager locks.
 #pragma once
@@ -143,6 +152,27 @@ class TierLink {
   // events for pages a tier no longer holds.
   void count_results(const LoadJob& job, std::size_t loaded) noexcept;
 
+  // ---- a pool apart (no-ops otherwise)
+  bool pool_apart() const noexcept { return pool_apart_; }
+  // Host bytes of the per-page upload state for num_pages pages.
+  static std::uint64_t apart_bytes(std::uint32_t num_pages, const TierConfig& config);
+  // A page a finished load filled in the host pool: its upload is pending.
+  void loaded(std::uint32_t page) noexcept;
+  // A page handed out again (take_page): a pending upload of it is void.
+  void taken(std::uint32_t page) noexcept;
+  // Capacities a fetch that evicts at most `evictions` pages needs for hand_out.
+  std::size_t offload_bound(std::uint64_t evictions) const noexcept;
+  std::size_t upload_bound() const noexcept { return uploads_.size(); }
+  // Moves the waiting slots and the pending uploads into a batch's lists
+  // (cleared first; capacities from the bounds) under a new serial.
+  std::uint64_t hand_out(std::vector<BlockOffload>& offloads,
+                         std::vector<std::uint32_t>& loads) noexcept;
+  // Submits the slots handed out under `serial` to the first tier; returns
+  // how many (0 when already completed).
+  std::size_t complete(std::uint64_t serial) noexcept;
+  // Every slot in exactly one state, the uploads listed once each. Throws Error.
+  void check_slots() const;
+
   // Every store and load ticket not finished by the manager yet.
   std::vector<TierTicket> tickets_in_flight() const;
   std::uint32_t pending_pages() const noexcept;
@@ -155,6 +185,7 @@ class TierLink {
     std::uint32_t page = 0;
     std::uint64_t hash = 0, parent_hash = 0, extra_key = 0;
     PageKey key;
+    std::uint64_t serial = 0;  // pool apart: the hand_out that gave it to a batch
   };
   struct StoreBatch {
     TierTicket ticket;
@@ -182,6 +213,13 @@ class TierLink {
   std::vector<StoreBatch> stores_;
   std::vector<LoadJob> jobs_;
   std::vector<Counters> counters_;  // per tier
+  // A pool apart.
+  bool pool_apart_ = false;
+  std::uint64_t serial_ = 0;
+  std::vector<std::uint32_t> awaiting_;  // slots waiting for a fetch (capacity: every slot)
+  std::vector<std::uint32_t> handed_;    // slots waiting for complete() (capacity: every slot)
+  std::vector<std::uint8_t> fresh_;      // per page: its freshest bytes are in the host pool
+  std::vector<std::uint32_t> uploads_;   // the fresh pages (capacity: every page)
 };
 
 }  // namespace kvcache::manager
