@@ -339,10 +339,11 @@ TierTicket DiskTier::store(std::span<const PageWrite> pages) {
     std::lock_guard lock(impl_->out_mu);
     impl_->outstanding += pages.size();
   }
-  for (std::size_t i = 0; i < pages.size(); ++i) {
-    impl_->workers->post(
-        [impl = impl_.get(), state, i, w = pages[i]] { impl->store_one(state, i, w); });
-  }
+  auto writes = std::make_shared<const std::vector<PageWrite>>(pages.begin(), pages.end());
+  impl_->workers->post_range(
+      pages.size(), [impl = impl_.get(), state, writes](std::size_t begin, std::size_t end) {
+        for (std::size_t i = begin; i < end; ++i) impl->store_one(state, i, (*writes)[i]);
+      });
   return TierTicket(state);
 }
 
@@ -354,10 +355,11 @@ TierTicket DiskTier::load(std::span<const PageRead> pages) {
     std::lock_guard lock(impl_->out_mu);
     impl_->outstanding += pages.size();
   }
-  for (std::size_t i = 0; i < pages.size(); ++i) {
-    impl_->workers->post(
-        [impl = impl_.get(), state, i, r = pages[i], t0] { impl->load_one(state, i, r, t0); });
-  }
+  auto reads = std::make_shared<const std::vector<PageRead>>(pages.begin(), pages.end());
+  impl_->workers->post_range(
+      pages.size(), [impl = impl_.get(), state, reads, t0](std::size_t begin, std::size_t end) {
+        for (std::size_t i = begin; i < end; ++i) impl->load_one(state, i, (*reads)[i], t0);
+      });
   return TierTicket(state);
 }
 

@@ -205,10 +205,11 @@ std::vector<std::uint8_t> HostTier::contains(std::span<const PageKey> keys) {
 TierTicket HostTier::store(std::span<const PageWrite> pages) {
   tier::check_writes(pages, impl_->fp.page_size, impl_->page_bytes, name());
   auto state = TierTicket::State::for_stores(pages.size());
-  for (std::size_t i = 0; i < pages.size(); ++i) {
-    impl_->workers.post(
-        [impl = impl_.get(), state, i, w = pages[i]] { impl->store_one(state, i, w); });
-  }
+  auto writes = std::make_shared<const std::vector<PageWrite>>(pages.begin(), pages.end());
+  impl_->workers.post_range(
+      pages.size(), [impl = impl_.get(), state, writes](std::size_t begin, std::size_t end) {
+        for (std::size_t i = begin; i < end; ++i) impl->store_one(state, i, (*writes)[i]);
+      });
   return TierTicket(state);
 }
 
@@ -216,10 +217,11 @@ TierTicket HostTier::load(std::span<const PageRead> pages) {
   tier::check_reads(pages, impl_->fp.page_size, impl_->page_bytes, name());
   auto state = TierTicket::State::for_loads(pages.size());
   const std::uint64_t t0 = now_ns();
-  for (std::size_t i = 0; i < pages.size(); ++i) {
-    impl_->workers.post(
-        [impl = impl_.get(), state, i, r = pages[i], t0] { impl->load_one(state, i, r, t0); });
-  }
+  auto reads = std::make_shared<const std::vector<PageRead>>(pages.begin(), pages.end());
+  impl_->workers.post_range(
+      pages.size(), [impl = impl_.get(), state, reads, t0](std::size_t begin, std::size_t end) {
+        for (std::size_t i = begin; i < end; ++i) impl->load_one(state, i, (*reads)[i], t0);
+      });
   return TierTicket(state);
 }
 
