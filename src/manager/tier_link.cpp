@@ -154,6 +154,7 @@ TierLink::TierLink(const KVCacheParams& params, std::uint32_t num_pages, std::by
   for (const auto& t : tiers_) names_.emplace_back(t->name());
   free_slots_.reserve(slots_.size());
   staged_.reserve(slots_.size());
+  ask_.reserve(slots_.size());
   for (std::uint32_t i = 0; i < slots_.size(); ++i) {
     slots_[i].bytes.resize(bytes_.page_bytes());
     slots_[i].tokens.resize(page_size_);
@@ -181,14 +182,14 @@ void TierLink::emit(PageEvent::Kind kind, const Slot& info, std::size_t tier) co
 void TierLink::stage(const prefix::PrefixStore& store, std::uint32_t page) noexcept {
   Tier& tier = *tiers_.front();
   if (!tier.enabled()) return;
-  if (admission_ == OffloadAdmission::reused && !store.reused(page)) return;
+  const bool reused = store.reused(page);
+  if (admission_ == OffloadAdmission::reused && !reused) return;
   const PageKey key = store.key_of(page);
-  try {
-    if (tier.contains(std::span(&key, 1)).at(0) != 0) return;  // held already
-  } catch (...) {
-    return;  // the tier could not answer: skip the write-back
-  }
-  if (free_slots_.empty()) reap();
+  // A page that was attached again may have come back from the tier, which
+  // then still holds it: ask now and skip the copy. Others are asked at
+  // flush, all in one contains().
+  if (reused && held_by_first(key)) return;
+  if (free_slots_.empty()) reap(true);
   if (free_slots_.empty()) {
     ++counters_.front().offload_dropped;
     return;
@@ -204,10 +205,42 @@ void TierLink::stage(const prefix::PrefixStore& store, std::uint32_t page) noexc
   s.parent_hash = store.parent_hash_of(page);
   s.extra_key = store.extra_key_of(page);
   s.key = key;
+  s.asked = reused;
   staged_.push_back(i);  // capacity: every slot
 }
 
+bool TierLink::held_by_first(const PageKey& key) noexcept {
+  try {
+    return tiers_.front()->contains(std::span(&key, 1)).at(0) != 0;
+  } catch (...) {
+    return true;  // the tier could not answer: skip the write-back
+  }
+}
+
+void TierLink::drop_held_staged() noexcept {
+  ask_.clear();
+  for (std::uint32_t i : staged_)
+    if (!slots_[i].asked) ask_.push_back(slots_[i].key);  // capacity: every slot
+  if (ask_.empty()) return;
+  std::vector<std::uint8_t> held;
+  try {
+    held = tiers_.front()->contains(ask_);
+  } catch (...) {
+    held.assign(ask_.size(), 1);  // the tier could not answer: skip these write-backs
+  }
+  std::size_t k = 0, kept = 0;
+  for (std::uint32_t i : staged_) {
+    if (!slots_[i].asked && k < held.size() && held[k++] != 0) {
+      free_slots_.push_back(i);  // capacity: every slot
+      continue;
+    }
+    staged_[kept++] = i;
+  }
+  staged_.resize(kept);
+}
+
 void TierLink::flush() noexcept {
+  if (!staged_.empty()) drop_held_staged();
   if (!staged_.empty()) {
     const std::size_t n = staged_.size();
     try {
@@ -228,13 +261,17 @@ void TierLink::flush() noexcept {
     }
     staged_.clear();
   }
-  reap();
+  reap(false);
 }
 
-void TierLink::reap() noexcept {
-  for (std::size_t b = 0; b < stores_.size();) {
-    if (!stores_[b].ticket.done()) {
-      ++b;
+void TierLink::reap(bool all) noexcept {
+  std::size_t kept = 0;
+  for (std::size_t b = 0; b < stores_.size(); ++b) {
+    // In order, the oldest first: a flush stops at the first batch in flight
+    // (batches finish about in order), an eviction out of slots looks at all.
+    if ((!all && kept > 0) || !stores_[b].ticket.done()) {
+      if (kept != b) stores_[kept] = std::move(stores_[b]);
+      ++kept;
       continue;
     }
     const auto results = stores_[b].ticket.store_results();
@@ -249,8 +286,8 @@ void TierLink::reap() noexcept {
       }
       free_slots_.push_back(i);
     }
-    stores_.erase(stores_.begin() + static_cast<std::ptrdiff_t>(b));
   }
+  stores_.resize(kept);
 }
 
 std::size_t TierLink::locate(std::span<const PageKey> keys, std::vector<std::uint8_t>& tier_of) {
@@ -276,6 +313,12 @@ std::size_t TierLink::locate(std::span<const PageKey> keys, std::vector<std::uin
   std::size_t run = 0;
   while (run < keys.size() && tier_of[run] != kNoTier) ++run;
   return run;
+}
+
+bool TierLink::any_holds(const PageKey& key) {
+  for (const std::shared_ptr<Tier>& t : tiers_)
+    if (t->enabled() && t->contains(std::span(&key, 1)).at(0) != 0) return true;
+  return false;
 }
 
 void TierLink::prepare(LoadJob& job, std::size_t n) const {

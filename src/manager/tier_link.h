@@ -8,11 +8,13 @@
 // Tier::contains is an in-memory lookup, store and load only enqueue.
 //
 // Write-back: stage() copies an evicted page (packed [2][num_layers][block],
-// PageBytes) and its tokens into a free staging slot; flush() hands the
-// staged pages to the first tier in one store() and finishes the store
-// tickets that are done (freeing their slots, emitting the tier's stored
-// events). A page that finds no free slot is dropped (counted), never waited
-// for.
+// PageBytes) and its tokens into a free staging slot; flush() asks the first
+// tier in one contains() which staged pages it holds already (a page that was
+// attached again, which may have come back from the tier, is asked at stage
+// instead, before its copy), hands the others to it in one store() and
+// finishes the store tickets that are done (freeing their slots, emitting the
+// tier's stored events). A page that finds no free slot is dropped (counted),
+// never waited for.
 //
 // Onboard: locate() tells, for a run of chained keys, which tier holds each
 // (one contains() per tier); the manager makes a LoadJob for the run, commits
@@ -122,6 +124,9 @@ class TierLink {
   // For keys in chain order: tier_of[i] = the first tier holding key i; the
   // returned run is the count of leading keys some tier holds.
   std::size_t locate(std::span<const PageKey> keys, std::vector<std::uint8_t>& tier_of);
+  // Whether some enabled tier holds key (one contains() per tier, up to the
+  // first that does).
+  bool any_holds(const PageKey& key);
   // Room for one more job (call before committing one: add() is noexcept).
   void reserve_job() { jobs_.reserve(jobs_.size() + 1); }
   // Sizes a job's buffers for n pages (throws bad_alloc before any commit).
@@ -151,6 +156,7 @@ class TierLink {
     std::uint32_t page = 0;
     std::uint64_t hash = 0, parent_hash = 0, extra_key = 0;
     PageKey key;
+    bool asked = false;  // the first tier was asked already (it did not hold the page)
   };
   struct StoreBatch {
     TierTicket ticket;
@@ -161,7 +167,12 @@ class TierLink {
     std::uint64_t pages_offloaded = 0, offload_dropped = 0, pages_onboarded = 0, load_failures = 0;
   };
   void issue(LoadJob& job) noexcept;
-  void reap() noexcept;
+  // Finishes the store batches that are done: from the oldest up to the
+  // first in flight, or (all) every one.
+  void reap(bool all) noexcept;
+  bool held_by_first(const PageKey& key) noexcept;  // true too when the tier cannot answer
+  // Frees the staged slots of pages the first tier holds (one contains()).
+  void drop_held_staged() noexcept;
   void emit(PageEvent::Kind kind, const Slot& info, std::size_t tier) const noexcept;
 
   std::vector<std::shared_ptr<Tier>> tiers_;
@@ -174,6 +185,7 @@ class TierLink {
   std::vector<Slot> slots_;
   std::vector<std::uint32_t> free_slots_;  // capacity: every slot
   std::vector<std::uint32_t> staged_;      // capacity: every slot
+  std::vector<PageKey> ask_;               // flush's contains() keys; capacity: every slot
   std::vector<StoreBatch> stores_;
   std::vector<LoadJob> jobs_;
   std::vector<Counters> counters_;  // per tier
