@@ -136,14 +136,16 @@ std::uint64_t TierLink::staging_bytes(const KVCacheParams& params, const TierCon
   const std::uint64_t page = detail::checked_product(
       "tier staging page", {{"page_size", params.page_size},
                             {"bytes_per_token_per_device", params.bytes_per_token_per_device()}});
-  return detail::checked_product(
+  const std::uint64_t slots = detail::checked_product(
       "tier staging", {{"staging_pages", config.staging_pages},
                        {"page bytes + token ids", page + 4 * std::uint64_t{params.page_size}}});
+  return slots + Tier::kEvictionReports * sizeof(PageKey);  // room for one tier's reports
 }
 
 TierLink::TierLink(const KVCacheParams& params, std::uint32_t num_pages, std::byte* arena,
                    const TierConfig& config, std::function<void(const PageEvent&)> on_event)
     : tiers_(config.tiers),
+      num_pages_(num_pages),
       digest_(TierFingerprint::of(params, config.model_id, config.cache_salt).digest()),
       page_size_(params.page_size),
       admission_(config.admission),
@@ -161,6 +163,7 @@ TierLink::TierLink(const KVCacheParams& params, std::uint32_t num_pages, std::by
     free_slots_.push_back(static_cast<std::uint32_t>(slots_.size()) - 1 - i);
   }
   stores_.reserve(slots_.size());
+  evicted_.reserve(Tier::kEvictionReports);
 }
 
 TierLink::~TierLink() {
@@ -262,6 +265,21 @@ void TierLink::flush() noexcept {
     staged_.clear();
   }
   reap(false);
+  report_evictions();
+}
+
+void TierLink::report_evictions() noexcept {
+  if (!on_event_) return;
+  for (std::size_t t = 0; t < tiers_.size(); ++t) {
+    evicted_.clear();
+    try {
+      tiers_[t]->take_evicted(evicted_);
+    } catch (...) {  // only a tier that overfills `out` (capacity: kEvictionReports)
+    }
+    for (const PageKey& key : evicted_) {
+      on_event_(PageEvent{PageEvent::Kind::removed, num_pages_, 0, 0, 0, {}, names_[t], key});
+    }
+  }
 }
 
 void TierLink::reap(bool all) noexcept {

@@ -16,6 +16,10 @@
 // tier's stored events). A page that finds no free slot is dropped (counted),
 // never waited for.
 //
+// Tier evictions: flush() also drains each tier's take_evicted() (the tier
+// records under a leaf lock of its own; nothing here waits for a tier
+// thread) and emits a `removed` event per key with the tier's name.
+//
 // Onboard: locate() tells, for a run of chained keys, which tier holds each
 // (one contains() per tier); the manager makes a LoadJob for the run, commits
 // it, and issue() enqueues one load() per tier into the device pages
@@ -97,7 +101,7 @@ class TierLink {
   // prefix caching, several devices, a null tier, a fingerprint field that
   // differs, staging_pages out of range).
   static void check(const KVCacheParams& params, const TierConfig& config);
-  // Host bytes of the staging slots.
+  // Host bytes of the staging slots and of the eviction reports' buffer.
   static std::uint64_t staging_bytes(const KVCacheParams& params, const TierConfig& config);
 
   TierLink(const KVCacheParams& params, std::uint32_t num_pages, std::byte* arena,
@@ -117,7 +121,8 @@ class TierLink {
   // ---- write-back
   // Stages a page `store` is evicting (still published) for the first tier.
   void stage(const prefix::PrefixStore& store, std::uint32_t page) noexcept;
-  // Issues the staged pages' store() and finishes the stores that are done.
+  // Issues the staged pages' store(), finishes the stores that are done and
+  // reports the tiers' own evictions (report_evictions).
   void flush() noexcept;
 
   // ---- onboard
@@ -173,9 +178,14 @@ class TierLink {
   bool held_by_first(const PageKey& key) noexcept;  // true too when the tier cannot answer
   // Frees the staged slots of pages the first tier holds (one contains()).
   void drop_held_staged() noexcept;
+  // With an event callback: a `removed` event (the tier's medium and the
+  // page's key; page the sentinel num_pages, hashes 0, no tokens) for every
+  // key each tier's take_evicted() reports.
+  void report_evictions() noexcept;
   void emit(PageEvent::Kind kind, const Slot& info, std::size_t tier) const noexcept;
 
   std::vector<std::shared_ptr<Tier>> tiers_;
+  std::uint32_t num_pages_;  // the device pool's: the sentinel page of tier evictions
   std::vector<std::string> names_;
   std::uint64_t digest_;
   std::uint32_t page_size_;
@@ -186,6 +196,7 @@ class TierLink {
   std::vector<std::uint32_t> free_slots_;  // capacity: every slot
   std::vector<std::uint32_t> staged_;      // capacity: every slot
   std::vector<PageKey> ask_;               // flush's contains() keys; capacity: every slot
+  std::vector<PageKey> evicted_;           // a tier's eviction reports; capacity: kEvictionReports
   std::vector<StoreBatch> stores_;
   std::vector<LoadJob> jobs_;
   std::vector<Counters> counters_;  // per tier

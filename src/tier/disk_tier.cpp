@@ -97,7 +97,10 @@ void DiskTier::Impl::store_one(const StatePtr& s, std::size_t i, PageWrite w) {
   {
     std::lock_guard lock(mu);
     c = table.claim_for_write(w.key);
-    if (c.evicted) ++st.evictions;
+    if (c.evicted) {
+      ++st.evictions;
+      evicted.record(*c.evicted);
+    }
     if (c.what == tier::SlotTable::Claim::full) ++st.rejected;
   }
   if (c.what == tier::SlotTable::Claim::present) return finish_store(s, i, StoreResult::present);
@@ -371,6 +374,8 @@ TierStats DiskTier::stats() const {
   s.enabled = impl_->enabled.load();
   return s;
 }
+
+void DiskTier::take_evicted(std::vector<PageKey>& out) { impl_->evicted.take(out); }
 
 std::string_view DiskTier::io_backend() const { return impl_->io->name(); }
 bool DiskTier::direct_io() const { return impl_->slabs.direct(); }

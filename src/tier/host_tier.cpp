@@ -11,6 +11,7 @@
 
 #include "kvcache/error.h"
 #include "memory/host_arena.h"
+#include "tier/eviction_log.h"
 #include "tier/page_codec.h"
 #include "tier/slot_table.h"
 #include "tier/ticket_state.h"
@@ -64,6 +65,7 @@ struct HostTier::Impl {
   std::vector<std::unique_ptr<memory::HostArena>> chunks;  // under mu
   tier::SlotTable table;                                   // under mu
   TierStats st;                                            // under mu
+  tier::EvictionLog evicted;                               // its own lock
   tier::TierWorkers workers;  // last: destroyed first, finishing every queued page
 };
 
@@ -92,7 +94,10 @@ void HostTier::Impl::store_one(const std::shared_ptr<TierTicket::State>& state, 
         state->finish_store(i, StoreResult::failed);
         return;
       }
-      if (c.evicted) ++st.evictions;
+      if (c.evicted) {
+        ++st.evictions;
+        evicted.record(*c.evicted);
+      }
     } else if (c.what == tier::SlotTable::Claim::full) {
       ++st.rejected;
     }
@@ -232,6 +237,8 @@ TierStats HostTier::stats() const {
   s.bytes_held = s.pages_held * impl_->page_bytes;
   return s;
 }
+
+void HostTier::take_evicted(std::vector<PageKey>& out) { impl_->evicted.take(out); }
 
 std::size_t HostTier::num_slots() const { return impl_->num_slots; }
 std::size_t HostTier::slot_bytes() const { return impl_->slot_bytes; }

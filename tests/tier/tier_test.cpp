@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kvcache/error.h"
+#include "tier/eviction_log.h"
 #include "tier/ticket_state.h"
 
 namespace kvcache {
@@ -92,6 +93,24 @@ TEST(PageKeyTest, EqualsTheStreamedDefinitionAtEverySize) {
     EXPECT_EQ(page_key(parent, t, 99), streamed_key(parent, t, 99)) << n << " tokens";
     EXPECT_EQ(page_key({}, t, 7), streamed_key({}, t, 7)) << n << " tokens";
   }
+}
+
+TEST(EvictionLogTest, KeepsTheNewestReportsOldestFirst) {
+  tier::EvictionLog log;
+  std::vector<PageKey> out;
+  log.take(out);
+  EXPECT_TRUE(out.empty());
+  const std::size_t n = Tier::kEvictionReports + 3;
+  for (std::size_t i = 0; i < n; ++i) log.record({i, i});
+  log.take(out);
+  ASSERT_EQ(out.size(), Tier::kEvictionReports);
+  EXPECT_EQ(out.front(), (PageKey{3, 3}));  // the 3 oldest gave way
+  EXPECT_EQ(out.back(), (PageKey{n - 1, n - 1}));
+  EXPECT_EQ(log.lost(), 3u);
+  out.clear();
+  log.record({7, 7});
+  log.take(out);
+  EXPECT_EQ(out, (std::vector<PageKey>{PageKey{7, 7}}));
 }
 
 TEST(TierTicketTest, DoneWhenEveryPageFinishedOnce) {
