@@ -48,6 +48,7 @@ struct BenchArgs {
   std::uint32_t repeats = 7;
   std::string disk_dir;
   std::string admission = "every_page";
+  std::uint32_t batch = 1;
 };
 
 KVCacheParams bench_params(std::uint32_t page_size, bool caching) {
@@ -132,6 +133,7 @@ void run_tiers(const BenchArgs& a) {
   t.configs = a.tiers;
   t.disk_dir = a.disk_dir;
   t.admit_reused = a.admission == "reused";
+  t.batch = a.batch;
   t.json = a.json;
   run_manager_tier_bench(t);
 }
@@ -202,6 +204,9 @@ void add_bench_manager_command(CLI::App& app) {
                   "With --tiers: which evicted pages are written back (reused: none here)")
       ->capture_default_str()
       ->check(CLI::IsMember({"every_page", "reused"}));
+  cmd->add_option("--batch", args->batch, "With --tiers: requests served together")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, kMaxBatch));
   cmd->add_option("--disk-dir", args->disk_dir,
                   "With --tiers host+disk: the disk tier's directory (default: a temporary one)");
   cmd->callback([args] { run_bench(*args); });

@@ -6,23 +6,26 @@
 // same requests without tiers, in one run. Each configuration ("none",
 // "host", "host+disk") gets its own manager over the same tiny model shape
 // (page bytes 8 x page_size: the bookkeeping is timed, not the copies of
-// real pages). A request is claim, match_prefix over a prompt of tokens no
-// earlier request used (so no tier holds what it asks for), fetch + step of
-// the prompt with its token ids, `steps` one-token decode steps, release; the
-// pool holds 4 requests, so every request evicts about as many published
-// pages as it fills, and with tiers each of them is written back (with
-// admit_reused none is: no page is ever attached again). "null" is a tier
+// real pages). Requests come in batches of `batch`, as an engine serves
+// them: each is claimed and matched (match_prefix over a prompt of tokens no
+// earlier request used, so no tier holds what it asks for), the batch's
+// prompts are fetched and committed with their token ids in one fetch and
+// one step, then `steps` one-token decode steps of the whole batch (a fetch
+// and a step each), then each is released. The pool holds 4 batches, so
+// every batch evicts about as many published pages as it fills, and with
+// tiers each of them is written back (with admit_reused none is: no page is
+// ever attached again). "null" is a tier
 // that holds nothing and finishes every store at once: the manager's side
 // alone. The host tier holds 4096 pages and the disk 4096 more (a host
 // writing through to the disk, as `kvcache replay` configures them), both
 // evicting. Timed: the calling thread's CPU time (CLOCK_THREAD_CPUTIME_ID),
 // so the tiers' own threads do not count; the write-backs are waited for
-// every 32 requests (staging for 32 requests' pages, so none is dropped),
-// that wait left out. After an untimed round, `repeats` rounds each run
-// `requests` requests of every configuration, the order rotating per round;
-// per configuration the median ns per request and the median of the
-// per-round ratios to "none". Throws InvalidArgument for an unknown
-// configuration name or a disk directory that cannot be made.
+// about every 32 requests (at least every batch; staging for the pages of
+// the requests in between, so none is dropped), that wait left out. After an untimed round,
+// `repeats` rounds each run `requests` requests of every configuration, the order rotating per
+// round; per configuration the median ns per request and the median of the per-round ratios to
+// "none". Throws InvalidArgument for an unknown configuration name or a disk directory that cannot
+// be made.
 #pragma once
 
 #include <cstdint>
@@ -35,6 +38,7 @@ struct ManagerTierBenchArgs {
   std::uint32_t page_size = 16;
   std::uint32_t prompt = 512;
   std::uint32_t steps = 16;  // decode steps per request
+  std::uint32_t batch = 1;   // requests served together
   std::uint32_t requests = 200;
   std::uint32_t repeats = 7;
   std::vector<std::string> configs;  // "none", "null", "host", "host+disk"

@@ -27,7 +27,7 @@ namespace {
 
 constexpr std::uint64_t kTierPages = 4096;  // pages each tier holds
 constexpr std::uint32_t kPoolRequests = 4;  // requests' pages the device pool holds
-constexpr std::uint32_t kWaitEvery = 32;    // requests between waits for the write-backs
+constexpr std::uint32_t kWaitEvery = 32;    // requests between waits for the write-backs (about)
 
 double thread_cpu_ns() {
   timespec ts{};
@@ -48,6 +48,11 @@ KVCacheParams params_of(std::uint32_t page_size) {
                        .cache_strategy = CacheStrategy::paged,
                        .page_size = page_size,
                        .enable_prefix_caching = true};
+}
+
+// Batches between waits for the write-backs: about kWaitEvery requests.
+std::uint32_t wait_every(const ManagerTierBenchArgs& a) {
+  return std::max<std::uint32_t>(1, kWaitEvery / a.batch);
 }
 
 std::uint32_t pages_per_request(const ManagerTierBenchArgs& a) {
@@ -112,8 +117,8 @@ class Subject {
     cfg.policy = EvictionPolicyKind::lru;
     cfg.tiers.model_id = "kvcache-bench";
     if (a.admit_reused) cfg.tiers.admission = OffloadAdmission::reused;
-    cfg.tiers.staging_pages =
-        std::min<std::uint64_t>(std::uint64_t{kWaitEvery} * pages_per_request(a), 65536);
+    cfg.tiers.staging_pages = static_cast<std::uint32_t>(std::min<std::uint64_t>(
+        std::uint64_t{wait_every(a)} * a.batch * pages_per_request(a), 65536));
     const TierFingerprint fp = TierFingerprint::of(p, cfg.tiers.model_id);
     const std::uint64_t cap = kTierPages * fp.page_bytes();
     if (name_ == "host") {
@@ -129,54 +134,69 @@ class Subject {
                             "' is not a configuration (none, null, host, host+disk)");
     }
     const std::uint32_t len = a.prompt + a.steps + 1;
-    manager_ = std::make_unique<PagedKVCacheManager>(p, kPoolRequests * pages_per_request(a), 1,
-                                                     len, std::move(cfg));
-    prompt_.resize(a.prompt);
+    manager_ = std::make_unique<PagedKVCacheManager>(
+        p, kPoolRequests * a.batch * pages_per_request(a), a.batch, len, std::move(cfg));
+    prompts_.resize(std::size_t{a.batch} * a.prompt);
+    for (std::uint32_t b = 0; b < a.batch; ++b)
+      for (std::uint32_t i = 0; i < a.prompt; ++i) prompts_[std::size_t{b} * a.prompt + i] = i;
+    rest_.resize(a.batch);
+    ones_.assign(a.batch, 1);
+    tokens_.resize(a.batch);
   }
 
   const std::string& name() const { return name_; }
   PagedKVCacheManager& manager() { return *manager_; }
 
-  // Runs n requests; returns the calling thread's CPU ns per request. Every
-  // kWaitEvery requests the write-backs are waited for (wait_tiers, its CPU
-  // time left out), so the staging never runs out.
+  // Runs n requests (in batches of args.batch, at least one batch);
+  // returns the calling thread's CPU ns per request. The write-backs are
+  // waited for every wait_every batches (wait_tiers, its CPU time left out),
+  // so the staging never runs out.
   double run(std::uint32_t n) {
+    const std::uint32_t batches = std::max<std::uint32_t>(1, n / args_.batch);
     const double c0 = thread_cpu_ns();
     double waits = 0;
-    for (std::uint32_t r = 1; r <= n; ++r) {
-      request();
-      if (r % kWaitEvery != 0 && r != n) continue;
+    for (std::uint32_t r = 1; r <= batches; ++r) {
+      batch();
+      if (r % wait_every(args_) != 0 && r != batches) continue;
       const double w0 = thread_cpu_ns();
       manager_->wait_tiers();
       waits += thread_cpu_ns() - w0;
     }
-    return (thread_cpu_ns() - c0 - waits) / n;
+    return (thread_cpu_ns() - c0 - waits) / (double(batches) * args_.batch);
   }
 
  private:
-  // Tokens no earlier request used: the first token is the request's number.
-  void request() {
+  // args.batch requests served together, as an engine batches them: each
+  // matched, the prompts fetched and committed in one call, then one fetch
+  // and one step per decode step for the whole batch. Tokens no earlier
+  // request used: each prompt's first token is its request's number.
+  void batch() {
     PagedKVCacheManager& m = *manager_;
-    for (std::uint32_t i = 0; i < args_.prompt; ++i) prompt_[i] = i;
-    prompt_[0] = next_++;
-    const SeqId s = m.claim(1)[0];
-    const std::uint32_t reused = m.match_prefix(s, prompt_);
-    const std::uint32_t rest = args_.prompt - reused;
-    m.fetch_into(batch_, std::span(&s, 1), std::span(&rest, 1));
-    m.step(std::span(&s, 1), std::span(&rest, 1), std::span(prompt_).subspan(reused));
-    const std::uint32_t one = 1;
-    for (std::uint32_t t = 0; t < args_.steps; ++t) {
-      const std::uint32_t token = t;
-      m.fetch_into(batch_, std::span(&s, 1), std::span(&one, 1));
-      m.step(std::span(&s, 1), std::span(&one, 1), std::span(&token, 1));
+    const std::uint32_t n = args_.batch, len = args_.prompt;
+    const std::vector<SeqId> seqs = m.claim(n);
+    std::vector<std::uint32_t> rest_tokens;
+    for (std::uint32_t b = 0; b < n; ++b) {
+      const auto prompt = std::span(prompts_).subspan(std::size_t{b} * len, len);
+      prompt[0] = next_++;
+      const std::uint32_t reused = m.match_prefix(seqs[b], prompt);
+      rest_[b] = len - reused;
+      rest_tokens.insert(rest_tokens.end(), prompt.begin() + reused, prompt.end());
     }
-    m.release(s);
+    m.fetch_into(batch_, seqs, rest_);
+    m.step(seqs, rest_, rest_tokens);
+    for (std::uint32_t t = 0; t < args_.steps; ++t) {
+      std::fill(tokens_.begin(), tokens_.end(), t);
+      m.fetch_into(batch_, seqs, ones_);
+      m.step(seqs, ones_, tokens_);
+    }
+    for (SeqId s : seqs) m.release(s);
   }
 
   std::string name_;
   ManagerTierBenchArgs args_;
   std::unique_ptr<PagedKVCacheManager> manager_;
-  std::vector<std::uint32_t> prompt_;
+  std::vector<std::uint32_t> prompts_;  // one prompt per request of a batch
+  std::vector<std::uint32_t> rest_, ones_, tokens_;
   KVCacheBatch batch_;
   std::uint32_t next_ = 1;
 };
@@ -227,6 +247,7 @@ void report(const ManagerTierBenchArgs& a, std::vector<Subject>& subjects,
   j["steps"] = a.steps;
   j["requests"] = a.requests;
   j["repeats"] = a.repeats;
+  j["batch"] = a.batch;
   j["admission"] = a.admit_reused ? "reused" : "every_page";
   if (a.json) {
     std::cout << j.dump(2) << '\n';
@@ -234,9 +255,9 @@ void report(const ManagerTierBenchArgs& a, std::vector<Subject>& subjects,
   }
   std::printf(
       "manager cost per request with tiers, nothing to load: %u-token prompt + %u decode "
-      "steps, page size %u, admission %s, %u requests x %u rounds; CPU time of the calling "
-      "thread (median of rounds; ratios: median of per-round ratios)\n",
-      a.prompt, a.steps, a.page_size, a.admit_reused ? "reused" : "every_page", a.requests,
+      "steps, batches of %u, page size %u, admission %s, %u requests x %u rounds; CPU time of "
+      "the calling thread (median of rounds; ratios: median of per-round ratios)\n",
+      a.prompt, a.steps, a.batch, a.page_size, a.admit_reused ? "reused" : "every_page", a.requests,
       a.repeats);
   t.print(std::cout);
 }
