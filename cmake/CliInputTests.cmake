@@ -31,6 +31,13 @@ kvcache_cli_refuses(bench_manager_page_size_0 "not in range 1 to 1048576"
 kvcache_cli_refuses(bench_manager_steps_0 "not in range 1 to 1048576" bench-manager --steps 0)
 kvcache_cli_refuses(bench_manager_huge_pool "more than the limit of 67108864"
   bench-manager --page-size 1 --prompt 1048576)
+kvcache_cli_refuses(bench_manager_tiers_unknown "bogus not in" bench-manager --tiers none,bogus)
+# bench-manager --tiers: every configuration runs, no write-back dropped.
+add_test(NAME cli.bench_manager_tiers COMMAND sh -c
+  "d=$(mktemp -d); \"$0\" bench-manager --tiers none,null,host,host+disk --steps 4 --requests 8 \
+   --repeats 1 --disk-dir \"$d\"; rc=$?; rm -rf \"$d\"; exit $rc" $<TARGET_FILE:kvcache_cli>)
+set_tests_properties(cli.bench_manager_tiers PROPERTIES PASS_REGULAR_EXPRESSION
+  "\n  none +[0-9]+ +1\\.000.*\n  null .*\n  host +[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9,]+ +0 .*\n  host\\+disk +[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9,]+ +0 ")
 
 # replay's trace numbers (items 7 and 8), one per way the loader went wrong.
 set(_ok_ids "\"output_length\": 5, \"hash_ids\": [0, 1000]}")

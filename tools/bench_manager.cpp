@@ -2,12 +2,16 @@
 // paged manager. Reports ns per decoding sequence per step of fetch + step at
 // batch 1..1024 (with and without prefix caching, which adds token ids and
 // page hashing), and ns per request of claim + match_prefix + release.
-// Tiny model shape: only bookkeeping is timed, no K/V is written.
+// Tiny model shape: only bookkeeping is timed, no K/V is written. With
+// --tiers LIST it runs the tier comparison of tools/bench_manager.h instead
+// (--requests in [1, 10^6], --repeats in [1, 1000]).
 // Flags are range-checked (exit 2 naming the value and the limit): --page-size
 // and --steps in [1, 2^20], --prompt in [0, 2^20] (CLI11), and the pool of the
 // largest batch, 1024 sequences of prompt + steps + 1 tokens rounded up to
 // whole pages, at most kMaxBenchPoolTokens tokens (check_pool), so every
 // length and page count below fits 32 bits and the run fits in memory.
+
+#include "bench_manager.h"
 
 #include <CLI/CLI.hpp>
 #include <chrono>
@@ -38,6 +42,13 @@ struct BenchArgs {
   std::uint32_t steps = 256;
   std::uint32_t prompt = 512;
   bool json = false;
+  // --tiers: the tier comparison instead of the tables.
+  std::vector<std::string> tiers;
+  std::uint32_t requests = 200;
+  std::uint32_t repeats = 7;
+  std::string disk_dir;
+  std::string admission = "every_page";
+  std::uint32_t batch = 1;
 };
 
 KVCacheParams bench_params(std::uint32_t page_size, bool caching) {
@@ -112,8 +123,24 @@ void check_pool(const BenchArgs& a) {
   }
 }
 
+void run_tiers(const BenchArgs& a) {
+  ManagerTierBenchArgs t;
+  t.page_size = a.page_size;
+  t.prompt = a.prompt;
+  t.steps = a.steps;
+  t.requests = a.requests;
+  t.repeats = a.repeats;
+  t.configs = a.tiers;
+  t.disk_dir = a.disk_dir;
+  t.admit_reused = a.admission == "reused";
+  t.batch = a.batch;
+  t.json = a.json;
+  run_manager_tier_bench(t);
+}
+
 void run_bench(const BenchArgs& a) {
   check_pool(a);
+  if (!a.tiers.empty()) return run_tiers(a);
   nlohmann::json j;
   Table t({"batch", "ns/seq/step", "ns/seq/step (prefix caching)"});
   char b1[32], b2[32];
@@ -153,13 +180,35 @@ void add_bench_manager_command(CLI::App& app) {
   cmd->add_option("--page-size", args->page_size, "Tokens per page")
       ->capture_default_str()
       ->check(CLI::Range(1u, kMaxBenchTokens));
-  cmd->add_option("--steps", args->steps, "Decode steps timed per batch size")
+  cmd->add_option("--steps", args->steps,
+                  "Decode steps timed per batch size (with --tiers: per request)")
       ->capture_default_str()
       ->check(CLI::Range(1u, kMaxBenchTokens));
   cmd->add_option("--prompt", args->prompt, "Prompt tokens before decoding")
       ->capture_default_str()
       ->check(CLI::Range(0u, kMaxBenchTokens));
   cmd->add_flag("--json", args->json, "Print a JSON object");
+  cmd->add_option("--tiers", args->tiers,
+                  "Instead of the tables: cost per request with tiers holding nothing asked "
+                  "for, configurations none, null (a tier holding nothing, finishing stores at "
+                  "once), host, host+disk (comma-separated, one run)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"none", "null", "host", "host+disk"}));
+  cmd->add_option("--requests", args->requests, "With --tiers: requests timed per round")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 1000000u));
+  cmd->add_option("--repeats", args->repeats, "With --tiers: rounds, configurations interleaved")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 1000u));
+  cmd->add_option("--admission", args->admission,
+                  "With --tiers: which evicted pages are written back (reused: none here)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"every_page", "reused"}));
+  cmd->add_option("--batch", args->batch, "With --tiers: requests served together")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, kMaxBatch));
+  cmd->add_option("--disk-dir", args->disk_dir,
+                  "With --tiers host+disk: the disk tier's directory (default: a temporary one)");
   cmd->callback([args] { run_bench(*args); });
 }
 

@@ -206,8 +206,10 @@ typedef enum kvc_eviction_policy {
 /* kvcache::PageEvent: a page entering (KVC_PAGE_STORED) or leaving
  * (KVC_PAGE_REMOVED) a medium, what KV-aware routers consume: medium
  * "device" for the device pool's hash index, a tier's name ("host",
- * "disk") for a page written back to that tier and stored there, or found
- * lost by a load from it. tokens and medium (NUL-terminated) are valid
+ * "disk") for a page written back to that tier and stored there, found
+ * lost by a load from it, or evicted by the tier for room (reported at the
+ * manager's next call; only medium and key set, page the sentinel
+ * total_num_pages, no tokens). tokens and medium (NUL-terminated) are valid
  * during the callback only. */
 enum { KVC_PAGE_STORED = 0, KVC_PAGE_REMOVED = 1 };
 typedef struct kvc_page_event {

@@ -6,7 +6,9 @@
 // token ids in the first 4 KiB-aligned block, the page bytes in the next,
 // each rounded up to 4 KiB), created and preallocated (fallocate) as slots
 // are first used; capacity_bytes / page_bytes() slots in all (kUnlimited:
-// as many as the disk holds). I/O with O_DIRECT and aligned buffers where
+// as many as the disk holds); when every slot is taken a store evicts by the
+// policy (DiskTierOptions::policy, LRU by default) and take_evicted()
+// reports the keys evicted. I/O with O_DIRECT and aligned buffers where
 // the filesystem allows it (direct_io() says; buffered otherwise), through
 // io_uring or blocking preadv/pwritev on the worker threads (io_backend()).
 // Pages whose buffer is 4 KiB-aligned and whose size is a multiple of 4 KiB
@@ -90,6 +92,7 @@ class DiskTier final : public Tier {
   TierTicket store(std::span<const PageWrite> pages) override;
   TierTicket load(std::span<const PageRead> pages) override;
   TierStats stats() const override;
+  void take_evicted(std::vector<PageKey>& out) override;
 
   std::string_view io_backend() const;  // "io_uring" | "threads"
   bool direct_io() const;               // O_DIRECT in use

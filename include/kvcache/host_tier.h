@@ -8,8 +8,9 @@
 // slot; contains() consults it alone. When every slot is taken a store
 // evicts by the policy (HostTierOptions::policy, least-recently-used by
 // default), skipping slots being read or written; with none evictable the
-// store is `rejected`. A load verifies the header (key, fingerprint, token
-// ids) and, with `checksums`, the checksum while it copies.
+// store is `rejected`; take_evicted() reports the keys evicted. A load
+// verifies the header (key, fingerprint, token ids) and, with `checksums`,
+// the checksum while it copies.
 //
 // Checksums are off by default: a host page becomes visible only after its
 // copy finished, so it cannot be torn, and the checksum would guard only
@@ -60,6 +61,7 @@ class HostTier final : public Tier {
   TierTicket store(std::span<const PageWrite> pages) override;
   TierTicket load(std::span<const PageRead> pages) override;
   TierStats stats() const override;
+  void take_evicted(std::vector<PageKey>& out) override;
 
   std::size_t num_slots() const;
   std::size_t slot_bytes() const;

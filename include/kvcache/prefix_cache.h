@@ -86,9 +86,12 @@ std::uint64_t default_block_hash(std::uint64_t parent, std::span<const std::uint
 // A page entering or leaving a medium (what KV-aware routers consume):
 // medium "device" for the hash index of the device pool; a tier's name
 // (Tier::name(), "host", "disk") when a page written back to that tier is
-// stored there, or when a load finds the tier no longer holds it (removed;
-// a tier's own evictions are not reported, as Tier has no hook for them).
-// vLLM's BlockStored / BlockRemoved carry the same `medium`.
+// stored there, when a load finds the tier no longer holds it, or when the
+// tier evicted it for room (removed, reported by Tier::take_evicted at the
+// manager's next fetch, match_prefix, poll_loads, wait_loads or wait_tiers;
+// such an event carries only the medium and the key: page is the sentinel
+// total_num_pages, the hashes 0, no tokens). vLLM's BlockStored /
+// BlockRemoved carry the same `medium`.
 struct PageEvent {
   enum class Kind : std::uint8_t { stored, removed };
   Kind kind = Kind::stored;

@@ -204,6 +204,20 @@ class Tier {
   virtual TierTicket load(std::span<const PageRead> pages) = 0;
 
   virtual TierStats stats() const = 0;
+
+  // Eviction reports: the keys of the pages this tier evicted for room since
+  // the last call (not pages dropped as corrupt, nor those of a disabled
+  // tier), appended to `out` oldest first, at most kEvictionReports of them:
+  // a tier keeps that many between calls and lets the oldest go beyond. For
+  // one consumer: the manager calls it under its own lock after each call
+  // that writes back or finishes loads, and emits a `removed` PageEvent per
+  // key (kvcache/prefix_cache.h). It never waits on I/O and never calls out
+  // of the tier, so it cannot deadlock with a tier thread; the tiers here
+  // record under a lock of their own that nothing else is taken under.
+  // Throws only what growing `out` throws (none when `out` has room for
+  // kEvictionReports more). The default reports nothing.
+  static constexpr std::size_t kEvictionReports = 4096;
+  virtual void take_evicted(std::vector<PageKey>& out) { (void)out; }
 };
 
 }  // namespace kvcache

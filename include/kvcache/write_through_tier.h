@@ -3,7 +3,9 @@
 // contract).
 //
 // WriteThroughTier(near, far) answers name(), fingerprint(), enabled(),
-// contains(), load() and stats() as `near` does, and hands each store() to
+// contains(), load(), stats() and take_evicted() as `near` does (far's
+// evictions are far's to report, as a manager configured with {write_through,
+// far} has it do), and hands each store() to
 // both: `near` keeps what its capacity allows, `far` keeps everything `near`
 // ever stored, so a page `near` evicts is still in `far`, and a `far` that
 // survives a restart (DiskTier) finds it then. The manager writes back to its
@@ -42,6 +44,7 @@ class WriteThroughTier final : public Tier {
   TierTicket store(std::span<const PageWrite> pages) override;
   TierTicket load(std::span<const PageRead> pages) override;
   TierStats stats() const override;
+  void take_evicted(std::vector<PageKey>& out) override;
 
   const std::shared_ptr<Tier>& near() const;
   const std::shared_ptr<Tier>& far() const;

@@ -183,7 +183,7 @@ struct PagedKVCacheManager::Impl {
   void hand_out(KVCacheBatch& out) noexcept;
   // Throws InvalidArgument when a sequence of the batch is still loading.
   void check_loaded(std::span<const SeqId> ids, const char* what) const {
-    if (!tiered()) return;
+    if (!tiered() || link->jobs().empty()) return;  // no load in flight: none is loading
     for (SeqId id : ids) {
       if (seqs.find(id)->second.loading) {
         throw InvalidArgument(manager::seq_name(id) + " has pending loads from a tier: " + what +

@@ -272,13 +272,17 @@ void PagedKVCacheManager::step(std::span<const SeqId> seqs,
     const Impl::Sequence& s = im.seqs.find(seqs[b])->second;
     manager::check_step_room(seqs[b], s.length, valid_lengths[b], s.reserved);
   }
-  if (im.caching()) {  // grow vectors first (strong guarantee)
+  if (im.caching()) {  // grow vectors first (strong guarantee), doubling: a decode
+    // step appending one token must not reallocate every time
+    auto grow = [](auto& v, std::size_t n) {
+      if (n > v.capacity()) v.reserve(std::max(n, 2 * v.capacity()));
+    };
     for (std::size_t b = 0; b < seqs.size(); ++b) {
       Impl::Sequence& s = im.seqs.find(seqs[b])->second;
       if (!s.tokens_known) continue;
-      s.tokens.reserve(s.length + valid_lengths[b]);
-      s.hashes.reserve((s.length + valid_lengths[b]) / im.params.page_size);
-      if (im.tiered()) s.keys.reserve((s.length + valid_lengths[b]) / im.params.page_size);
+      grow(s.tokens, s.length + valid_lengths[b]);
+      grow(s.hashes, (s.length + valid_lengths[b]) / im.params.page_size);
+      if (im.tiered()) grow(s.keys, (s.length + valid_lengths[b]) / im.params.page_size);
     }
   }
   std::size_t offset = 0;

@@ -15,11 +15,14 @@ PagedKVCacheManager::Impl::TierPlan PagedKVCacheManager::Impl::plan_tiers(
   const std::uint32_t n = static_cast<std::uint32_t>(scratch.size());
   if (n >= max_pages || link->num_tiers() == 0) return plan;
   const std::uint32_t ps = params.page_size;
+  PageKey key = n == 0 ? manager::TierLink::root(extra_key) : store->key_of(scratch.back().page);
+  // The run starts at page n: when no tier holds it there is none, and the
+  // rest of the prompt is not hashed (a request with nothing to load).
+  if (!link->any_holds(link->key(key, prompt.subspan(std::size_t{n} * ps, ps)))) return plan;
   std::vector<PageKey> keys;
   keys.reserve(max_pages - n);
   plan.hashes.reserve(max_pages - n);
   std::uint64_t hash = n == 0 ? 0 : scratch.back().hash;
-  PageKey key = n == 0 ? manager::TierLink::root(extra_key) : store->key_of(scratch.back().page);
   for (std::uint32_t j = n; j < max_pages; ++j) {
     const auto toks = prompt.subspan(std::size_t{j} * ps, ps);
     hash = store->hash(hash, toks, extra_key);

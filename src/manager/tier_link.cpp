@@ -143,14 +143,16 @@ std::uint64_t TierLink::staging_bytes(const KVCacheParams& params, const TierCon
   const std::uint64_t page = detail::checked_product(
       "tier staging page", {{"page_size", params.page_size},
                             {"bytes_per_token_per_device", params.bytes_per_token_per_device()}});
-  return detail::checked_product(
+  const std::uint64_t slots = detail::checked_product(
       "tier staging", {{"staging_pages", config.staging_pages},
                        {"page bytes + token ids", page + 4 * std::uint64_t{params.page_size}}});
+  return slots + Tier::kEvictionReports * sizeof(PageKey);  // room for one tier's reports
 }
 
 TierLink::TierLink(const KVCacheParams& params, std::uint32_t num_pages, std::byte* arena,
                    const TierConfig& config, std::function<void(const PageEvent&)> on_event)
     : tiers_(config.tiers),
+      num_pages_(num_pages),
       fingerprint_digest_(TierFingerprint::of(params, config.model_id, config.cache_salt).digest()),
       digest_(fingerprint_digest_),
       page_size_(params.page_size),
@@ -164,12 +166,14 @@ TierLink::TierLink(const KVCacheParams& params, std::uint32_t num_pages, std::by
   for (const auto& t : tiers_) names_.emplace_back(t->name());
   free_slots_.reserve(slots_.size());
   staged_.reserve(slots_.size());
+  ask_.reserve(slots_.size());
   for (std::uint32_t i = 0; i < slots_.size(); ++i) {
     slots_[i].bytes.resize(bytes_.page_bytes());
     slots_[i].tokens.resize(page_size_);
     free_slots_.push_back(static_cast<std::uint32_t>(slots_.size()) - 1 - i);
   }
   stores_.reserve(slots_.size());
+  evicted_.reserve(Tier::kEvictionReports);
   if (pool_apart_) {
     awaiting_.reserve(slots_.size());
     handed_.reserve(slots_.size());
@@ -204,14 +208,14 @@ void TierLink::emit(PageEvent::Kind kind, const Slot& info, std::size_t tier) co
 void TierLink::stage(const prefix::PrefixStore& store, std::uint32_t page) noexcept {
   Tier& tier = *tiers_.front();
   if (!tier.enabled()) return;
-  if (admission_ == OffloadAdmission::reused && !store.reused(page)) return;
+  const bool reused = store.reused(page);
+  if (admission_ == OffloadAdmission::reused && !reused) return;
   const PageKey key = store.key_of(page);
-  try {
-    if (tier.contains(std::span(&key, 1)).at(0) != 0) return;  // held already
-  } catch (...) {
-    return;  // the tier could not answer: skip the write-back
-  }
-  if (free_slots_.empty()) reap();
+  // A page that was attached again may have come back from the tier, which
+  // then still holds it: ask now and skip the copy. Others are asked at
+  // flush, all in one contains().
+  if (reused && held_by_first(key)) return;
+  if (free_slots_.empty()) reap(true);
   if (free_slots_.empty()) {
     ++counters_.front().offload_dropped;
     return;
@@ -229,10 +233,42 @@ void TierLink::stage(const prefix::PrefixStore& store, std::uint32_t page) noexc
   s.parent_hash = store.parent_hash_of(page);
   s.extra_key = store.extra_key_of(page);
   s.key = key;
+  s.asked = reused;
   (from_host ? staged_ : awaiting_).push_back(i);  // capacity: every slot
 }
 
+bool TierLink::held_by_first(const PageKey& key) noexcept {
+  try {
+    return tiers_.front()->contains(std::span(&key, 1)).at(0) != 0;
+  } catch (...) {
+    return true;  // the tier could not answer: skip the write-back
+  }
+}
+
+void TierLink::drop_held_staged() noexcept {
+  ask_.clear();
+  for (std::uint32_t i : staged_)
+    if (!slots_[i].asked) ask_.push_back(slots_[i].key);  // capacity: every slot
+  if (ask_.empty()) return;
+  std::vector<std::uint8_t> held;
+  try {
+    held = tiers_.front()->contains(ask_);
+  } catch (...) {
+    held.assign(ask_.size(), 1);  // the tier could not answer: skip these write-backs
+  }
+  std::size_t k = 0, kept = 0;
+  for (std::uint32_t i : staged_) {
+    if (!slots_[i].asked && k < held.size() && held[k++] != 0) {
+      free_slots_.push_back(i);  // capacity: every slot
+      continue;
+    }
+    staged_[kept++] = i;
+  }
+  staged_.resize(kept);
+}
+
 void TierLink::flush() noexcept {
+  if (!staged_.empty()) drop_held_staged();
   if (!staged_.empty()) {
     const std::size_t n = staged_.size();
     try {
@@ -253,13 +289,32 @@ void TierLink::flush() noexcept {
     }
     staged_.clear();
   }
-  reap();
+  reap(false);
+  report_evictions();
 }
 
-void TierLink::reap() noexcept {
-  for (std::size_t b = 0; b < stores_.size();) {
-    if (!stores_[b].ticket.done()) {
-      ++b;
+void TierLink::report_evictions() noexcept {
+  if (!on_event_) return;
+  for (std::size_t t = 0; t < tiers_.size(); ++t) {
+    evicted_.clear();
+    try {
+      tiers_[t]->take_evicted(evicted_);
+    } catch (...) {  // only a tier that overfills `out` (capacity: kEvictionReports)
+    }
+    for (const PageKey& key : evicted_) {
+      on_event_(PageEvent{PageEvent::Kind::removed, num_pages_, 0, 0, 0, {}, names_[t], key});
+    }
+  }
+}
+
+void TierLink::reap(bool all) noexcept {
+  std::size_t kept = 0;
+  for (std::size_t b = 0; b < stores_.size(); ++b) {
+    // In order, the oldest first: a flush stops at the first batch in flight
+    // (batches finish about in order), an eviction out of slots looks at all.
+    if ((!all && kept > 0) || !stores_[b].ticket.done()) {
+      if (kept != b) stores_[kept] = std::move(stores_[b]);
+      ++kept;
       continue;
     }
     const auto results = stores_[b].ticket.store_results();
@@ -274,8 +329,8 @@ void TierLink::reap() noexcept {
       }
       free_slots_.push_back(i);
     }
-    stores_.erase(stores_.begin() + static_cast<std::ptrdiff_t>(b));
   }
+  stores_.resize(kept);
 }
 
 std::size_t TierLink::locate(std::span<const PageKey> keys, std::vector<std::uint8_t>& tier_of) {
@@ -301,6 +356,12 @@ std::size_t TierLink::locate(std::span<const PageKey> keys, std::vector<std::uin
   std::size_t run = 0;
   while (run < keys.size() && tier_of[run] != kNoTier) ++run;
   return run;
+}
+
+bool TierLink::any_holds(const PageKey& key) {
+  for (const std::shared_ptr<Tier>& t : tiers_)
+    if (t->enabled() && t->contains(std::span(&key, 1)).at(0) != 0) return true;
+  return false;
 }
 
 void TierLink::prepare(LoadJob& job, std::size_t n) const {

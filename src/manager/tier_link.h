@@ -8,11 +8,17 @@
 // Tier::contains is an in-memory lookup, store and load only enqueue.
 //
 // Write-back: stage() copies an evicted page (packed [2][num_layers][block],
-// PageBytes) and its tokens into a free staging slot; flush() hands the
-// staged pages to the first tier in one store() and finishes the store
-// tickets that are done (freeing their slots, emitting the tier's stored
-// events). A page that finds no free slot is dropped (counted), never waited
-// for.
+// PageBytes) and its tokens into a free staging slot; flush() asks the first
+// tier in one contains() which staged pages it holds already (a page that was
+// attached again, which may have come back from the tier, is asked at stage
+// instead, before its copy), hands the others to it in one store() and
+// finishes the store tickets that are done (freeing their slots, emitting the
+// tier's stored events). A page that finds no free slot is dropped (counted),
+// never waited for.
+//
+// Tier evictions: flush() also drains each tier's take_evicted() (the tier
+// records under a leaf lock of its own; nothing here waits for a tier
+// thread) and emits a `removed` event per key with the tier's name.
 //
 // Onboard: locate() tells, for a run of chained keys, which tier holds each
 // (one contains() per tier); the manager makes a LoadJob for the run, commits
@@ -104,7 +110,7 @@ class TierLink {
   // prefix caching, several devices, a null tier, a fingerprint field that
   // differs, staging_pages out of range).
   static void check(const KVCacheParams& params, const TierConfig& config);
-  // Host bytes of the staging slots.
+  // Host bytes of the staging slots and of the eviction reports' buffer.
   static std::uint64_t staging_bytes(const KVCacheParams& params, const TierConfig& config);
 
   TierLink(const KVCacheParams& params, std::uint32_t num_pages, std::byte* arena,
@@ -128,13 +134,17 @@ class TierLink {
   // ---- write-back
   // Stages a page `store` is evicting (still published) for the first tier.
   void stage(const prefix::PrefixStore& store, std::uint32_t page) noexcept;
-  // Issues the staged pages' store() and finishes the stores that are done.
+  // Issues the staged pages' store(), finishes the stores that are done and
+  // reports the tiers' own evictions (report_evictions).
   void flush() noexcept;
 
   // ---- onboard
   // For keys in chain order: tier_of[i] = the first tier holding key i; the
   // returned run is the count of leading keys some tier holds.
   std::size_t locate(std::span<const PageKey> keys, std::vector<std::uint8_t>& tier_of);
+  // Whether some enabled tier holds key (one contains() per tier, up to the
+  // first that does).
+  bool any_holds(const PageKey& key);
   // Room for one more job (call before committing one: add() is noexcept).
   void reserve_job() { jobs_.reserve(jobs_.size() + 1); }
   // Sizes a job's buffers for n pages (throws bad_alloc before any commit).
@@ -186,6 +196,7 @@ class TierLink {
     std::uint64_t hash = 0, parent_hash = 0, extra_key = 0;
     PageKey key;
     std::uint64_t serial = 0;  // pool apart: the hand_out that gave it to a batch
+    bool asked = false;  // the first tier was asked already (it did not hold the page)
   };
   struct StoreBatch {
     TierTicket ticket;
@@ -196,10 +207,20 @@ class TierLink {
     std::uint64_t pages_offloaded = 0, offload_dropped = 0, pages_onboarded = 0, load_failures = 0;
   };
   void issue(LoadJob& job) noexcept;
-  void reap() noexcept;
+  // Finishes the store batches that are done: from the oldest up to the
+  // first in flight, or (all) every one.
+  void reap(bool all) noexcept;
+  bool held_by_first(const PageKey& key) noexcept;  // true too when the tier cannot answer
+  // Frees the staged slots of pages the first tier holds (one contains()).
+  void drop_held_staged() noexcept;
+  // With an event callback: a `removed` event (the tier's medium and the
+  // page's key; page the sentinel num_pages, hashes 0, no tokens) for every
+  // key each tier's take_evicted() reports.
+  void report_evictions() noexcept;
   void emit(PageEvent::Kind kind, const Slot& info, std::size_t tier) const noexcept;
 
   std::vector<std::shared_ptr<Tier>> tiers_;
+  std::uint32_t num_pages_;  // the device pool's: the sentinel page of tier evictions
   std::vector<std::string> names_;
   std::uint64_t fingerprint_digest_;
   std::uint64_t digest_;  // what keys chain with: fingerprint_digest_, mixed with fp8 scales
@@ -210,6 +231,8 @@ class TierLink {
   std::vector<Slot> slots_;
   std::vector<std::uint32_t> free_slots_;  // capacity: every slot
   std::vector<std::uint32_t> staged_;      // capacity: every slot
+  std::vector<PageKey> ask_;               // flush's contains() keys; capacity: every slot
+  std::vector<PageKey> evicted_;           // a tier's eviction reports; capacity: kEvictionReports
   std::vector<StoreBatch> stores_;
   std::vector<LoadJob> jobs_;
   std::vector<Counters> counters_;  // per tier

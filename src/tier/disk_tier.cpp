@@ -97,7 +97,10 @@ void DiskTier::Impl::store_one(const StatePtr& s, std::size_t i, PageWrite w) {
   {
     std::lock_guard lock(mu);
     c = table.claim_for_write(w.key);
-    if (c.evicted) ++st.evictions;
+    if (c.evicted) {
+      ++st.evictions;
+      evicted.record(*c.evicted);
+    }
     if (c.what == tier::SlotTable::Claim::full) ++st.rejected;
   }
   if (c.what == tier::SlotTable::Claim::present) return finish_store(s, i, StoreResult::present);
@@ -339,10 +342,11 @@ TierTicket DiskTier::store(std::span<const PageWrite> pages) {
     std::lock_guard lock(impl_->out_mu);
     impl_->outstanding += pages.size();
   }
-  for (std::size_t i = 0; i < pages.size(); ++i) {
-    impl_->workers->post(
-        [impl = impl_.get(), state, i, w = pages[i]] { impl->store_one(state, i, w); });
-  }
+  auto writes = std::make_shared<const std::vector<PageWrite>>(pages.begin(), pages.end());
+  impl_->workers->post_range(
+      pages.size(), [impl = impl_.get(), state, writes](std::size_t begin, std::size_t end) {
+        for (std::size_t i = begin; i < end; ++i) impl->store_one(state, i, (*writes)[i]);
+      });
   return TierTicket(state);
 }
 
@@ -354,10 +358,11 @@ TierTicket DiskTier::load(std::span<const PageRead> pages) {
     std::lock_guard lock(impl_->out_mu);
     impl_->outstanding += pages.size();
   }
-  for (std::size_t i = 0; i < pages.size(); ++i) {
-    impl_->workers->post(
-        [impl = impl_.get(), state, i, r = pages[i], t0] { impl->load_one(state, i, r, t0); });
-  }
+  auto reads = std::make_shared<const std::vector<PageRead>>(pages.begin(), pages.end());
+  impl_->workers->post_range(
+      pages.size(), [impl = impl_.get(), state, reads, t0](std::size_t begin, std::size_t end) {
+        for (std::size_t i = begin; i < end; ++i) impl->load_one(state, i, (*reads)[i], t0);
+      });
   return TierTicket(state);
 }
 
@@ -369,6 +374,8 @@ TierStats DiskTier::stats() const {
   s.enabled = impl_->enabled.load();
   return s;
 }
+
+void DiskTier::take_evicted(std::vector<PageKey>& out) { impl_->evicted.take(out); }
 
 std::string_view DiskTier::io_backend() const { return impl_->io->name(); }
 bool DiskTier::direct_io() const { return impl_->slabs.direct(); }

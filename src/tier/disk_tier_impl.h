@@ -17,6 +17,7 @@
 
 #include "kvcache/disk_tier.h"
 #include "tier/aligned_buffers.h"
+#include "tier/eviction_log.h"
 #include "tier/io_backend.h"
 #include "tier/manifest.h"
 #include "tier/slab_files.h"
@@ -77,6 +78,7 @@ struct DiskTier::Impl {
   tier::SlotTable table;                 // under mu
   TierStats st;                          // under mu
   std::uint32_t consecutive_errors = 0;  // under mu
+  tier::EvictionLog evicted;             // its own lock
 
   struct PendingStore {
     StatePtr state;

@@ -11,6 +11,7 @@
 
 #include "kvcache/error.h"
 #include "memory/host_arena.h"
+#include "tier/eviction_log.h"
 #include "tier/page_codec.h"
 #include "tier/slot_table.h"
 #include "tier/ticket_state.h"
@@ -64,6 +65,7 @@ struct HostTier::Impl {
   std::vector<std::unique_ptr<memory::HostArena>> chunks;  // under mu
   tier::SlotTable table;                                   // under mu
   TierStats st;                                            // under mu
+  tier::EvictionLog evicted;                               // its own lock
   tier::TierWorkers workers;  // last: destroyed first, finishing every queued page
 };
 
@@ -92,7 +94,10 @@ void HostTier::Impl::store_one(const std::shared_ptr<TierTicket::State>& state, 
         state->finish_store(i, StoreResult::failed);
         return;
       }
-      if (c.evicted) ++st.evictions;
+      if (c.evicted) {
+        ++st.evictions;
+        evicted.record(*c.evicted);
+      }
     } else if (c.what == tier::SlotTable::Claim::full) {
       ++st.rejected;
     }
@@ -205,10 +210,11 @@ std::vector<std::uint8_t> HostTier::contains(std::span<const PageKey> keys) {
 TierTicket HostTier::store(std::span<const PageWrite> pages) {
   tier::check_writes(pages, impl_->fp.page_size, impl_->page_bytes, name());
   auto state = TierTicket::State::for_stores(pages.size());
-  for (std::size_t i = 0; i < pages.size(); ++i) {
-    impl_->workers.post(
-        [impl = impl_.get(), state, i, w = pages[i]] { impl->store_one(state, i, w); });
-  }
+  auto writes = std::make_shared<const std::vector<PageWrite>>(pages.begin(), pages.end());
+  impl_->workers.post_range(
+      pages.size(), [impl = impl_.get(), state, writes](std::size_t begin, std::size_t end) {
+        for (std::size_t i = begin; i < end; ++i) impl->store_one(state, i, (*writes)[i]);
+      });
   return TierTicket(state);
 }
 
@@ -216,10 +222,11 @@ TierTicket HostTier::load(std::span<const PageRead> pages) {
   tier::check_reads(pages, impl_->fp.page_size, impl_->page_bytes, name());
   auto state = TierTicket::State::for_loads(pages.size());
   const std::uint64_t t0 = now_ns();
-  for (std::size_t i = 0; i < pages.size(); ++i) {
-    impl_->workers.post(
-        [impl = impl_.get(), state, i, r = pages[i], t0] { impl->load_one(state, i, r, t0); });
-  }
+  auto reads = std::make_shared<const std::vector<PageRead>>(pages.begin(), pages.end());
+  impl_->workers.post_range(
+      pages.size(), [impl = impl_.get(), state, reads, t0](std::size_t begin, std::size_t end) {
+        for (std::size_t i = begin; i < end; ++i) impl->load_one(state, i, (*reads)[i], t0);
+      });
   return TierTicket(state);
 }
 
@@ -230,6 +237,8 @@ TierStats HostTier::stats() const {
   s.bytes_held = s.pages_held * impl_->page_bytes;
   return s;
 }
+
+void HostTier::take_evicted(std::vector<PageKey>& out) { impl_->evicted.take(out); }
 
 std::size_t HostTier::num_slots() const { return impl_->num_slots; }
 std::size_t HostTier::slot_bytes() const { return impl_->slot_bytes; }

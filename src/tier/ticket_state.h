@@ -3,10 +3,12 @@
 // A tier makes one State per store() / load() call with one result per page
 // (pending), hands the caller TierTicket(state), and its workers call
 // finish_load / finish_store for each page, in any order, from any thread.
-// done() turns true when the last page is finished; wait() blocks until then.
-// Results are published by the mutex: a reader that saw done() sees them all.
+// done() turns true when the last page is finished (an atomic read, no lock);
+// wait() blocks until then. Each result is written under the mutex before the
+// count drops (release), so a reader that saw done() (acquire) sees them all.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <memory>
@@ -23,26 +25,24 @@ struct TierTicket::State {
   static std::shared_ptr<State> for_loads(std::size_t n) {
     auto s = std::make_shared<State>();
     s->loads_.assign(n, LoadResult::pending);
-    s->remaining_ = n;
+    s->remaining_.store(n, std::memory_order_relaxed);
     return s;
   }
   static std::shared_ptr<State> for_stores(std::size_t n) {
     auto s = std::make_shared<State>();
     s->stores_.assign(n, StoreResult::pending);
-    s->remaining_ = n;
+    s->remaining_.store(n, std::memory_order_relaxed);
     return s;
   }
 
   void finish_load(std::size_t i, LoadResult r) { finish(loads_[i], r); }
   void finish_store(std::size_t i, StoreResult r) { finish(stores_[i], r); }
 
-  bool done() const {
-    std::lock_guard lock(mu_);
-    return remaining_ == 0;
-  }
+  bool done() const { return remaining_.load(std::memory_order_acquire) == 0; }
   void wait() const {
+    if (done()) return;
     std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] { return remaining_ == 0; });
+    cv_.wait(lock, [&] { return done(); });
   }
   std::span<const LoadResult> load_results() const {
     wait();
@@ -59,14 +59,14 @@ struct TierTicket::State {
     std::lock_guard lock(mu_);
     if (slot != R::pending) return;  // a page finishes once
     slot = r;
-    if (--remaining_ == 0) cv_.notify_all();
+    if (remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1) cv_.notify_all();
   }
 
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
   std::vector<LoadResult> loads_;
   std::vector<StoreResult> stores_;
-  std::size_t remaining_ = 0;
+  std::atomic<std::size_t> remaining_{0};
 };
 
 }  // namespace kvcache

@@ -1,5 +1,6 @@
 #include "tier/workers.h"
 
+#include <algorithm>
 #include <string>
 
 #include "kvcache/error.h"
@@ -52,6 +53,24 @@ void TierWorkers::post(std::function<void()> job) {
   cv_.notify_one();
 }
 
+void TierWorkers::post_range(std::size_t n,
+                             const std::function<void(std::size_t, std::size_t)>& job) {
+  if (n == 0) return;
+  if (threads_.empty()) {
+    run_guarded([&] { job(0, n); });
+    return;
+  }
+  const std::size_t parts = std::min(n, threads_.size());
+  {
+    std::lock_guard lock(mu_);
+    for (std::size_t p = 0; p < parts; ++p) {
+      const std::size_t begin = n * p / parts, end = n * (p + 1) / parts;
+      jobs_.push_back([job, begin, end] { job(begin, end); });
+    }
+  }
+  cv_.notify_one();  // that thread wakes the next if jobs are left (run)
+}
+
 void TierWorkers::run() {
   std::unique_lock lock(mu_);
   for (;;) {
@@ -59,7 +78,9 @@ void TierWorkers::run() {
     if (jobs_.empty()) return;  // stopping, and nothing left
     std::function<void()> job = std::move(jobs_.front());
     jobs_.pop_front();
+    const bool more = !jobs_.empty();
     lock.unlock();
+    if (more) cv_.notify_one();  // post_range woke one thread: pass the rest on
     run_guarded(job);
     lock.lock();
   }

@@ -1,7 +1,10 @@
 // TierWorkers: a tier's own I/O threads, a FIFO of jobs.
 //
-// post() queues a job; one of the threads runs it. With 0 threads post()
-// runs the job at once in the caller's thread (a synchronous tier). The
+// post() queues a job; one of the threads runs it. post_range(n, job) queues
+// job(begin, end) over [0, n) cut into at most threads() contiguous ranges,
+// under one lock, waking one thread, which wakes the next while jobs are left
+// (a tier's store or load of n pages costs its caller one wake-up, not n). With 0 threads both run
+// the work at once in the caller's thread (a synchronous tier). The
 // destructor runs every job still queued (jobs may post more), then joins:
 // a tier destroys its workers first, so every page it accepted finishes.
 // Jobs must not throw (an exception escaping one is swallowed).
@@ -25,6 +28,7 @@ class TierWorkers {
   TierWorkers& operator=(const TierWorkers&) = delete;
 
   void post(std::function<void()> job);
+  void post_range(std::size_t n, const std::function<void(std::size_t, std::size_t)>& job);
   std::size_t threads() const { return threads_.size(); }
 
  private:

@@ -119,6 +119,7 @@ TierTicket WriteThroughTier::load(std::span<const PageRead> pages) {
 }
 
 TierStats WriteThroughTier::stats() const { return impl_->near->stats(); }
+void WriteThroughTier::take_evicted(std::vector<PageKey>& out) { impl_->near->take_evicted(out); }
 
 const std::shared_ptr<Tier>& WriteThroughTier::near() const { return impl_->near; }
 const std::shared_ptr<Tier>& WriteThroughTier::far() const { return impl_->far; }

@@ -215,7 +215,7 @@ TEST(Metrics, RefusesPrefixesThatAreNotNames) {
 TEST(Metrics, ExpositionCheckerRejectsBadText) {
   const std::string good = "# HELP a_total A.\n# TYPE a_total counter\na_total{x=\"1\"} 3\n";
   EXPECT_EQ(kvtest::exposition_problems(good), "");
-  for (const std::string bad : {
+  for (const std::string& bad : {
            std::string("# HELP a A.\n# TYPE a counter\na 3\n"),  // counter w/o _total
            std::string("# HELP a_total A.\n# TYPE a_total gauge\na_total 3\n"),  // gauge _total
            std::string("a 3\n# HELP a A.\n# TYPE a gauge\n"),                    // sample first

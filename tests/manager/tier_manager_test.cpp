@@ -34,6 +34,8 @@ struct Event {
   std::string medium;
   std::uint64_t hash;
   PageKey key;
+  std::uint32_t page;
+  std::size_t tokens;
 };
 
 // A manager of `pages` pages over one MemoryTier (or the tiers given).
@@ -49,12 +51,18 @@ struct Rig {
     }
     PrefixCacheConfig config;
     config.on_event = [this](const PageEvent& e) {
-      events.push_back({e.kind, std::string(e.medium), e.hash, e.key});
+      events.push_back({e.kind, std::string(e.medium), e.hash, e.key, e.page, e.tokens.size()});
     };
     config.tiers.tiers = std::move(tiers);
     config.tiers.model_id = "model";
     config.tiers.admission = admission;
     m = std::make_unique<PagedKVCacheManager>(params, pages, 4, 64, std::move(config));
+  }
+  std::vector<Event> of(PageEvent::Kind kind, std::string_view medium) const {
+    std::vector<Event> out;
+    for (const Event& e : events)
+      if (e.kind == kind && e.medium == medium) out.push_back(e);
+    return out;
   }
   std::size_t count(PageEvent::Kind kind, std::string_view medium) const {
     std::size_t n = 0;
@@ -285,9 +293,55 @@ TEST_P(TierManager, SecondTierServesWhatTheFirstLacks) {
   second.m->poll_loads();
   expect_holds(*second.m, c, w, 13, 12);
   const ManagerStats st = second.m->stats();
-  EXPECT_EQ(st.tiers[0].lookups, 3u);
+  // The first page's key alone (no tier holding it, the rest is not hashed),
+  // then the run's three keys in one query.
+  EXPECT_EQ(st.tiers[0].lookups, 4u);
   EXPECT_EQ(st.tiers[1].pages_onboarded, 3u);
   second.m->check_invariants();
+}
+
+// A page the tier evicts for room (Tier::take_evicted) reaches the event
+// callback as `removed` with the tier's medium and the page's key.
+TEST(TierManagerEvents, ATierEvictionIsARemovedEventWithItsMediumAndKey) {
+  const KVCacheParams p = tier_params(PoolArrangement::interleaved);
+  auto tier = std::make_shared<MemoryTier>(TierFingerprint::of(p, "model"),
+                                           MemoryTier::Options{.capacity_pages = 2});
+  Rig r(PoolArrangement::interleaved, 4, true, OffloadAdmission::every_page, {tier});
+  std::mt19937 rng(11);
+  write_and_evict(r, iota_tokens(13, 7), rng);  // 3 pages down to a 2-page tier
+  const std::vector<Event> stored = r.of(PageEvent::Kind::stored, "host");
+  const std::vector<Event> removed = r.of(PageEvent::Kind::removed, "host");
+  ASSERT_EQ(stored.size(), 3u);
+  ASSERT_EQ(removed.size(), 1u);
+  EXPECT_EQ(removed[0].key, stored[0].key);  // the tier's oldest page
+  EXPECT_EQ(removed[0].page, 4u);            // the sentinel: no device page
+  EXPECT_EQ(removed[0].hash, 0u);
+  EXPECT_EQ(removed[0].tokens, 0u);
+  EXPECT_EQ(tier->keys().size(), 2u);
+  r.m->check_invariants();
+}
+
+// An eviction on the tier's own time (a deferred tier finishing its stores
+// after the call) is reported at the manager's next call.
+TEST(TierManagerEvents, AnEvictionAfterTheCallIsReportedAtTheNext) {
+  const KVCacheParams p = tier_params(PoolArrangement::interleaved);
+  auto tier = std::make_shared<MemoryTier>(
+      TierFingerprint::of(p, "model"),
+      MemoryTier::Options{.name = "disk", .synchronous = false, .capacity_pages = 1});
+  Rig r(PoolArrangement::interleaved, 4, true, OffloadAdmission::every_page, {tier});
+  std::mt19937 rng(12);
+  write_and_evict(r, iota_tokens(13, 7), rng);
+  EXPECT_EQ(r.count(PageEvent::Kind::removed, "disk"), 0u);
+  EXPECT_EQ(tier->complete_all(), 3u);  // the stores run now: two evictions
+  EXPECT_EQ(r.count(PageEvent::Kind::removed, "disk"), 0u);
+  r.m->poll_loads();
+  const std::vector<Event> stored = r.of(PageEvent::Kind::stored, "disk");
+  const std::vector<Event> removed = r.of(PageEvent::Kind::removed, "disk");
+  ASSERT_EQ(stored.size(), 3u);
+  ASSERT_EQ(removed.size(), 2u);
+  EXPECT_EQ(removed[0].key, stored[0].key);
+  EXPECT_EQ(removed[1].key, stored[1].key);
+  EXPECT_EQ(tier->keys(), std::vector<PageKey>{stored[2].key});
 }
 
 TEST(TierManagerMetrics, PerTierSamplesLabelledWithTheTierName) {

@@ -3,11 +3,14 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <set>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kvcache/kvcache.h"
+#include "tier/memory_tier.h"
 
 namespace kvcache::testing {
 namespace {
@@ -40,11 +43,35 @@ class ByteReader {
 struct ModelSeq {
   std::vector<std::uint32_t> tokens;  // committed token ids; size() is the cache length
   std::vector<std::uint32_t> script;  // the prompt it was matched with: written first
+  std::uint32_t loads_from = 0;       // tiers: the first page match_prefix loads
+};
+
+// The tier below the fourth manager and what its events said. The event
+// callback must not throw: a broken property is kept in `bad` and raised
+// after the op.
+struct TierWatch {
+  std::shared_ptr<MemoryTier> tier;
+  std::uint32_t sentinel = 0;  // the pool's page count: the page of a tier eviction event
+  std::set<std::pair<std::uint64_t, std::uint64_t>> stored;  // keys a tier event stored
+  std::uint64_t evictions = 0;                               // tier evictions reported
+  std::string bad;
+
+  void on_event(const PageEvent& e) {
+    if (e.medium == "device") return;
+    const std::pair key{e.key.hi, e.key.lo};
+    if (e.kind == PageEvent::Kind::stored) {
+      stored.insert(key);
+    } else if (e.page == sentinel) {  // the tier evicted it for room
+      ++evictions;
+      if (stored.count(key) == 0 && bad.empty()) bad = "a tier evicted a page never stored";
+    }
+  }
 };
 
 class Driver {
  public:
-  explicit Driver(std::unique_ptr<KVCacheManager> m) : m_(std::move(m)) {
+  explicit Driver(std::unique_ptr<KVCacheManager> m, TierWatch* tiers = nullptr)
+      : m_(std::move(m)), tiers_(tiers) {
     if (m_->params().enable_prefix_caching) prefix_ = static_cast<PagedKVCacheManager*>(m_.get());
     const KVCacheParams& p = m_->params();
     const std::uint32_t page_size =
@@ -53,9 +80,16 @@ class Driver {
     mirror_.assign(block_elements_ * m_->total_blocks(), 0.0f);
   }
 
+  // A deferred tier must finish its tickets before the manager goes: the
+  // manager's destructor waits for them (also when a property broke).
+  ~Driver() {
+    if (tiers_ != nullptr) tiers_->tier->complete_all();
+  }
+
   void run(ByteReader& in) {
+    const std::uint8_t ops = tiers_ != nullptr ? 14 : prefix_ != nullptr ? 11 : 8;
     while (!in.done()) {
-      const std::uint8_t op = in.next() % (prefix_ != nullptr ? 11 : 8);
+      const std::uint8_t op = in.next() % ops;
       const ManagerSnapshot before = m_->snapshot();
       bool threw = false;
       try {
@@ -65,10 +99,13 @@ class Driver {
       }
       if (threw && m_->snapshot() != before)
         fail("a failing op " + std::to_string(op) + " changed state");
+      if (tiers_ != nullptr) finish_loads();
       m_->check_invariants();
       verify();
     }
+    if (tiers_ != nullptr) drain_tiers();
     for (const auto& [id, s] : model_) m_->release(id);
+    if (tiers_ != nullptr) drain_tiers();  // loads of released sequences keep their pages
     m_->check_invariants();
     if (prefix_ != nullptr) prefix_->reset_prefix_cache();  // cached pages go back to the free list
     if (m_->free_blocks() != m_->total_blocks()) fail("blocks leaked after releasing everything");
@@ -121,6 +158,20 @@ class Driver {
       case 10:
         truncate(pick(in), in.next() % 24);
         break;
+      case 11:
+        prefix_->poll_loads();
+        break;
+      case 12:
+        tier_event(in.next());
+        break;
+      case 13:
+        tiers_->tier->complete_all();  // a deferred tier finishes only when told
+        if (in.next() % 2 == 0) {
+          prefix_->wait_tiers();
+        } else {
+          prefix_->wait_loads(pick(in));
+        }
+        break;
       default: {  // zero steps / empty batch
         const std::vector<SeqId> ids{pick(in)};
         if (in.next() % 2) m_->fetch(ids, std::vector<std::uint32_t>{1}, 0);
@@ -142,10 +193,89 @@ class Driver {
     std::vector<std::uint32_t> prompt;
     const std::uint32_t shared = in.next() % 4, len = 1 + in.next() % 30;
     for (std::uint32_t i = 0; i < len; ++i) prompt.push_back(i < 20 ? shared * 100 + i : in.next());
+    const std::uint64_t hits_before = prefix_->metrics().reused_tokens;
     const std::uint32_t reused = prefix_->match_prefix(id, prompt);
     if (reused >= prompt.size()) fail("match_prefix left no prompt token to compute");
     model_[id].tokens.assign(prompt.begin(), prompt.begin() + reused);
     model_[id].script = prompt;
+    if (tiers_ == nullptr) return;
+    // Device hits count at once, loaded pages when their loads finish.
+    const std::uint64_t device = prefix_->metrics().reused_tokens - hits_before;
+    model_[id].loads_from = static_cast<std::uint32_t>(device / m_->params().page_size);
+    if (prefix_->has_pending_loads(id)) {
+      loading_.insert(id);
+    } else if (device != reused) {
+      fail("match_prefix counted loads but none is pending");
+    }
+  }
+
+  // ---- tiers (the fourth manager)
+  // A fault or a completion in the tier.
+  void tier_event(std::uint8_t x) {
+    MemoryTier& t = *tiers_->tier;
+    const std::vector<PageKey> keys = t.keys();
+    switch (x % 5) {
+      case 0:
+      case 1:
+        t.complete_all();
+        break;
+      case 2:
+        t.fail_loads(1 + x / 5 % 2);
+        break;
+      case 3:
+        if (!keys.empty()) t.corrupt(keys[x / 5 % keys.size()]);
+        break;
+      default:
+        if (!keys.empty()) t.drop(keys[x / 5 % keys.size()]);
+    }
+  }
+
+  // Sequences whose loads the manager finished: the model learns how much
+  // loaded (a failed page ends the hit there) and, as a pool kept apart
+  // would, the mirror receives the loaded pages; verify() then checks their
+  // K/V against the prompt's values.
+  void finish_loads() {
+    if (!tiers_->bad.empty()) fail(tiers_->bad);
+    for (auto it = loading_.begin(); it != loading_.end();) {
+      const SeqId id = *it;
+      if (model_.count(id) != 0 && prefix_->has_pending_loads(id)) {
+        const std::uint32_t one = 1;
+        try {
+          m_->fetch(std::span(&id, 1), std::span(&one, 1));
+          fail("a fetch of a sequence with pending loads was accepted");
+        } catch (const InvalidArgument&) {
+        }
+        ++it;
+        continue;
+      }
+      if (model_.count(id) != 0) loaded(id);
+      it = loading_.erase(it);
+    }
+  }
+
+  void loaded(SeqId id) {
+    ModelSeq& s = model_.at(id);
+    const std::uint32_t length = m_->cache_length(id);
+    if (length > s.tokens.size()) fail("finishing loads grew a sequence");
+    s.tokens.resize(length);
+    const std::uint32_t ps = m_->params().page_size;
+    const KVCacheBatch batch = m_->fetch(std::span(&id, 1), std::vector<std::uint32_t>{0});
+    const float* pool = static_cast<const float*>(batch.blocks());
+    for (std::uint32_t j = s.loads_from; j < length / ps; ++j) {
+      const std::size_t block = batch.lookup_table()[j];
+      std::copy_n(pool + block * block_elements_, block_elements_,
+                  mirror_.begin() + block * block_elements_);
+    }
+  }
+
+  // Every ticket finished, every load finished, every eviction reported.
+  void drain_tiers() {
+    tiers_->tier->complete_all();
+    prefix_->wait_tiers();
+    finish_loads();
+    if (tiers_->evictions != tiers_->tier->stats().evictions)
+      fail("tier evictions reported " + std::to_string(tiers_->evictions) + " of " +
+           std::to_string(tiers_->tier->stats().evictions));
   }
 
   void fork(SeqId parent) {
@@ -255,8 +385,9 @@ class Driver {
     std::vector<SeqId> ids;
     for (const auto& [id, s] : model_) {
       if (m_->cache_length(id) != s.tokens.size()) fail("cache_length differs from model");
-      ids.push_back(id);
+      if (loading_.count(id) == 0) ids.push_back(id);  // pending loads: refused (finish_loads)
     }
+    if (ids.empty()) return;
     // A zero-token fetch reserves nothing new: read committed tokens through it.
     KVCacheBatch batch = m_->fetch(ids, std::vector<std::uint32_t>(ids.size(), 0));
     auto check = [&](auto coll) {
@@ -294,6 +425,8 @@ class Driver {
   std::vector<float> mirror_;
   std::map<SeqId, ModelSeq> model_;
   std::vector<SeqId> released_;
+  TierWatch* tiers_ = nullptr;  // the fourth manager's tier
+  std::set<SeqId> loading_;     // sequences match_prefix left with pending loads
 };
 
 KVCacheParams params(CacheStrategy s) {
@@ -306,9 +439,40 @@ KVCacheParams params(CacheStrategy s) {
   return p;
 }
 
+// A prefix-caching manager of 16 pages over a 16-page MemoryTier (completing
+// at once, or only when an op tells it to): a pool small enough that pages
+// go down and come back.
+void run_with_tier(std::span<const std::uint8_t> bytes, bool synchronous,
+                   ManagerOpsFigures& figures) {
+  KVCacheParams p = params(CacheStrategy::paged);
+  p.enable_prefix_caching = true;
+  constexpr std::uint32_t kPages = 16;
+  TierWatch watch;
+  watch.sentinel = kPages;
+  watch.tier = std::make_shared<MemoryTier>(
+      TierFingerprint::of(p, "ops"),
+      MemoryTier::Options{.synchronous = synchronous, .capacity_pages = 16});
+  PrefixCacheConfig config;
+  config.on_event = [&watch](const PageEvent& e) { watch.on_event(e); };
+  config.tiers.tiers = {watch.tier};
+  config.tiers.model_id = "ops";
+  config.tiers.staging_pages = 6;  // small: some write-backs are dropped
+  ByteReader in(bytes);
+  {
+    Driver(std::make_unique<PagedKVCacheManager>(p, kPages, kMaxBatch, kMaxSeq, config), &watch)
+        .run(in);
+  }
+  const TierStats s = watch.tier->stats();
+  figures.pages_stored += s.pages_stored;
+  figures.pages_loaded += s.pages_loaded;
+  figures.tier_evictions += watch.evictions;
+  figures.load_faults += s.io_errors + s.corrupt;
+}
+
 }  // namespace
 
-void run_manager_ops(std::span<const std::uint8_t> bytes) {
+ManagerOpsFigures run_manager_ops(std::span<const std::uint8_t> bytes) {
+  ManagerOpsFigures figures;
   {
     ByteReader in(bytes);
     Driver(std::make_unique<ContinuousBatchingKVCacheManager>(params(CacheStrategy::continuous),
@@ -327,6 +491,8 @@ void run_manager_ops(std::span<const std::uint8_t> bytes) {
     p.enable_prefix_caching = true;
     Driver(std::make_unique<PagedKVCacheManager>(p, 24, kMaxBatch, kMaxSeq)).run(in);
   }
+  for (const bool synchronous : {true, false}) run_with_tier(bytes, synchronous, figures);
+  return figures;
 }
 
 }  // namespace kvcache::testing

@@ -43,7 +43,9 @@ TEST(ConversationTrace, TimeOrderedAndEveryRequestFitsItsBlocks) {
     o.requests = 300;
     const auto trace = generate_conversation_trace(o);
     for (std::size_t i = 0; i < trace.size(); ++i) {
-      if (i > 0) EXPECT_GE(trace[i].timestamp_ms, trace[i - 1].timestamp_ms) << shape;
+      if (i > 0) {
+        EXPECT_GE(trace[i].timestamp_ms, trace[i - 1].timestamp_ms) << shape;
+      }
       EXPECT_LE(trace[i].input_length, o.max_context_tokens) << shape;
       EXPECT_NO_THROW((void)request_tokens(trace[i])) << shape << " request " << i;
     }

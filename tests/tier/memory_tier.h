@@ -12,7 +12,8 @@
 // demand: fail_loads(n) fails the next n loaded pages (I/O error),
 // corrupt(key) damages a held value's bytes, drop(key) forgets a value,
 // set_enabled(false) disables the tier. capacity_pages bounds the pages held
-// (oldest stored first out). Thread-safe (one mutex).
+// (oldest stored first out; take_evicted reports them). Thread-safe (one
+// mutex, and the eviction log's own).
 #pragma once
 
 #define XXH_INLINE_ALL
@@ -29,6 +30,7 @@
 
 #include "kvcache/error.h"
 #include "kvcache/tier.h"
+#include "tier/eviction_log.h"
 #include "tier/ticket_state.h"
 
 namespace kvcache::testing {
@@ -95,6 +97,8 @@ class MemoryTier final : public Tier {
     s.enabled = enabled_;
     return s;
   }
+
+  void take_evicted(std::vector<PageKey>& out) override { evicted_.take(out); }
 
   // ---- test controls
   // Performs every queued store and load, in order; returns how many.
@@ -187,6 +191,7 @@ class MemoryTier final : public Tier {
     }
     while (values_.size() >= opt_.capacity_pages) {
       values_.erase(order_.front());
+      evicted_.record(order_.front());
       order_.pop_front();
       ++stats_.evictions;
     }
@@ -245,6 +250,7 @@ class MemoryTier final : public Tier {
   std::deque<PageKey> order_;  // store order: the oldest goes first when full
   std::deque<Op> queue_;       // deferred mode
   TierStats stats_;
+  tier::EvictionLog evicted_;
   std::size_t fail_loads_ = 0;
   bool enabled_ = true;
 };

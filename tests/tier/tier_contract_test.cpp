@@ -175,6 +175,35 @@ TEST_P(TierContract, CapacityEvictsLeastRecentlyUsed) {
   EXPECT_EQ(rb.bytes[0], p.bytes[5]);
 }
 
+// take_evicted: the keys evicted for room, oldest first, each reported once;
+// a duplicate store or a load is not an eviction.
+TEST_P(TierContract, EvictionsAreReportedOnceOldestFirst) {
+  auto tier = make(2);
+  const Pages p(tier->fingerprint(), 5, 9);
+  std::vector<PageKey> out;
+  tier->take_evicted(out);
+  EXPECT_TRUE(out.empty());
+  for (std::size_t i = 0; i < 2; ++i) {
+    const auto w = p.writes(i, i + 1);
+    tier->store(w).wait();
+    tier->store(w).wait();  // present: nothing evicted
+  }
+  ReadBuffers rb(p, 1, 2);
+  tier->load(rb.reads).wait();  // page 1 becomes the most recent
+  tier->take_evicted(out);
+  EXPECT_TRUE(out.empty());
+  for (std::size_t i = 2; i < 5; ++i) {
+    const auto w = p.writes(i, i + 1);
+    tier->store(w).wait();
+  }
+  tier->take_evicted(out);
+  EXPECT_EQ(out, (std::vector<PageKey>{p.keys[0], p.keys[1], p.keys[2]}));
+  EXPECT_EQ(tier->stats().evictions, 3u);
+  out.assign(1, p.keys[4]);  // appended to what `out` holds
+  tier->take_evicted(out);
+  EXPECT_EQ(out, std::vector<PageKey>{p.keys[4]});
+}
+
 TEST_P(TierContract, CapacityBelowOnePageRejects) {
   auto tier = make(0);
   const Pages p(tier->fingerprint(), 1, 6);

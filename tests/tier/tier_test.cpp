@@ -2,12 +2,15 @@
 // and tickets.
 #include "kvcache/tier.h"
 
+#define XXH_INLINE_ALL
 #include <gtest/gtest.h>
+#include <xxhash.h>
 
 #include <thread>
 #include <vector>
 
 #include "kvcache/error.h"
+#include "tier/eviction_log.h"
 #include "tier/ticket_state.h"
 
 namespace kvcache {
@@ -65,6 +68,49 @@ TEST(PageKeyTest, ChainsOverParentTokensAndNamespace) {
   EXPECT_NE(page_key({}, t1, 8), k1);
   EXPECT_NE(page_key(k1, t1, 7), k1);
   EXPECT_NE(page_key(k1, t1, 7), page_key(page_key({}, t2, 7), t1, 7));
+}
+
+// The definition (tier.h, docs/tiers.md): XXH3-128 seeded by the digest over
+// the parent's 16 bytes {hi, lo} then the token ids, streamed. Keys live on
+// disk across restarts, so page_key must give exactly these values whatever
+// path it takes (one call up to 1024 tokens, a stream beyond).
+PageKey streamed_key(PageKey parent, std::span<const std::uint32_t> tokens, std::uint64_t digest) {
+  XXH3_state_t state;
+  XXH3_INITSTATE(&state);
+  XXH3_128bits_reset_withSeed(&state, digest);
+  const std::uint64_t head[2] = {parent.hi, parent.lo};
+  XXH3_128bits_update(&state, head, sizeof head);
+  XXH3_128bits_update(&state, tokens.data(), tokens.size_bytes());
+  const XXH128_hash_t h = XXH3_128bits_digest(&state);
+  return {h.high64, h.low64};
+}
+
+TEST(PageKeyTest, EqualsTheStreamedDefinitionAtEverySize) {
+  const PageKey parent{0x0123456789abcdefull, 42};
+  for (std::size_t n : {0, 1, 3, 16, 60, 61, 512, 1023, 1024, 1025, 4096}) {
+    std::vector<std::uint32_t> t(n);
+    for (std::size_t i = 0; i < n; ++i) t[i] = static_cast<std::uint32_t>(i * 2654435761u);
+    EXPECT_EQ(page_key(parent, t, 99), streamed_key(parent, t, 99)) << n << " tokens";
+    EXPECT_EQ(page_key({}, t, 7), streamed_key({}, t, 7)) << n << " tokens";
+  }
+}
+
+TEST(EvictionLogTest, KeepsTheNewestReportsOldestFirst) {
+  tier::EvictionLog log;
+  std::vector<PageKey> out;
+  log.take(out);
+  EXPECT_TRUE(out.empty());
+  const std::size_t n = Tier::kEvictionReports + 3;
+  for (std::size_t i = 0; i < n; ++i) log.record({i, i});
+  log.take(out);
+  ASSERT_EQ(out.size(), Tier::kEvictionReports);
+  EXPECT_EQ(out.front(), (PageKey{3, 3}));  // the 3 oldest gave way
+  EXPECT_EQ(out.back(), (PageKey{n - 1, n - 1}));
+  EXPECT_EQ(log.lost(), 3u);
+  out.clear();
+  log.record({7, 7});
+  log.take(out);
+  EXPECT_EQ(out, (std::vector<PageKey>{PageKey{7, 7}}));
 }
 
 TEST(TierTicketTest, DoneWhenEveryPageFinishedOnce) {

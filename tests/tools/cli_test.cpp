@@ -209,9 +209,10 @@ TEST(CliReplay, TiersAddEachMediumsColumnsToTheCsv) {
   const std::string ttft = ",ttft_ms_without_cache,ttft_ms_with_cache";
   EXPECT_EQ(header.rfind(ttft), header.size() - ttft.size());
   EXPECT_NE(row.find(",0.500000,0.100000,1,3,12288,1,4096,"), std::string::npos) << row;  // host
-  KV_EXPECT_THROW(run_replays(trace, ReplayOptions{.tiers = {.disk_dir = "/tmp/kvcache-no"}},
-                              {"lru"}, {1024, 2048}),
-                  InvalidArgument, "takes one run, not 2");
+  ReplayOptions disk_options;
+  disk_options.tiers.disk_dir = "/tmp/kvcache-no";
+  KV_EXPECT_THROW(run_replays(trace, disk_options, {"lru"}, {1024, 2048}), InvalidArgument,
+                  "takes one run, not 2");
 }
 
 TEST(CliPlot, ShortCounts) {
