@@ -42,6 +42,7 @@
 #include "element.cuh"
 #include "kvcache/cuda/kernels.h"
 #include "kvcache/kernels/rope.h"
+#include "row_search.cuh"
 #include "store_q8.h"
 #include "validate.h"
 
@@ -82,21 +83,6 @@ struct StoreParams {
   std::uint32_t slots_per_warp;  // contiguous slots per warp
   float inv_freq[kMaxPairs];     // RoPE: the host's rope_inv_freqs
 };
-
-// The entry owning global row r: the last b with row_offsets[b] <= r.
-__device__ std::uint32_t entry_of_row(const std::uint32_t* row_offsets, std::uint32_t batch,
-                                      std::uint32_t r) {
-  std::uint32_t lo = 0, hi = batch;  // answer in [lo, hi)
-  while (hi - lo > 1) {
-    const std::uint32_t mid = (lo + hi) / 2;
-    if (row_offsets[mid] <= r) {
-      lo = mid;
-    } else {
-      hi = mid;
-    }
-  }
-  return lo;
-}
 
 template <int W>
 struct Vec {

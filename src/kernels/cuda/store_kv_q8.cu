@@ -27,6 +27,7 @@
 #include "element.cuh"
 #include "kvcache/cuda/kernels.h"
 #include "kvcache/kernels/rope.h"
+#include "row_search.cuh"
 #include "store_q8.h"
 #include "validate.h"
 
@@ -61,20 +62,6 @@ struct Q8StoreParams {
   std::uint32_t half;  // RoPE: rotary_dim / 2; 0 without
   float inv_freq[kMaxPairs];
 };
-
-__device__ std::uint32_t entry_of(const std::uint32_t* row_offsets, std::uint32_t batch,
-                                  std::uint32_t r) {
-  std::uint32_t lo = 0, hi = batch;
-  while (hi - lo > 1) {
-    const std::uint32_t mid = (lo + hi) / 2;
-    if (row_offsets[mid] <= r) {
-      lo = mid;
-    } else {
-      hi = mid;
-    }
-  }
-  return lo;
-}
 
 __device__ float warp_absmax(float x) {
   for (int o = 16; o > 0; o /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
@@ -114,7 +101,7 @@ __global__ void __launch_bounds__(kThreads)
        u += warps) {
     const auto r = static_cast<std::uint32_t>(u / p.n_kv);
     const auto h = static_cast<std::uint32_t>(u % p.n_kv);
-    const std::uint32_t b = entry_of(p.row_offsets, p.batch, r);
+    const std::uint32_t b = entry_of_row(p.row_offsets, p.batch, r);
     const std::uint32_t pos = p.cache_lengths[b] + (r - p.row_offsets[b]);
     const std::uint32_t block = p.lookup[std::size_t{b} * p.lookup_stride + pos / p.page_size];
     const std::size_t at =
