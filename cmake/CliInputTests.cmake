@@ -215,5 +215,7 @@ kvcache_cli_refuses(replay_disk_dir_sweep "takes one run, not 2"
   replay --trace ${_tier_trace} --sequential --disk-dir /tmp/kvcache-never-made --capacity 1K,2K)
 kvcache_cli_refuses(replay_belady_tiers "replays no tiers"
   replay --trace ${_tier_trace} --sequential --host-capacity 1K --policy belady)
+kvcache_cli_refuses(replay_admission_unknown "--admission 'sometimes' is not every_page or reused"
+  replay --trace ${_tier_trace} --sequential --host-capacity 1K --admission sometimes)
 kvcache_cli_refuses(replay_disk_gbps_0 "disk_bytes_per_s 0"
   replay --trace ${_tier_trace} --sequential --disk-gbps 0)

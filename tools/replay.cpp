@@ -193,6 +193,7 @@ struct ReplayArgs {
   std::string host_capacity;  // empty: no host tier
   std::string disk_dir;       // empty: no disk tier
   std::string disk_capacity;  // empty: unlimited
+  std::string admission = "every_page";
   double prefill_tflops = TtftModel{}.flops_per_s / 1e12;
   double host_gbps = TtftModel{}.host_bytes_per_s / 1e9;
   double disk_gbps = TtftModel{}.disk_bytes_per_s / 1e9;
@@ -217,6 +218,10 @@ ReplayTiers tier_options(const ReplayArgs& a) {
   }
   t.disk_dir = a.disk_dir;
   if (!a.disk_capacity.empty()) t.disk_capacity_tokens = engine::parse_token_count(a.disk_capacity);
+  if (a.admission != "every_page" && a.admission != "reused") {
+    throw InvalidArgument("--admission '" + a.admission + "' is not every_page or reused");
+  }
+  t.admission = a.admission == "reused" ? OffloadAdmission::reused : OffloadAdmission::every_page;
   return t;
 }
 
@@ -256,7 +261,8 @@ nlohmann::json to_json(const ReplayArgs& a, const ReplayRun& run) {
                       {"tiers",
                        {{"host_capacity_tokens", t.host_capacity_tokens},
                         {"disk_dir", t.disk_dir},
-                        {"disk_capacity_tokens", t.disk_capacity_tokens}}},
+                        {"disk_capacity_tokens", t.disk_capacity_tokens},
+                        {"admission", a.admission}}},
                       {"tier_wait_ns_per_request",
                        r.requests == 0 ? 0.0 : double(r.tier_wait_ns) / double(r.requests)}};
   j.update(media_json(r, ttft_model(a)));
@@ -454,6 +460,10 @@ void add_replay_command(CLI::App& app) {
   cmd->add_option("--disk-capacity", args->disk_capacity,
                   "The disk tier's capacity in tokens; 0 or 'unlimited' (the default): as many "
                   "pages as the disk holds (a replay page of 512 tokens takes 8 KiB on disk)");
+  cmd->add_option("--admission", args->admission,
+                  "Which pages the device pool evicts go down to the first tier: every_page, or "
+                  "reused (only pages a later request attached again)")
+      ->capture_default_str();
   cmd->add_option("--prefill-tflops", args->prefill_tflops,
                   "TTFT model: prefill rate in TFLOP/s, at 2 x 8.03e9 FLOP a token (Llama-3-8B, "
                   "attention term left out); 400 = an H100 at 40 % of its dense bf16 peak")

@@ -62,6 +62,7 @@ ReplayTierSet open_tiers(const KVCacheParams& params, const ReplayTiers& t,
   if (disk != nullptr) set.config.tiers.push_back(disk);
   set.config.model_id = kReplayModelId;
   set.config.staging_pages = staging_pages;
+  set.config.admission = t.admission;
   return set;
 }
 

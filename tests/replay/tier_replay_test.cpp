@@ -64,6 +64,19 @@ TEST(TierReplay, HostLargeEnoughServesTheSecondA) {
   }
 }
 
+// Admission `reused`: only C, which the second C attached again, goes down
+// when the second A evicts it; A and B never do, so the second A misses.
+TEST(TierReplay, ReusedAdmissionWritesBackOnlyReusedPages) {
+  ReplayOptions o = two_pages(true);
+  o.tiers.host_capacity_tokens = 2 * 512;
+  o.tiers.admission = OffloadAdmission::reused;
+  const ReplayResult r = replay_trace(abcca(), o);
+  EXPECT_EQ(r.blocks_hit, 1u);
+  expect_media(r, {1, 0});
+  EXPECT_EQ(r.media[1].pages_stored, 1u);
+  EXPECT_EQ(r.media[1].pages_loaded, 0u);
+}
+
 TEST(TierReplay, WithoutTiersOnlyTheDeviceHits) {
   const ReplayResult r = replay_trace(abcca(), two_pages(true));
   EXPECT_EQ(r.blocks_hit, 1u);

@@ -60,6 +60,9 @@ struct ReplayTiers {
   // 0: unlimited (DiskTier::kUnlimited: as many pages as the disk holds);
   // else at least one page. Only with disk_dir.
   std::uint64_t disk_capacity_tokens = 0;
+  // Which evicted pages go down to the first tier (PrefixCacheConfig's
+  // TierConfig::admission): every page, or only pages reused at least once.
+  OffloadAdmission admission = OffloadAdmission::every_page;
   bool any() const { return host_capacity_tokens > 0 || !disk_dir.empty(); }
 };
 
