@@ -23,6 +23,7 @@
 // Plain value types; no thread-safety concerns of their own.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -126,6 +127,16 @@ struct TierConfig {
   // eviction that finds every slot busy skips the write-back (counted as
   // offload_dropped); it never waits. In [1, 65536].
   std::uint32_t staging_pages = 16;
+  // Write-backs go to the first tier in batches: staged pages wait until
+  // offload_batch of them are staged (at most half the staging slots,
+  // rounded up), until the oldest has waited offload_delay (looked at by
+  // every manager call), or until wait_tiers or destruction, then go in one
+  // store(). A page waiting in staging is not found by match_prefix (as a
+  // page being stored is not). offload_batch in [1, 65536] (1, or an
+  // offload_delay of 0: every call's evictions go at once); offload_delay
+  // in [0, 1 s].
+  std::uint32_t offload_batch = 32;
+  std::chrono::microseconds offload_delay{1000};
   // The K/V live in a pool the caller owns (e.g. a GPU pool with the same
   // shape and page ids: kvcache/cuda/device_collection.h); the manager's own
   // pool is only a host bounce buffer for loads. Write-back and onboarding

@@ -210,6 +210,7 @@ void PagedKVCacheManager::wait_tiers() {
   Impl& im = *impl_;
   std::unique_lock lock(im.mu);
   if (!im.tiered()) return;
+  im.link->flush(true);  // what is staged goes down now
   const std::vector<TierTicket> tickets = im.link->tickets_in_flight();
   lock.unlock();
   for (const TierTicket& t : tickets) t.wait();

@@ -130,6 +130,16 @@ void TierLink::check(const KVCacheParams& params, const TierConfig& config) {
     throw InvalidArgument("tiers.staging_pages is " + str(config.staging_pages) +
                           ": it must be in [1, 65536]");
   }
+  if (config.offload_batch == 0 || config.offload_batch > 65536) {
+    throw InvalidArgument("tiers.offload_batch is " + str(config.offload_batch) +
+                          ": it must be in [1, 65536]");
+  }
+  if (config.offload_delay < std::chrono::microseconds{0} ||
+      config.offload_delay > std::chrono::seconds{1}) {
+    throw InvalidArgument("tiers.offload_delay is " +
+                          std::to_string(config.offload_delay.count()) +
+                          " us: it must be in [0, 1000000]");
+  }
   const TierFingerprint want = TierFingerprint::of(params, config.model_id, config.cache_salt);
   for (std::size_t i = 0; i < config.tiers.size(); ++i) {
     if (config.tiers[i] == nullptr) throw InvalidArgument("tiers[" + str(i) + "] is null");
@@ -157,6 +167,10 @@ TierLink::TierLink(const KVCacheParams& params, std::uint32_t num_pages, std::by
       digest_(fingerprint_digest_),
       page_size_(params.page_size),
       admission_(config.admission),
+      batch_(config.offload_delay.count() == 0
+                 ? 1
+                 : std::min(config.offload_batch, (config.staging_pages + 1) / 2)),
+      delay_(config.offload_delay),
       bytes_(params, arena, num_pages),
       on_event_(std::move(on_event)),
       slots_(config.staging_pages),
@@ -166,7 +180,6 @@ TierLink::TierLink(const KVCacheParams& params, std::uint32_t num_pages, std::by
   for (const auto& t : tiers_) names_.emplace_back(t->name());
   free_slots_.reserve(slots_.size());
   staged_.reserve(slots_.size());
-  ask_.reserve(slots_.size());
   for (std::uint32_t i = 0; i < slots_.size(); ++i) {
     slots_[i].bytes.resize(bytes_.page_bytes());
     slots_[i].tokens.resize(page_size_);
@@ -182,6 +195,7 @@ TierLink::TierLink(const KVCacheParams& params, std::uint32_t num_pages, std::by
 }
 
 TierLink::~TierLink() {
+  flush(true);  // what is staged goes down (a disk tier keeps it across restarts)
   for (const StoreBatch& b : stores_) b.ticket.wait();
   for (const LoadJob& j : jobs_)
     for (const TierTicket& t : j.tickets) t.wait();
@@ -212,8 +226,8 @@ void TierLink::stage(const prefix::PrefixStore& store, std::uint32_t page) noexc
   if (admission_ == OffloadAdmission::reused && !reused) return;
   const PageKey key = store.key_of(page);
   // A page that was attached again may have come back from the tier, which
-  // then still holds it: ask now and skip the copy. Others are asked at
-  // flush, all in one contains().
+  // then still holds it: ask now and skip the copy. Another the tier skips
+  // itself (StoreResult::present), if it holds it at all.
   if (reused && held_by_first(key)) return;
   if (free_slots_.empty()) reap(true);
   if (free_slots_.empty()) {
@@ -233,8 +247,12 @@ void TierLink::stage(const prefix::PrefixStore& store, std::uint32_t page) noexc
   s.parent_hash = store.parent_hash_of(page);
   s.extra_key = store.extra_key_of(page);
   s.key = key;
-  s.asked = reused;
-  (from_host ? staged_ : awaiting_).push_back(i);  // capacity: every slot
+  if (!from_host) {
+    awaiting_.push_back(i);  // capacity: every slot
+    return;
+  }
+  if (staged_.empty()) staged_since_ = std::chrono::steady_clock::now();
+  staged_.push_back(i);  // capacity: every slot
 }
 
 bool TierLink::held_by_first(const PageKey& key) noexcept {
@@ -245,31 +263,14 @@ bool TierLink::held_by_first(const PageKey& key) noexcept {
   }
 }
 
-void TierLink::drop_held_staged() noexcept {
-  ask_.clear();
-  for (std::uint32_t i : staged_)
-    if (!slots_[i].asked) ask_.push_back(slots_[i].key);  // capacity: every slot
-  if (ask_.empty()) return;
-  std::vector<std::uint8_t> held;
-  try {
-    held = tiers_.front()->contains(ask_);
-  } catch (...) {
-    held.assign(ask_.size(), 1);  // the tier could not answer: skip these write-backs
-  }
-  std::size_t k = 0, kept = 0;
-  for (std::uint32_t i : staged_) {
-    if (!slots_[i].asked && k < held.size() && held[k++] != 0) {
-      free_slots_.push_back(i);  // capacity: every slot
-      continue;
-    }
-    staged_[kept++] = i;
-  }
-  staged_.resize(kept);
+bool TierLink::due(bool force) const noexcept {
+  if (staged_.empty()) return false;
+  if (force || staged_.size() >= batch_) return true;
+  return std::chrono::steady_clock::now() - staged_since_ >= delay_;
 }
 
-void TierLink::flush() noexcept {
-  if (!staged_.empty()) drop_held_staged();
-  if (!staged_.empty()) {
+void TierLink::flush(bool force) noexcept {
+  if (due(force)) {
     const std::size_t n = staged_.size();
     try {
       StoreBatch b;

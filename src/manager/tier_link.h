@@ -8,13 +8,15 @@
 // Tier::contains is an in-memory lookup, store and load only enqueue.
 //
 // Write-back: stage() copies an evicted page (packed [2][num_layers][block],
-// PageBytes) and its tokens into a free staging slot; flush() asks the first
-// tier in one contains() which staged pages it holds already (a page that was
-// attached again, which may have come back from the tier, is asked at stage
-// instead, before its copy), hands the others to it in one store() and
-// finishes the store tickets that are done (freeing their slots, emitting the
-// tier's stored events). A page that finds no free slot is dropped (counted),
-// never waited for.
+// PageBytes) and its tokens into a free staging slot (a page that was
+// attached again, which may have come back from the tier, is first asked
+// about in a contains() and skipped when the tier holds it); flush() hands
+// the staged pages to the first tier in one store() once they are due
+// (TierConfig::offload_batch staged, the oldest staged offload_delay ago, or
+// forced) and finishes the store tickets that are done (freeing their slots,
+// emitting the tier's stored events). The tier itself skips a page it holds
+// already (StoreResult::present). A page that finds no free slot is dropped
+// (counted), never waited for.
 //
 // Tier evictions: flush() also drains each tier's take_evicted() (the tier
 // records under a leaf lock of its own; nothing here waits for a tier
@@ -41,6 +43,7 @@
 // in the pool). Not thread-safe: the manager locks.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -134,9 +137,10 @@ class TierLink {
   // ---- write-back
   // Stages a page `store` is evicting (still published) for the first tier.
   void stage(const prefix::PrefixStore& store, std::uint32_t page) noexcept;
-  // Issues the staged pages' store(), finishes the stores that are done and
-  // reports the tiers' own evictions (report_evictions).
-  void flush() noexcept;
+  // Issues the staged pages' store() when they are due (or force), finishes
+  // the stores that are done and reports the tiers' own evictions
+  // (report_evictions).
+  void flush(bool force = false) noexcept;
 
   // ---- onboard
   // For keys in chain order: tier_of[i] = the first tier holding key i; the
@@ -196,7 +200,6 @@ class TierLink {
     std::uint64_t hash = 0, parent_hash = 0, extra_key = 0;
     PageKey key;
     std::uint64_t serial = 0;  // pool apart: the hand_out that gave it to a batch
-    bool asked = false;  // the first tier was asked already (it did not hold the page)
   };
   struct StoreBatch {
     TierTicket ticket;
@@ -211,8 +214,8 @@ class TierLink {
   // first in flight, or (all) every one.
   void reap(bool all) noexcept;
   bool held_by_first(const PageKey& key) noexcept;  // true too when the tier cannot answer
-  // Frees the staged slots of pages the first tier holds (one contains()).
-  void drop_held_staged() noexcept;
+  // Whether the staged pages go to the tier now (see flush).
+  bool due(bool force) const noexcept;
   // With an event callback: a `removed` event (the tier's medium and the
   // page's key; page the sentinel num_pages, hashes 0, no tokens) for every
   // key each tier's take_evicted() reports.
@@ -226,12 +229,14 @@ class TierLink {
   std::uint64_t digest_;  // what keys chain with: fingerprint_digest_, mixed with fp8 scales
   std::uint32_t page_size_;
   OffloadAdmission admission_;
+  std::size_t batch_;                     // staged pages that make a store() due
+  std::chrono::microseconds delay_;       // or the oldest staged this long ago
+  std::chrono::steady_clock::time_point staged_since_;  // when staged_ last became non-empty
   PageBytes bytes_;
   std::function<void(const PageEvent&)> on_event_;
   std::vector<Slot> slots_;
   std::vector<std::uint32_t> free_slots_;  // capacity: every slot
   std::vector<std::uint32_t> staged_;      // capacity: every slot
-  std::vector<PageKey> ask_;               // flush's contains() keys; capacity: every slot
   std::vector<PageKey> evicted_;           // a tier's eviction reports; capacity: kEvictionReports
   std::vector<StoreBatch> stores_;
   std::vector<LoadJob> jobs_;
