@@ -121,10 +121,8 @@ class Subject {
         std::uint64_t{wait_every(a)} * a.batch * pages_per_request(a), 65536));
     const TierFingerprint fp = TierFingerprint::of(p, cfg.tiers.model_id);
     const std::uint64_t cap = kTierPages * fp.page_bytes();
-    HostTierOptions ho;
-    if (const char* e = std::getenv("KVC_LINGER")) ho.linger = std::chrono::microseconds(std::atoi(e));
     if (name_ == "host") {
-      cfg.tiers.tiers = {std::make_shared<HostTier>(fp, cap, ho)};
+      cfg.tiers.tiers = {std::make_shared<HostTier>(fp, cap)};
     } else if (name_ == "null") {
       cfg.tiers.tiers = {std::make_shared<NullTier>(fp)};
     } else if (name_ == "host+disk") {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <ctime>
 #include <string>
 
 #include "core/checked_math.h"
@@ -16,6 +17,14 @@ namespace {
 std::string str(std::uint64_t v) { return std::to_string(v); }
 
 constexpr std::uint8_t kNoTier = 0xff;
+
+// The monotonic clock at its coarse resolution (a few ms; read in ~3 ns,
+// against ~20 for the fine one): every manager call with pages staged asks it.
+std::chrono::nanoseconds coarse_now() noexcept {
+  timespec t{};
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &t);
+  return std::chrono::seconds{t.tv_sec} + std::chrono::nanoseconds{t.tv_nsec};
+}
 
 template <class T>
 void check_field(std::string_view tier, const char* field, const T& have, const T& want) {
@@ -136,8 +145,7 @@ void TierLink::check(const KVCacheParams& params, const TierConfig& config) {
   }
   if (config.offload_delay < std::chrono::microseconds{0} ||
       config.offload_delay > std::chrono::seconds{1}) {
-    throw InvalidArgument("tiers.offload_delay is " +
-                          std::to_string(config.offload_delay.count()) +
+    throw InvalidArgument("tiers.offload_delay is " + std::to_string(config.offload_delay.count()) +
                           " us: it must be in [0, 1000000]");
   }
   const TierFingerprint want = TierFingerprint::of(params, config.model_id, config.cache_salt);
@@ -251,7 +259,7 @@ void TierLink::stage(const prefix::PrefixStore& store, std::uint32_t page) noexc
     awaiting_.push_back(i);  // capacity: every slot
     return;
   }
-  if (staged_.empty()) staged_since_ = std::chrono::steady_clock::now();
+  if (staged_.empty()) staged_since_ = coarse_now();
   staged_.push_back(i);  // capacity: every slot
 }
 
@@ -266,7 +274,7 @@ bool TierLink::held_by_first(const PageKey& key) noexcept {
 bool TierLink::due(bool force) const noexcept {
   if (staged_.empty()) return false;
   if (force || staged_.size() >= batch_) return true;
-  return std::chrono::steady_clock::now() - staged_since_ >= delay_;
+  return coarse_now() - staged_since_ >= delay_;
 }
 
 void TierLink::flush(bool force) noexcept {

@@ -229,9 +229,9 @@ class TierLink {
   std::uint64_t digest_;  // what keys chain with: fingerprint_digest_, mixed with fp8 scales
   std::uint32_t page_size_;
   OffloadAdmission admission_;
-  std::size_t batch_;                     // staged pages that make a store() due
-  std::chrono::microseconds delay_;       // or the oldest staged this long ago
-  std::chrono::steady_clock::time_point staged_since_;  // when staged_ last became non-empty
+  std::size_t batch_;                         // staged pages that make a store() due
+  std::chrono::microseconds delay_;           // or the oldest staged this long ago
+  std::chrono::nanoseconds staged_since_{0};  // coarse clock: when staged_ last became non-empty
   PageBytes bytes_;
   std::function<void(const PageEvent&)> on_event_;
   std::vector<Slot> slots_;

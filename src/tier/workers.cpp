@@ -67,8 +67,7 @@ void TierWorkers::post(std::function<void()> job, Wake wake) {
 }
 
 void TierWorkers::post_range(std::size_t n,
-                             const std::function<void(std::size_t, std::size_t)>& job,
-                             Wake wake) {
+                             const std::function<void(std::size_t, std::size_t)>& job, Wake wake) {
   if (n == 0) return;
   if (threads_.empty()) {
     run_guarded([&] { job(0, n); });

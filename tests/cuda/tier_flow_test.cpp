@@ -37,6 +37,7 @@ class TierFlow : public ::testing::TestWithParam<PoolArrangement> {
     config.tiers.tiers = {tier};
     config.tiers.model_id = "model";
     config.tiers.pool_apart = true;
+    config.tiers.offload_batch = 1;  // each completion's write-backs go at once
     manager = std::make_unique<PagedKVCacheManager>(params, kPages, 4, 256, std::move(config));
     const std::size_t bytes = PagedKVCacheManager::estimated_memory_size(params, kPages);
     pool = DeviceBuffer<BFloat16>(bytes / sizeof(BFloat16));
@@ -172,6 +173,7 @@ TEST(TierTransfers, RefusedArgumentsEnqueueNothing) {
   PrefixCacheConfig config;
   config.tiers.tiers = {std::make_shared<kvcache::testing::MemoryTier>(TierFingerprint::of(p))};
   config.tiers.pool_apart = true;
+  config.tiers.offload_batch = 1;
   PagedKVCacheManager m(p, 2, 2, 64, std::move(config));
   const SeqId s = m.claim(1)[0];
   const auto toks = std::vector<std::uint32_t>(kPage + 1, 3);

@@ -91,6 +91,7 @@ struct ApartRig {
     config.tiers.model_id = "model";
     config.tiers.staging_pages = staging;
     config.tiers.pool_apart = true;
+    config.tiers.offload_batch = 1;  // each completion's write-backs go at once
     m = std::make_unique<PagedKVCacheManager>(params, pages, 4, 64, std::move(config));
     for (std::size_t i = 0; i < dev.size(); ++i) dev[i] = std::byte(i * 131 + 7);
   }

@@ -94,6 +94,8 @@ RC_GTEST_PROP(TierManagerProperty, RandomOperationsKeepInvariantsAndData, ()) {
   PrefixCacheConfig cfg;
   cfg.tiers.tiers.push_back(tier);
   cfg.tiers.staging_pages = *rc::gen::inRange(1u, 6u);
+  cfg.tiers.offload_batch = *rc::gen::inRange(1u, 5u);  // write-backs wait for a batch
+  if (*rc::gen::inRange(0, 2) == 0) cfg.tiers.offload_delay = std::chrono::seconds{1};
   if (*rc::gen::inRange(0, 4) == 0) cfg.tiers.admission = OffloadAdmission::reused;
   const std::uint32_t pages = *rc::gen::inRange(3u, 9u);
   PagedKVCacheManager m(params, pages, 6, 32, cfg);
@@ -101,7 +103,7 @@ RC_GTEST_PROP(TierManagerProperty, RandomOperationsKeepInvariantsAndData, ()) {
   // finish them first, also when an assertion throws.
   struct Drain {
     MemoryTier& t;
-    ~Drain() { t.complete_all(); }
+    ~Drain() { t.complete_all_from_now_on(); }
   } drain{*tier};
   Model model;
   const int num_ops = *rc::gen::inRange(1, 80);
@@ -159,7 +161,7 @@ RC_GTEST_PROP(TierManagerProperty, RandomOperationsKeepInvariantsAndData, ()) {
     }
     check_all(m, model);
   }
-  tier->complete_all();
+  tier->complete_all_from_now_on();  // wait_tiers hands the tier what is still staged
   m.wait_tiers();
   finish_unpended(m, model);
   check_all(m, model);
