@@ -76,7 +76,9 @@ bool TierLink::level_enabled(std::size_t level) const {
 
 std::vector<std::uint8_t> TierLink::level_contains(std::size_t level,
                                                    std::span<const PageKey> keys) {
-  if (shards_ == 1) return tier(level, 0).contains(keys);  // the chain keys are the tier's
+  if (shards_ == 1 && masks_[0] == PageKey{}) {
+    return tier(level, 0).contains(keys);  // one device of one: the chain keys are the tier's
+  }
   std::vector<std::uint8_t> held(keys.size(), 1);
   std::vector<PageKey> shard_keys(keys.size());
   for (std::uint32_t d = 0; d < shards_; ++d) {
