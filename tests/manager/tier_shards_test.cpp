@@ -317,6 +317,7 @@ TEST_P(TierShards, FingerprintsAreCheckedPerShard) {
       EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
     }
   };
+  EXPECT_THROW((void)cfg.fingerprint(p, p.n_devices), InvalidArgument);
   auto swapped = tiers;
   std::swap(swapped[0], swapped[1]);
   refused(swapped, cfg,
