@@ -75,14 +75,9 @@ void PagedKVCacheManager::Impl::finish_job(std::size_t i) noexcept {
     Sequence& s = seqs.find(job.seq)->second;
     std::size_t loaded = 0;
     while (loaded < job.size() && job.result(loaded) == LoadResult::loaded) ++loaded;
-    const manager::PageBytes& bytes = link->bytes();
     for (std::size_t q = 0; q < loaded; ++q) {
       const std::uint32_t page = job.pages[q];
-      if (!bytes.packed_in_place()) {
-        bytes.unpack(std::span<const std::byte>(job.staging)
-                         .subspan(q * bytes.page_bytes(), bytes.page_bytes()),
-                     page);
-      }
+      link->unpack_loaded(job, q);  // per_layer: from the job's staging, every device
       if (publish_page(s, job.first + static_cast<std::uint32_t>(q), true) &&
           store->published(page)) {
         store->mark_reused(page);

@@ -27,7 +27,7 @@ std::chrono::nanoseconds coarse_now() noexcept {
 }
 
 template <class T>
-void check_field(std::string_view tier, const char* field, const T& have, const T& want) {
+void check_field(const std::string& who, const char* field, const T& have, const T& want) {
   if (have == want) return;
   auto show = [](const T& v) {
     if constexpr (std::is_same_v<T, std::string>) {
@@ -40,11 +40,13 @@ void check_field(std::string_view tier, const char* field, const T& have, const 
       return std::to_string(v);
     }
   };
-  throw InvalidArgument("tier '" + std::string(tier) + "' fingerprint " + field + " is " +
-                        show(have) + " but this manager's is " + show(want));
+  throw InvalidArgument(who + " fingerprint " + field + " is " + show(have) +
+                        " but this manager's is " + show(want));
 }
 
-void check_fingerprint(std::string_view tier, const TierFingerprint& have,
+}  // namespace
+
+void check_fingerprint(const std::string& tier, const TierFingerprint& have,
                        const TierFingerprint& want) {
   check_field(tier, "dtype", have.dtype, want.dtype);
   check_field(tier, "layout", have.layout, want.layout);
@@ -58,8 +60,6 @@ void check_fingerprint(std::string_view tier, const TierFingerprint& have,
   check_field(tier, "model_id", have.model_id, want.model_id);
   check_field(tier, "cache_salt", have.cache_salt, want.cache_salt);
 }
-
-}  // namespace
 
 // ---- PageBytes ---------------------------------------------------------------------
 
@@ -107,11 +107,19 @@ bool LoadJob::done() const {
   return std::all_of(tickets.begin(), tickets.end(), [](const TierTicket& t) { return t.done(); });
 }
 
-LoadResult LoadJob::result(std::size_t i) const {
-  const std::uint8_t t = tier_of[i];
+LoadResult LoadJob::shard_result(std::size_t i, std::uint32_t d) const {
+  const std::size_t t = std::size_t{tier_of[i]} * shards + d;
   if (issue_threw[t]) return LoadResult::failed;
   const auto results = tickets[t].load_results();
   return slot[i] < results.size() ? results[slot[i]] : LoadResult::failed;
+}
+
+LoadResult LoadJob::result(std::size_t i) const {
+  for (std::uint32_t d = 0; d < shards; ++d) {
+    const LoadResult r = shard_result(i, d);
+    if (r != LoadResult::loaded) return r;
+  }
+  return LoadResult::loaded;
 }
 
 // ---- TierLink ----------------------------------------------------------------------
@@ -128,13 +136,6 @@ void TierLink::check(const KVCacheParams& params, const TierConfig& config) {
   if (!params.enable_prefix_caching) {
     throw InvalidArgument("tiers need prefix caching: params.enable_prefix_caching is false");
   }
-  if (params.n_devices != 1) {
-    throw InvalidArgument("tiers serve a one-device manager: params.n_devices is " +
-                          str(params.n_devices));
-  }
-  if (config.tiers.size() > 8) {
-    throw InvalidArgument("tiers: " + str(config.tiers.size()) + " given, at most 8");
-  }
   if (config.staging_pages == 0 || config.staging_pages > 65536) {
     throw InvalidArgument("tiers.staging_pages is " + str(config.staging_pages) +
                           ": it must be in [1, 65536]");
@@ -148,11 +149,7 @@ void TierLink::check(const KVCacheParams& params, const TierConfig& config) {
     throw InvalidArgument("tiers.offload_delay is " + std::to_string(config.offload_delay.count()) +
                           " us: it must be in [0, 1000000]");
   }
-  const TierFingerprint want = TierFingerprint::of(params, config.model_id, config.cache_salt);
-  for (std::size_t i = 0; i < config.tiers.size(); ++i) {
-    if (config.tiers[i] == nullptr) throw InvalidArgument("tiers[" + str(i) + "] is null");
-    check_fingerprint(config.tiers[i]->name(), config.tiers[i]->fingerprint(), want);
-  }
+  check_shards(params, config);
   (void)staging_bytes(params, config);  // past 64 bits: throws
 }
 
@@ -160,18 +157,21 @@ std::uint64_t TierLink::staging_bytes(const KVCacheParams& params, const TierCon
   if (config.tiers.empty()) return 0;
   const std::uint64_t page = detail::checked_product(
       "tier staging page", {{"page_size", params.page_size},
-                            {"bytes_per_token_per_device", params.bytes_per_token_per_device()}});
+                            {"bytes_per_token_per_device", params.bytes_per_token_per_device()},
+                            {"n_devices", params.n_devices}});
   const std::uint64_t slots = detail::checked_product(
       "tier staging", {{"staging_pages", config.staging_pages},
                        {"page bytes + token ids", page + 4 * std::uint64_t{params.page_size}}});
   return slots + Tier::kEvictionReports * sizeof(PageKey);  // room for one tier's reports
 }
 
-TierLink::TierLink(const KVCacheParams& params, std::uint32_t num_pages, std::byte* arena,
-                   const TierConfig& config, std::function<void(const PageEvent&)> on_event)
+TierLink::TierLink(const KVCacheParams& params, std::uint32_t num_pages,
+                   std::span<std::byte* const> arenas, const TierConfig& config,
+                   std::function<void(const PageEvent&)> on_event)
     : tiers_(config.tiers),
+      shards_(params.n_devices),
       num_pages_(num_pages),
-      fingerprint_digest_(TierFingerprint::of(params, config.model_id, config.cache_salt).digest()),
+      fingerprint_digest_(config.fingerprint(params, 0).chain_digest()),
       digest_(fingerprint_digest_),
       page_size_(params.page_size),
       admission_(config.admission),
@@ -179,17 +179,20 @@ TierLink::TierLink(const KVCacheParams& params, std::uint32_t num_pages, std::by
                  ? 1
                  : std::min(config.offload_batch, (config.staging_pages + 1) / 2)),
       delay_(config.offload_delay),
-      bytes_(params, arena, num_pages),
       on_event_(std::move(on_event)),
       slots_(config.staging_pages),
       counters_(config.tiers.size()),
       pool_apart_(config.pool_apart),
       fresh_(config.pool_apart ? num_pages : 0) {
   for (const auto& t : tiers_) names_.emplace_back(t->name());
+  for (std::uint32_t d = 0; d < shards_; ++d) {
+    masks_.push_back(config.fingerprint(params, d).shard_mask());
+    bytes_.emplace_back(params, arenas[d], num_pages);
+  }
   free_slots_.reserve(slots_.size());
   staged_.reserve(slots_.size());
   for (std::uint32_t i = 0; i < slots_.size(); ++i) {
-    slots_[i].bytes.resize(bytes_.page_bytes());
+    slots_[i].bytes.resize(bytes_.front().page_bytes() * shards_);
     slots_[i].tokens.resize(page_size_);
     free_slots_.push_back(static_cast<std::uint32_t>(slots_.size()) - 1 - i);
   }
@@ -204,7 +207,8 @@ TierLink::TierLink(const KVCacheParams& params, std::uint32_t num_pages, std::by
 
 TierLink::~TierLink() {
   flush(true);  // what is staged goes down (a disk tier keeps it across restarts)
-  for (const StoreBatch& b : stores_) b.ticket.wait();
+  for (const StoreBatch& b : stores_)
+    for (const TierTicket& t : b.tickets) t.wait();
   for (const LoadJob& j : jobs_)
     for (const TierTicket& t : j.tickets) t.wait();
 }
@@ -228,8 +232,7 @@ void TierLink::emit(PageEvent::Kind kind, const Slot& info, std::size_t tier) co
 }
 
 void TierLink::stage(const prefix::PrefixStore& store, std::uint32_t page) noexcept {
-  Tier& tier = *tiers_.front();
-  if (!tier.enabled()) return;
+  if (!level_enabled(0)) return;
   const bool reused = store.reused(page);
   if (admission_ == OffloadAdmission::reused && !reused) return;
   const PageKey key = store.key_of(page);
@@ -239,7 +242,7 @@ void TierLink::stage(const prefix::PrefixStore& store, std::uint32_t page) noexc
   if (reused && held_by_first(key)) return;
   if (free_slots_.empty()) reap(true);
   if (free_slots_.empty()) {
-    ++counters_.front().offload_dropped;
+    count_dropped(1);
     return;
   }
   const std::uint32_t i = free_slots_.back();
@@ -247,7 +250,7 @@ void TierLink::stage(const prefix::PrefixStore& store, std::uint32_t page) noexc
   Slot& s = slots_[i];
   // A pool apart holds the page's bytes, unless a load left them here fresher.
   const bool from_host = !pool_apart_ || fresh_[page] != 0;
-  if (from_host) bytes_.pack(page, s.bytes);
+  if (from_host) pack_shards(page, s.bytes);
   const auto toks = store.stored_tokens(page);
   std::copy(toks.begin(), toks.end(), s.tokens.begin());
   s.page = page;
@@ -265,7 +268,7 @@ void TierLink::stage(const prefix::PrefixStore& store, std::uint32_t page) noexc
 
 bool TierLink::held_by_first(const PageKey& key) noexcept {
   try {
-    return tiers_.front()->contains(std::span(&key, 1)).at(0) != 0;
+    return level_contains(0, std::span(&key, 1)).at(0) != 0;
   } catch (...) {
     return true;  // the tier could not answer: skip the write-back
   }
@@ -283,14 +286,11 @@ void TierLink::flush(bool force) noexcept {
     try {
       StoreBatch b;
       b.slots.assign(staged_.begin(), staged_.end());
-      b.writes.reserve(n);
-      for (std::uint32_t i : staged_)
-        b.writes.push_back({slots_[i].key, slots_[i].tokens, slots_[i].bytes});
-      b.ticket = tiers_.front()->store(b.writes);
+      store_shards(b, n);
       stores_.push_back(std::move(b));  // capacity: one batch per slot
     } catch (...) {
       for (std::uint32_t i : staged_) free_slots_.push_back(i);
-      counters_.front().offload_dropped += n;
+      count_dropped(n);
       log_after_commit(LogLevel::warn, [&] {
         return "paged manager: tier '" + names_.front() + "' refused a write-back of " + str(n) +
                " pages";
@@ -310,8 +310,10 @@ void TierLink::report_evictions() noexcept {
       tiers_[t]->take_evicted(evicted_);
     } catch (...) {  // only a tier that overfills `out` (capacity: kEvictionReports)
     }
+    const PageKey mask = masks_[t % shards_];  // a shard's key back to the chain key
     for (const PageKey& key : evicted_) {
-      on_event_(PageEvent{PageEvent::Kind::removed, num_pages_, 0, 0, 0, {}, names_[t], key});
+      on_event_(PageEvent{
+          PageEvent::Kind::removed, num_pages_, 0, 0, 0, {}, names_[t], shard_key(key, mask)});
     }
   }
 }
@@ -321,22 +323,17 @@ void TierLink::reap(bool all) noexcept {
   for (std::size_t b = 0; b < stores_.size(); ++b) {
     // In order, the oldest first: a flush stops at the first batch in flight
     // (batches finish about in order), an eviction out of slots looks at all.
-    if ((!all && kept > 0) || !stores_[b].ticket.done()) {
+    const auto& tickets = stores_[b].tickets;
+    const bool done =
+        std::all_of(tickets.begin(), tickets.end(), [](const TierTicket& t) { return t.done(); });
+    if ((!all && kept > 0) || !done) {
       if (kept != b) stores_[kept] = std::move(stores_[b]);
       ++kept;
       continue;
     }
-    const auto results = stores_[b].ticket.store_results();
     for (std::size_t k = 0; k < stores_[b].slots.size(); ++k) {
-      const std::uint32_t i = stores_[b].slots[k];
-      const StoreResult r = k < results.size() ? results[k] : StoreResult::failed;
-      if (r == StoreResult::stored) {
-        ++counters_.front().pages_offloaded;
-        emit(PageEvent::Kind::stored, slots_[i], 0);
-      } else if (r != StoreResult::present) {
-        ++counters_.front().offload_dropped;
-      }
-      free_slots_.push_back(i);
+      count_stored(stores_[b], k);
+      free_slots_.push_back(stores_[b].slots[k]);
     }
   }
   stores_.resize(kept);
@@ -348,7 +345,7 @@ std::size_t TierLink::locate(std::span<const PageKey> keys, std::vector<std::uin
   std::vector<std::size_t> where;
   ask.reserve(keys.size());
   where.reserve(keys.size());
-  for (std::size_t t = 0; t < tiers_.size(); ++t) {
+  for (std::size_t t = 0; t < tiers_.size() / shards_; ++t) {
     ask.clear();
     where.clear();
     for (std::size_t i = 0; i < keys.size(); ++i) {
@@ -357,8 +354,8 @@ std::size_t TierLink::locate(std::span<const PageKey> keys, std::vector<std::uin
       where.push_back(i);
     }
     if (ask.empty()) break;
-    if (!tiers_[t]->enabled()) continue;
-    const std::vector<std::uint8_t> held = tiers_[t]->contains(ask);
+    if (!level_enabled(t)) continue;
+    const std::vector<std::uint8_t> held = level_contains(t, ask);
     for (std::size_t k = 0; k < where.size() && k < held.size(); ++k)
       if (held[k] != 0) tier_of[where[k]] = static_cast<std::uint8_t>(t);
   }
@@ -368,8 +365,8 @@ std::size_t TierLink::locate(std::span<const PageKey> keys, std::vector<std::uin
 }
 
 bool TierLink::any_holds(const PageKey& key) {
-  for (const std::shared_ptr<Tier>& t : tiers_)
-    if (t->enabled() && t->contains(std::span(&key, 1)).at(0) != 0) return true;
+  for (std::size_t t = 0; t < tiers_.size() / shards_; ++t)
+    if (level_enabled(t) && level_contains(t, std::span(&key, 1)).at(0) != 0) return true;
   return false;
 }
 
@@ -379,8 +376,10 @@ void TierLink::prepare(LoadJob& job, std::size_t n) const {
   job.slot.assign(n, 0);
   job.tokens.reserve(n * page_size_);
   job.keys.reserve(n);
-  if (!bytes_.packed_in_place()) job.staging.resize(n * bytes_.page_bytes());
-  job.reads.reserve(n);
+  job.shards = shards_;
+  const PageBytes& bytes = bytes_.front();
+  if (!bytes.packed_in_place()) job.staging.resize(n * shards_ * bytes.page_bytes());
+  job.reads.reserve(n * shards_);
   job.tickets.assign(tiers_.size(), TierTicket());
   job.issue_threw.assign(tiers_.size(), 0);
 }
@@ -391,19 +390,22 @@ void TierLink::add(LoadJob&& job) noexcept {
 }
 
 void TierLink::issue(LoadJob& job) noexcept {
-  const std::size_t pb = bytes_.page_bytes();
+  const std::size_t pb = bytes_.front().page_bytes();
   job.reads.clear();
   for (std::size_t t = 0; t < tiers_.size(); ++t) {
+    const std::size_t level = t / shards_;
+    const std::uint32_t d = static_cast<std::uint32_t>(t % shards_);
     const std::size_t begin = job.reads.size();
     for (std::size_t i = 0; i < job.size(); ++i) {
-      if (job.tier_of[i] != t) continue;
-      job.slot[i] = static_cast<std::uint32_t>(job.reads.size() - begin);
-      const std::span<std::byte> dst = bytes_.packed_in_place()
-                                           ? bytes_.in_place(job.pages[i])
-                                           : std::span<std::byte>(job.staging).subspan(i * pb, pb);
+      if (job.tier_of[i] != level) continue;
+      job.slot[i] = static_cast<std::uint32_t>(job.reads.size() - begin);  // equal for every d
+      const std::span<std::byte> dst =
+          bytes_[d].packed_in_place()
+              ? bytes_[d].in_place(job.pages[i])
+              : std::span<std::byte>(job.staging).subspan((i * shards_ + d) * pb, pb);
       const auto toks =
           std::span<const std::uint32_t>(job.tokens).subspan(i * page_size_, page_size_);
-      job.reads.push_back({job.keys[i], toks, dst});  // capacity: prepare()
+      job.reads.push_back({shard_key(job.keys[i], masks_[d]), toks, dst});  // capacity: prepare()
     }
     if (job.reads.size() == begin) continue;
     try {
@@ -430,20 +432,22 @@ void TierLink::erase_job(std::size_t i) noexcept {
 
 void TierLink::count_results(const LoadJob& job, std::size_t loaded) noexcept {
   for (std::size_t i = 0; i < job.size(); ++i) {
-    const std::uint8_t t = job.tier_of[i];
-    if (i < loaded) {
-      ++counters_[t].pages_onboarded;
-      continue;
-    }
-    const LoadResult r = job.result(i);
-    if (r == LoadResult::loaded) continue;  // after a failed page: dropped with it
-    ++counters_[t].load_failures;
-    if (r == LoadResult::missing || r == LoadResult::corrupt || r == LoadResult::mismatch) {
-      if (on_event_) {  // the tier no longer holds it
-        on_event_(PageEvent{
-            PageEvent::Kind::removed, job.pages[i], 0, 0, 0,
-            std::span<const std::uint32_t>(job.tokens).subspan(i * page_size_, page_size_),
-            names_[t], job.keys[i]});
+    for (std::uint32_t d = 0; d < shards_; ++d) {
+      const std::size_t t = std::size_t{job.tier_of[i]} * shards_ + d;
+      if (i < loaded) {
+        ++counters_[t].pages_onboarded;
+        continue;
+      }
+      const LoadResult r = job.shard_result(i, d);
+      if (r == LoadResult::loaded) continue;  // after a failed page: dropped with it
+      ++counters_[t].load_failures;
+      if (r == LoadResult::missing || r == LoadResult::corrupt || r == LoadResult::mismatch) {
+        if (on_event_) {  // the tier no longer holds it
+          on_event_(PageEvent{
+              PageEvent::Kind::removed, job.pages[i], 0, 0, 0,
+              std::span<const std::uint32_t>(job.tokens).subspan(i * page_size_, page_size_),
+              names_[t], job.keys[i]});
+        }
       }
     }
   }
@@ -451,7 +455,7 @@ void TierLink::count_results(const LoadJob& job, std::size_t loaded) noexcept {
 
 std::vector<TierTicket> TierLink::tickets_in_flight() const {
   std::vector<TierTicket> out;
-  for (const StoreBatch& b : stores_) out.push_back(b.ticket);
+  for (const StoreBatch& b : stores_) out.insert(out.end(), b.tickets.begin(), b.tickets.end());
   for (const LoadJob& j : jobs_) out.insert(out.end(), j.tickets.begin(), j.tickets.end());
   return out;
 }
@@ -469,6 +473,7 @@ void TierLink::fill(ManagerStats& stats) const {
     const TierStats s = tiers_[t]->stats();
     TierFigures f;
     f.name = names_[t];
+    f.device = static_cast<std::uint32_t>(t % shards_);
     f.enabled = s.enabled;
     f.pages_held = s.pages_held;
     f.bytes_held = s.bytes_held;

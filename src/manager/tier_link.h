@@ -39,6 +39,14 @@
 // host pool as without a pool apart; taken() voids the upload of a page the
 // manager hands out again.
 //
+// Several devices (manager/tier_shards.cpp): the tiers are levels x shards,
+// level-major (TierConfig); keys chain with the shards' common digest and
+// each shard's tier sees its own (shard_key). A staging slot holds every
+// device's packed page; a write-back stores each shard to its tier of the
+// first level; a level holds a page when all its shards do; a load reads
+// each shard into its device's arena (or the job's staging) and a page is
+// loaded when every shard is.
+//
 // Destruction waits for every ticket in flight (their buffers live here and
 // in the pool). Not thread-safe: the manager locks.
 #pragma once
@@ -87,43 +95,57 @@ class PageBytes {
   std::size_t pitch_;      // bytes between a page's runs (per_layer)
 };
 
+// Throws InvalidArgument naming `tier` ("tier 'host'") and the first field
+// of `have` that differs from `want`.
+void check_fingerprint(const std::string& tier, const TierFingerprint& have,
+                       const TierFingerprint& want);
+
 // The loads of one match_prefix: pages [first, first + size) of a sequence.
 struct LoadJob {
+  std::uint32_t shards = 1;  // devices: tickets are levels x shards
   SeqId seq = 0;
   bool orphaned = false;              // the sequence was released meanwhile
   std::uint32_t first = 0;            // index of pages[0] in the sequence's page table
   std::vector<std::uint32_t> pages;   // device pages, chain order
-  std::vector<std::uint8_t> tier_of;  // which tier holds each
-  std::vector<std::uint32_t> slot;    // its index in that tier's load() call
+  std::vector<std::uint8_t> tier_of;  // which level holds each (every shard of it)
+  std::vector<std::uint32_t> slot;    // its index in that level's load() calls
   std::vector<std::uint32_t> tokens;  // page_size per page (borrowed by the loads)
   std::vector<PageKey> keys;
-  std::vector<std::byte> staging;         // per_layer pools: the packed pages
-  std::vector<PageRead> reads;            // grouped by tier
+  std::vector<std::byte> staging;         // per_layer pools: the packed pages [page][shard]
+  std::vector<PageRead> reads;            // grouped by tier (level, then shard)
   std::vector<TierTicket> tickets;        // one per tier (default: none asked of it)
   std::vector<std::uint8_t> issue_threw;  // per tier: load() threw (its pages failed)
 
   std::size_t size() const { return pages.size(); }
   bool done() const;
+  // Page i: loaded when every shard is, else the first shard's other result.
   LoadResult result(std::size_t i) const;
+  // Page i's result from shard d's tier.
+  LoadResult shard_result(std::size_t i, std::uint32_t d) const;
 };
 
 class TierLink {
  public:
   // Throws InvalidArgument when the tiers cannot serve this manager (no
-  // prefix caching, several devices, a null tier, a fingerprint field that
-  // differs, staging_pages out of range).
+  // prefix caching, a tier count not a multiple of n_devices, a shard range
+  // past shard_count, a null tier, a level whose tiers differ in name, a
+  // fingerprint field that differs, staging_pages out of range).
   static void check(const KVCacheParams& params, const TierConfig& config);
   // Host bytes of the staging slots and of the eviction reports' buffer.
   static std::uint64_t staging_bytes(const KVCacheParams& params, const TierConfig& config);
 
-  TierLink(const KVCacheParams& params, std::uint32_t num_pages, std::byte* arena,
+  // arenas: one per device (params.n_devices).
+  TierLink(const KVCacheParams& params, std::uint32_t num_pages, std::span<std::byte* const> arenas,
            const TierConfig& config, std::function<void(const PageEvent&)> on_event);
   ~TierLink();
   TierLink(const TierLink&) = delete;
   TierLink& operator=(const TierLink&) = delete;
 
   std::size_t num_tiers() const { return tiers_.size(); }
-  const PageBytes& bytes() const { return bytes_; }
+  const PageBytes& bytes() const { return bytes_.front(); }  // device 0's
+  // Unpacks page q of a finished job from its staging into every device's
+  // arena (a per_layer pool; an interleaved one was loaded in place).
+  void unpack_loaded(const LoadJob& job, std::size_t q) const noexcept;
   std::uint32_t page_size() const { return page_size_; }
   // key_j from key_{j-1} and the page's tokens (kvcache/tier.h page_key,
   // computed without allocating); root(extra_key) is a chain's key_{-1}.
@@ -202,7 +224,7 @@ class TierLink {
     std::uint64_t serial = 0;  // pool apart: the hand_out that gave it to a batch
   };
   struct StoreBatch {
-    TierTicket ticket;
+    std::vector<TierTicket> tickets;  // one per shard; fewer: a later shard's store() threw
     std::vector<std::uint32_t> slots;
     std::vector<PageWrite> writes;
   };
@@ -210,6 +232,26 @@ class TierLink {
     std::uint64_t pages_offloaded = 0, offload_dropped = 0, pages_onboarded = 0, load_failures = 0;
   };
   void issue(LoadJob& job) noexcept;
+  // check()'s part for the tiers' count, order, names and fingerprints.
+  static void check_shards(const KVCacheParams& params, const TierConfig& config);
+  // ---- several devices (tier_shards.cpp)
+  Tier& tier(std::size_t level, std::uint32_t shard) const {
+    return *tiers_[level * shards_ + shard];
+  }
+  bool level_enabled(std::size_t level) const;
+  // held[k] = 1 when every shard of `level` holds chain key keys[k].
+  std::vector<std::uint8_t> level_contains(std::size_t level, std::span<const PageKey> keys);
+  // Packs page `page` of every device into a slot's bytes ([shard][page bytes]).
+  void pack_shards(std::uint32_t page, std::span<std::byte> out) const noexcept;
+  // Fills b.writes ([shard][slot], from b.slots) and issues one store() per
+  // shard of the first level. Throws what allocating or the first shard's
+  // store() throws (nothing in flight then); a later shard that throws is
+  // logged and its pages fail (b.tickets stops short).
+  void store_shards(StoreBatch& b, std::size_t n);
+  // One evicted page not written: counted by every shard of the first level.
+  void count_dropped(std::size_t pages) noexcept;
+  // A finished batch's slot k: each shard's counters, the level's stored event.
+  void count_stored(const StoreBatch& b, std::size_t k) noexcept;
   // Finishes the store batches that are done: from the oldest up to the
   // first in flight, or (all) every one.
   void reap(bool all) noexcept;
@@ -222,7 +264,9 @@ class TierLink {
   void report_evictions() noexcept;
   void emit(PageEvent::Kind kind, const Slot& info, std::size_t tier) const noexcept;
 
-  std::vector<std::shared_ptr<Tier>> tiers_;
+  std::vector<std::shared_ptr<Tier>> tiers_;  // levels x shards, level-major
+  std::uint32_t shards_;                      // the manager's devices
+  std::vector<PageKey> masks_;                // per shard: chain key -> its tier's key
   std::uint32_t num_pages_;  // the device pool's: the sentinel page of tier evictions
   std::vector<std::string> names_;
   std::uint64_t fingerprint_digest_;
