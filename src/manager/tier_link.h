@@ -276,7 +276,7 @@ class TierLink {
   std::size_t batch_;                         // staged pages that make a store() due
   std::chrono::microseconds delay_;           // or the oldest staged this long ago
   std::chrono::nanoseconds staged_since_{0};  // coarse clock: when staged_ last became non-empty
-  PageBytes bytes_;
+  std::vector<PageBytes> bytes_;  // per device
   std::function<void(const PageEvent&)> on_event_;
   std::vector<Slot> slots_;
   std::vector<std::uint32_t> free_slots_;  // capacity: every slot

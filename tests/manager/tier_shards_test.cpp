@@ -54,6 +54,7 @@ struct Rig {
     };
     config.tiers = std::move(cfg);
     config.tiers.tiers.assign(tiers.begin(), tiers.end());
+    config.tiers.offload_batch = 1;  // each call's write-backs go at once
     m = std::make_unique<PagedKVCacheManager>(params, pages, 4, 64, std::move(config));
   }
   std::size_t count(PageEvent::Kind kind, std::string_view medium) const {
