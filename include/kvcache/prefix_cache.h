@@ -133,8 +133,8 @@ struct TierConfig {
   // until a fetch hands it out (KVCacheBatch::block_offloads) and the caller
   // completes it (PagedKVCacheManager::complete_offloads); a finished load
   // is handed out by the next fetch (KVCacheBatch::block_loads). Needs at
-  // least one tier (InvalidArgument otherwise). Not in the C and Python
-  // interfaces.
+  // least one tier (InvalidArgument otherwise). C: kvc_prefix_config.pool_apart;
+  // Python: PagedKVCacheManager(..., pool_apart=True).
   bool pool_apart = false;
 };
 
