@@ -14,9 +14,9 @@
 // KVCacheBatch as its NumPy base. `blocks` views the manager's block buffer
 // (writable: model code stores K/V there), a pool apart's block_offloads the
 // manager's staging slots (writable: the caller copies pages in); the others
-// view the batch's own vectors (read-only). The KVCacheBatch holds a strong reference to its
-// manager, so a view keeps the memory it points into alive for as long as
-// it lives. (pybind11's keep_alive cannot target a list: no weakrefs.)
+// view the batch's own vectors (read-only). The KVCacheBatch holds a strong
+// reference to its manager, so a view keeps the memory it points into alive
+// for as long as it lives. (pybind11's keep_alive cannot target a list: no weakrefs.)
 #include <pybind11/eval.h>
 
 #include <string>
@@ -198,8 +198,8 @@ class KVCacheInputs(list):
     attributes (blocks of device 0, cache_lengths, lookup_table,
     is_cache_empty, reserved_lengths, block_copies, block_offloads, block_loads,
     seq_ids, batch_size, max_seq_length, max_cache_length, params) are readable
-    here too. Made by
-    fetch and increment_cache_lengths (no Python code runs to make one)."""
+    here too. Made by fetch and increment_cache_lengths (no Python code runs to
+    make one)."""
 
     def device(self, device):
         """(blocks, cache_lengths, lookup_table, is_cache_empty) of a device."""
