@@ -28,6 +28,8 @@ namespace {
 
 // Worker threads a tier may be asked for (as kvcache.ThreadPool).
 constexpr std::uint32_t kMaxTierThreads = 1024;
+// Tiers below one manager (the constructor refuses more).
+constexpr std::uint32_t kMaxTiers = 8;
 
 bool interpreter_usable() {
 #if PY_VERSION_HEX >= 0x030D0000
@@ -313,35 +315,64 @@ void bind_disk(py::module_& m) {
       .def("__repr__", &disk_repr);
 }
 
+std::vector<std::shared_ptr<Tier>> tier_list(const py::object& tiers) {
+  std::vector<std::shared_ptr<Tier>> out;
+  if (tiers.is_none()) return out;
+  if (py::isinstance<py::str>(tiers) || !py::isinstance<py::sequence>(tiers)) {
+    throw InvalidArgument("tiers must be a list of kvcache.HostTier / kvcache.DiskTier, got " +
+                          py::str(py::type::of(tiers)).cast<std::string>());
+  }
+  std::size_t i = 0;
+  for (const py::handle t : tiers.cast<py::sequence>()) {
+    if (!py::isinstance<Tier>(t)) {
+      throw InvalidArgument("tiers[" + std::to_string(i) + "] is a " +
+                            py::str(py::type::of(t)).cast<std::string>() +
+                            ", not a kvcache.HostTier or kvcache.DiskTier");
+    }
+    out.push_back(t.cast<std::shared_ptr<Tier>>());
+    ++i;
+  }
+  return out;
+}
+
+// Stands for a tier in a configuration that is only measured
+// (estimated_bookkeeping_size(tiers=n)); never given to a manager.
+class CountedTier final : public Tier {
+ public:
+  explicit CountedTier(TierFingerprint f) : fingerprint_(std::move(f)) {}
+  std::string_view name() const override { return "counted"; }
+  const TierFingerprint& fingerprint() const override { return fingerprint_; }
+  bool enabled() const override { return false; }
+  std::vector<std::uint8_t> contains(std::span<const PageKey> keys) override {
+    return std::vector<std::uint8_t>(keys.size(), 0);
+  }
+  TierTicket store(std::span<const PageWrite> /*pages*/) override { throw unused(); }
+  TierTicket load(std::span<const PageRead> /*pages*/) override { throw unused(); }
+  TierStats stats() const override { return {}; }
+
+ private:
+  static Error unused() { return Error("a counted tier only sizes a configuration"); }
+  TierFingerprint fingerprint_;
+};
+
+void require_prefix_caching(const KVCacheParams& p, bool any) {
+  if (any && !p.enable_prefix_caching) {
+    throw InvalidArgument(
+        "tiers / model_id / cache_salt / admission / staging_pages / pool_apart need "
+        "params.enable_prefix_caching=True");
+  }
+}
+
 }  // namespace
 
 TierConfig tier_config(const KVCacheParams& p, const py::object& tiers, const py::object& model_id,
                        const py::object& cache_salt, const py::object& admission,
-                       const py::object& staging_pages) {
+                       const py::object& staging_pages, const py::object& pool_apart) {
   TierConfig c;
-  const bool any = !tiers.is_none() || !model_id.is_none() || !cache_salt.is_none() ||
-                   !admission.is_none() || !staging_pages.is_none();
-  if (any && !p.enable_prefix_caching) {
-    throw InvalidArgument(
-        "tiers / model_id / cache_salt / admission / staging_pages need "
-        "params.enable_prefix_caching=True");
-  }
-  if (!tiers.is_none()) {
-    if (py::isinstance<py::str>(tiers) || !py::isinstance<py::sequence>(tiers)) {
-      throw InvalidArgument("tiers must be a list of kvcache.HostTier / kvcache.DiskTier, got " +
-                            py::str(py::type::of(tiers)).cast<std::string>());
-    }
-    std::size_t i = 0;
-    for (const py::handle t : tiers.cast<py::sequence>()) {
-      if (!py::isinstance<Tier>(t)) {
-        throw InvalidArgument("tiers[" + std::to_string(i) + "] is a " +
-                              py::str(py::type::of(t)).cast<std::string>() +
-                              ", not a kvcache.HostTier or kvcache.DiskTier");
-      }
-      c.tiers.push_back(t.cast<std::shared_ptr<Tier>>());
-      ++i;
-    }
-  }
+  require_prefix_caching(p, !tiers.is_none() || !model_id.is_none() || !cache_salt.is_none() ||
+                                !admission.is_none() || !staging_pages.is_none() ||
+                                !pool_apart.is_none());
+  c.tiers = tier_list(tiers);
   // model_id and cache_salt default to the first tier's.
   const TierFingerprint* first = c.tiers.empty() ? nullptr : &c.tiers.front()->fingerprint();
   c.model_id = model_id.is_none() ? (first ? first->model_id : "") : to_str(model_id, "model_id");
@@ -349,6 +380,27 @@ TierConfig tier_config(const KVCacheParams& p, const py::object& tiers, const py
       cache_salt.is_none() ? (first ? first->cache_salt : "") : to_str(cache_salt, "cache_salt");
   if (!admission.is_none()) c.admission = parse_admission(to_str(admission, "admission"));
   if (!staging_pages.is_none()) c.staging_pages = to_u32(staging_pages, "staging_pages");
+  if (!pool_apart.is_none()) c.pool_apart = to_bool(pool_apart, "pool_apart");
+  return c;
+}
+
+TierConfig sized_tier_config(const KVCacheParams& p, const py::object& tiers,
+                             const py::object& staging_pages, const py::object& pool_apart) {
+  if (!PyLong_Check(tiers.ptr()) || py::isinstance<py::bool_>(tiers)) {
+    return tier_config(p, tiers, py::none(), py::none(), py::none(), staging_pages, pool_apart);
+  }
+  TierConfig c =
+      tier_config(p, py::none(), py::none(), py::none(), py::none(), staging_pages, pool_apart);
+  require_prefix_caching(p, true);
+  const std::uint32_t n = to_u32(tiers, "tiers");
+  if (n > kMaxTiers) {
+    throw InvalidArgument("tiers is " + std::to_string(n) + "; a manager takes at most " +
+                          std::to_string(kMaxTiers));
+  }
+  if (n > 0) {
+    const auto counted = std::make_shared<CountedTier>(TierFingerprint::of(p, "", ""));
+    c.tiers.assign(n, counted);
+  }
   return c;
 }
 
@@ -414,7 +466,18 @@ void bind_tier_methods(py::class_<PagedKVCacheManager>& cls) {
           "Waits (the GIL released) until seq's loads are done, then finishes them.")
       .def(
           "wait_tiers", [](M& m) { unlocked([&] { m.wait_tiers(); }); },
-          "Waits (the GIL released) for every load and write-back in flight and finishes them.");
+          "Waits (the GIL released) for every load and write-back in flight and finishes them.")
+      .def(
+          "complete_offloads",
+          [](M& m, const py::handle& inputs) {
+            const KVCacheBatch& b = batch_of(inputs, "kv_cache_inputs").batch.batch;
+            return unlocked([&] { return m.complete_offloads(b); });
+          },
+          py::arg("kv_cache_inputs"),
+          "pool_apart: hands the write-backs this fetch's block_offloads listed to the first "
+          "tier, once their pages were copied into the slots; returns how many (0 for a "
+          "batch without offloads or one completed already). Raises InvalidArgument, changing "
+          "nothing, for a batch fetched from another manager.");
 }
 
 }  // namespace kvcache::python

@@ -160,8 +160,8 @@ struct TierConfig {
   // until a fetch hands it out (KVCacheBatch::block_offloads) and the caller
   // completes it (PagedKVCacheManager::complete_offloads); a finished load
   // is handed out by the next fetch (KVCacheBatch::block_loads). Needs at
-  // least one tier (InvalidArgument otherwise). Not in the C and Python
-  // interfaces.
+  // least one tier (InvalidArgument otherwise). C: kvc_prefix_config.pool_apart;
+  // Python: PagedKVCacheManager(..., pool_apart=True).
   bool pool_apart = false;
   std::uint32_t first_shard = 0;  // this manager's device 0 in the group (shard_count > 0)
   std::uint32_t shard_count = 0;  // the group's devices; 0: params.n_devices

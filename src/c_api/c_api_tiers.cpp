@@ -1,7 +1,7 @@
 // The C interface's storage tiers (include/kvcache/c_api.h, "storage tiers
 // below the paged pool"; docs/tiers.md): making host and disk tiers, their
-// figures, the tiers part of kvc_prefix_config, the pending-load calls and a
-// manager's per-tier figures.
+// figures, the tiers part of kvc_prefix_config, the pending-load calls, a
+// pool apart's kvc_complete_offloads and a manager's per-tier figures.
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -153,6 +153,7 @@ TierConfig tier_config(const kvc_prefix_config& config) {
   t.admission = from_c<OffloadAdmission>(config.admission, 2, "config->admission",
                                          "KVC_ADMIT_EVERY_PAGE or KVC_ADMIT_REUSED");
   t.staging_pages = config.staging_pages;
+  t.pool_apart = flag(config.pool_apart, "config->pool_apart");
   return t;
 }
 
@@ -298,6 +299,17 @@ kvc_status kvc_wait_loads(kvc_manager* manager, uint64_t seq, kvc_error* err) {
 
 kvc_status kvc_wait_tiers(kvc_manager* manager, kvc_error* err) {
   return guarded(err, [&] { kvcache::c_api::paged_of(manager, "kvc_wait_tiers").wait_tiers(); });
+}
+
+kvc_status kvc_complete_offloads(kvc_manager* manager, const kvc_batch* batch, uint32_t* completed,
+                                 kvc_error* err) {
+  return guarded(err, [&] {
+    kvcache::PagedKVCacheManager& m = kvcache::c_api::paged_of(manager, "kvc_complete_offloads");
+    require(batch, "batch");
+    if (!batch->fetched) throw InvalidArgument("batch has not been fetched into (kvc_fetch)");
+    const std::size_t n = m.complete_offloads(batch->batch);
+    if (completed != nullptr) *completed = static_cast<uint32_t>(n);  // <= staging_pages
+  });
 }
 
 kvc_status kvc_manager_tier_figures(const kvc_manager* manager, kvc_tier_figures* figures,
