@@ -319,22 +319,32 @@ void TierLink::report_evictions() noexcept {
 }
 
 void TierLink::reap(bool all) noexcept {
-  std::size_t kept = 0;
+  const auto done = [](const StoreBatch& b) {
+    return std::all_of(b.tickets.begin(), b.tickets.end(),
+                       [](const TierTicket& t) { return t.done(); });
+  };
+  const auto finish = [&](const StoreBatch& b) {
+    for (std::size_t k = 0; k < b.slots.size(); ++k) {
+      count_stored(b, k);
+      free_slots_.push_back(b.slots[k]);  // capacity: every slot
+    }
+  };
+  if (!all) {
+    // The oldest first, up to the first in flight (batches finish about in
+    // order): a call with nothing finished costs one look.
+    std::size_t n = 0;
+    while (n < stores_.size() && done(stores_[n])) finish(stores_[n++]);
+    if (n > 0) stores_.erase(stores_.begin(), stores_.begin() + static_cast<std::ptrdiff_t>(n));
+    return;
+  }
+  std::size_t kept = 0;  // an eviction out of slots looks at every batch
   for (std::size_t b = 0; b < stores_.size(); ++b) {
-    // In order, the oldest first: a flush stops at the first batch in flight
-    // (batches finish about in order), an eviction out of slots looks at all.
-    const auto& tickets = stores_[b].tickets;
-    const bool done =
-        std::all_of(tickets.begin(), tickets.end(), [](const TierTicket& t) { return t.done(); });
-    if ((!all && kept > 0) || !done) {
+    if (!done(stores_[b])) {
       if (kept != b) stores_[kept] = std::move(stores_[b]);
       ++kept;
       continue;
     }
-    for (std::size_t k = 0; k < stores_[b].slots.size(); ++k) {
-      count_stored(stores_[b], k);
-      free_slots_.push_back(stores_[b].slots[k]);
-    }
+    finish(stores_[b]);
   }
   stores_.resize(kept);
 }
