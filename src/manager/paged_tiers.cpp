@@ -170,6 +170,10 @@ std::size_t PagedKVCacheManager::complete_offloads(const KVCacheBatch& batch) {
 
 bool PagedKVCacheManager::has_tiers() const noexcept { return impl_->tiered(); }
 
+std::span<std::byte> PagedKVCacheManager::tier_staging() const noexcept {
+  return impl_->tiered() ? impl_->link->staging() : std::span<std::byte>();
+}
+
 bool PagedKVCacheManager::has_pending_loads(SeqId seq) const {
   std::lock_guard lock(impl_->mu);
   return impl_->find(seq).loading;

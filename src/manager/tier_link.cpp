@@ -1,6 +1,7 @@
 #include "manager/tier_link.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <string>
@@ -17,6 +18,10 @@ namespace {
 std::string str(std::uint64_t v) { return std::to_string(v); }
 
 constexpr std::uint8_t kNoTier = 0xff;
+
+constexpr std::uint64_t round_up(std::uint64_t n, std::uint64_t to) {
+  return (n + to - 1) / to * to;
+}
 
 // The monotonic clock at its coarse resolution (a few ms; read in ~3 ns,
 // against ~20 for the fine one): every manager call with pages staged asks it.
@@ -161,8 +166,10 @@ std::uint64_t TierLink::staging_bytes(const KVCacheParams& params, const TierCon
                             {"n_devices", params.n_devices}});
   const std::uint64_t slots = detail::checked_product(
       "tier staging", {{"staging_pages", config.staging_pages},
-                       {"page bytes + token ids", page + 4 * std::uint64_t{params.page_size}}});
-  return slots + Tier::kEvictionReports * sizeof(PageKey);  // room for one tier's reports
+                       {"page bytes + token ids",
+                        round_up(page, kSlotAlign) + 4 * std::uint64_t{params.page_size}}});
+  // One allocation, aligned to kStagingAlign; room for one tier's reports.
+  return slots + kStagingAlign + Tier::kEvictionReports * sizeof(PageKey);
 }
 
 TierLink::TierLink(const KVCacheParams& params, std::uint32_t num_pages,
@@ -191,8 +198,14 @@ TierLink::TierLink(const KVCacheParams& params, std::uint32_t num_pages,
   }
   free_slots_.reserve(slots_.size());
   staged_.reserve(slots_.size());
+  const std::size_t slot_bytes = bytes_.front().page_bytes() * shards_;
+  const std::size_t stride = round_up(slot_bytes, kSlotAlign);
+  staging_ = StagingMemory(static_cast<std::byte*>(
+      std::aligned_alloc(kStagingAlign, round_up(stride * slots_.size(), kStagingAlign))));
+  if (staging_ == nullptr) throw std::bad_alloc();
+  staging_size_ = stride * slots_.size();
   for (std::uint32_t i = 0; i < slots_.size(); ++i) {
-    slots_[i].bytes.resize(bytes_.front().page_bytes() * shards_);
+    slots_[i].bytes = std::span(staging_.get() + std::size_t{i} * stride, slot_bytes);
     slots_[i].tokens.resize(page_size_);
     free_slots_.push_back(static_cast<std::uint32_t>(slots_.size()) - 1 - i);
   }

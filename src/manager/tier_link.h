@@ -54,6 +54,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <span>
@@ -141,7 +142,11 @@ class TierLink {
   TierLink(const TierLink&) = delete;
   TierLink& operator=(const TierLink&) = delete;
 
+  // Slots start kSlotAlign apart in one allocation aligned to kStagingAlign.
+  static constexpr std::size_t kSlotAlign = 256, kStagingAlign = 4096;
   std::size_t num_tiers() const { return tiers_.size(); }
+  // Every staging slot's bytes (one allocation, for the link's life).
+  std::span<std::byte> staging() const noexcept { return {staging_.get(), staging_size_}; }
   const PageBytes& bytes() const { return bytes_.front(); }  // device 0's
   // Unpacks page q of a finished job from its staging into every device's
   // arena (a per_layer pool; an interleaved one was loaded in place).
@@ -216,7 +221,7 @@ class TierLink {
 
  private:
   struct Slot {
-    std::vector<std::byte> bytes;
+    std::span<std::byte> bytes;  // in staging_
     std::vector<std::uint32_t> tokens;
     std::uint32_t page = 0;
     std::uint64_t hash = 0, parent_hash = 0, extra_key = 0;
@@ -276,8 +281,14 @@ class TierLink {
   std::size_t batch_;                         // staged pages that make a store() due
   std::chrono::microseconds delay_;           // or the oldest staged this long ago
   std::chrono::nanoseconds staged_since_{0};  // coarse clock: when staged_ last became non-empty
-  std::vector<PageBytes> bytes_;  // per device
+  std::vector<PageBytes> bytes_;              // per device
   std::function<void(const PageEvent&)> on_event_;
+  struct FreeStaging {
+    void operator()(std::byte* p) const noexcept { std::free(p); }
+  };
+  using StagingMemory = std::unique_ptr<std::byte, FreeStaging>;
+  StagingMemory staging_;         // every slot's bytes, kStagingAlign-aligned
+  std::size_t staging_size_ = 0;  // slots x their stride
   std::vector<Slot> slots_;
   std::vector<std::uint32_t> free_slots_;  // capacity: every slot
   std::vector<std::uint32_t> staged_;      // capacity: every slot

@@ -54,6 +54,8 @@ class TierFlow : public ::testing::TestWithParam<PoolArrangement> {
     if (pinned.empty()) {
       pinned = HostRegistration(host.desc().blocks,
                                 PagedKVCacheManager::estimated_memory_size(params, kPages));
+      const std::span<std::byte> staging = manager->tier_staging();
+      pinned_staging = HostRegistration(staging.data(), staging.size());
     }
     apply_tier_transfers(host.desc(), pool.data(), batch);
     if (!tokens.empty()) {
@@ -114,7 +116,8 @@ class TierFlow : public ::testing::TestWithParam<PoolArrangement> {
   std::shared_ptr<kvcache::testing::MemoryTier> tier;
   std::unique_ptr<PagedKVCacheManager> manager;
   DeviceBuffer<BFloat16> pool;
-  HostRegistration pinned;  // declared after the manager: unregistered before it goes
+  HostRegistration pinned;          // declared after the manager: unregistered before it goes
+  HostRegistration pinned_staging;  // the write-back slots: the offloads are DMA too
   std::mt19937 rng{43};
   std::size_t completed = 0;
 };

@@ -32,8 +32,9 @@
 // passed them, so synchronise before the manager's next fetch or
 // match_prefix (either may start a load into a page the batch uploads).
 // Register the host pool (kvcache/cuda/host_registration.h) so that the
-// loads are asynchronous DMA; the staging slots are the manager's pageable
-// memory (the runtime copies them through its own pinned buffer).
+// loads are asynchronous DMA, and the manager's staging slots
+// (PagedKVCacheManager::tier_staging()) so that the offloads are; memory
+// left pageable is copied by the runtime through its own pinned buffer.
 //
 // Throws InvalidArgument, with nothing enqueued, when T is not the cache's
 // dtype, device is not one of the batch's devices (nor an offload's),
