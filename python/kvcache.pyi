@@ -357,6 +357,7 @@ class HostTier(Tier):
         synchronous: bool = False,
         checksums: bool = False,
         huge_pages: bool = True,
+        linger_us: _Int = 1000,
     ) -> None: ...
     @property
     def num_slots(self) -> int: ...
@@ -380,6 +381,7 @@ class DiskTier(Tier):
         queue_depth: _Int = 32,
         slab_bytes: _Int = 1073741824,
         max_consecutive_errors: _Int = 8,
+        linger_us: _Int = 1000,
     ) -> None: ...
     @property
     def dir(self) -> str: ...
@@ -415,6 +417,8 @@ class PagedKVCacheManager:
         admission: Literal["every_page", "reused"] | None = None,
         staging_pages: _Int | None = None,
         pool_apart: bool | None = None,
+        offload_batch: _Int | None = None,
+        offload_delay_us: _Int | None = None,
     ) -> None: ...
     @classmethod
     def estimated_memory_size(

@@ -339,7 +339,8 @@ void bind_paged(py::module_& m) {
                       const py::object& small_fraction, const py::object& ghost_factor,
                       const py::object& tiers, const py::object& model_id,
                       const py::object& cache_salt, const py::object& admission,
-                      const py::object& staging_pages, const py::object& pool_apart) {
+                      const py::object& staging_pages, const py::object& pool_apart,
+                      const py::object& offload_batch, const py::object& offload_delay_us) {
             const KVCacheParams p = resolve_params(params, num_layers, devices);
             const std::uint32_t batch = to_u32(max_batch, "max_cache_batch_size");
             const std::uint32_t seq = to_u32(max_seq_len, "max_seq_len");
@@ -348,6 +349,7 @@ void bind_paged(py::module_& m) {
                 prefix_config(p, policy, on_event, small_fraction, ghost_factor);
             config.tiers =
                 tier_config(p, tiers, model_id, cache_salt, admission, staging_pages, pool_apart);
+            offload_batching(p, config.tiers, offload_batch, offload_delay_us);
             return std::make_unique<M>(p, pages, batch, seq, std::move(config),
                                        SeqIdPolicy::lowest_free);
           }),
@@ -359,12 +361,15 @@ void bind_paged(py::module_& m) {
           py::arg("ghost_factor") = py::none(), py::arg("tiers") = py::none(),
           py::arg("model_id") = py::none(), py::arg("cache_salt") = py::none(),
           py::arg("admission") = py::none(), py::arg("staging_pages") = py::none(),
-          py::arg("pool_apart") = py::none(),
+          py::arg("pool_apart") = py::none(), py::arg("offload_batch") = py::none(),
+          py::arg("offload_delay_us") = py::none(),
           "session (MAX's InferenceSession) is accepted and ignored. tiers: storage tiers "
           "below the pool, nearest first (kvcache.HostTier, kvcache.DiskTier; "
           "docs/tiers.md). pool_apart: the K/V live in a pool of the caller's (a GPU's), "
           "the manager's pool is the loads' host buffer; fetch hands out block_offloads and "
-          "block_loads, complete_offloads finishes the write-backs.");
+          "block_loads, complete_offloads finishes the write-backs. offload_batch, "
+          "offload_delay_us: write-backs wait in staging until offload_batch of them do or "
+          "the oldest waited offload_delay_us (or wait_tiers).");
   def_classmethod(
       cls, "estimated_memory_size",
       [](const py::object& /*cls*/, const KVCacheParams& params, const py::handle& max_batch,

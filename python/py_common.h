@@ -192,6 +192,11 @@ void bind_prefix_methods(py::class_<PagedKVCacheManager>& cls);
 TierConfig tier_config(const KVCacheParams& p, const py::object& tiers, const py::object& model_id,
                        const py::object& cache_salt, const py::object& admission,
                        const py::object& staging_pages, const py::object& pool_apart);
+// The keywords offload_batch and offload_delay_us into c (None: unchanged;
+// either without params.enable_prefix_caching is an InvalidArgument, one out
+// of range is refused by the manager's constructor, naming it).
+void offload_batching(const KVCacheParams& p, TierConfig& c, const py::object& batch,
+                      const py::object& delay_us);
 // The tiers part estimated_bookkeeping_size sizes: tiers a list of tiers or
 // their number (at most 8), staging_pages, pool_apart (None: the defaults).
 TierConfig sized_tier_config(const KVCacheParams& p, const py::object& tiers,

@@ -264,10 +264,19 @@ typedef struct kvc_prefix_config {
      onboarding go through the caller: kvc_batch_block_offloads,
      kvc_complete_offloads, kvc_batch_block_loads. Needs n_tiers >= 1. */
   int32_t pool_apart;
+  /* kvcache::TierConfig::offload_batch / offload_delay: staged write-backs
+     go to the first tier once offload_batch of them wait (at most half the
+     staging slots), once the oldest waited offload_delay_us microseconds
+     (looked at by every manager call), or at kvc_wait_tiers / destruction.
+     offload_batch in [1, 65536], offload_delay_us in [0, 1000000]; 1 or 0:
+     every call's write-backs go at once. */
+  uint32_t offload_batch;
+  uint32_t offload_delay_us;
 } kvc_prefix_config;
 
 /* The C++ defaults: adaptive, 0.1, 16, no events, no tiers, every page
- * admitted, 16 staging pages, no pool apart. */
+ * admitted, 16 staging pages, no pool apart, batches of 32 write-backs or
+ * 1000 us. */
 kvc_prefix_config kvc_prefix_config_default(void);
 
 /* kvc_manager_create for the paged strategy with prefix caching configured
@@ -312,10 +321,14 @@ typedef struct kvc_host_tier_options {
   int32_t huge_pages;   /* 1: madvise the slot memory to 2 MiB pages */
   int32_t checksums;    /* 1: checksum each page at store, verify it at load */
   uint64_t chunk_bytes; /* host memory mapped at a time */
+  /* kvcache::HostTierOptions::linger: a worker out of jobs naps this many
+     microseconds before it sleeps, and a store while one naps wakes no
+     thread; 0: every store wakes one. In [0, 1000000]. */
+  uint32_t linger_us;
 } kvc_host_tier_options;
 
 /* The C++ defaults: 2 threads, asynchronous, huge pages, no checksums,
- * 256 MiB chunks. */
+ * 256 MiB chunks, 1000 us linger. */
 kvc_host_tier_options kvc_host_tier_options_default(void);
 
 /* A host-memory tier of capacity_bytes (kvcache::HostTier). options NULL:
@@ -342,10 +355,11 @@ typedef struct kvc_disk_tier_options {
   uint32_t max_consecutive_errors; /* I/O failures in a row that disable the tier */
   uint64_t slab_bytes;             /* bytes per slab file */
   uint64_t compact_min_records;    /* manifest compaction threshold */
+  uint32_t linger_us; /* as kvc_host_tier_options.linger_us, in [0, 1000000] */
 } kvc_disk_tier_options;
 
 /* The C++ defaults: automatic, O_DIRECT, durable, 2 threads, depth 32, 8
- * errors, 1 GiB slabs, 4096 records. */
+ * errors, 1 GiB slabs, 4096 records, 1000 us linger. */
 kvc_disk_tier_options kvc_disk_tier_options_default(void);
 
 /* A disk tier in directory dir (created if missing; kvcache::DiskTier):

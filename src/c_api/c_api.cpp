@@ -206,6 +206,8 @@ kvc_prefix_config kvc_prefix_config_default(void) {
   c.admission = static_cast<int32_t>(d.tiers.admission);
   c.staging_pages = d.tiers.staging_pages;
   c.pool_apart = d.tiers.pool_apart ? 1 : 0;
+  c.offload_batch = d.tiers.offload_batch;
+  c.offload_delay_us = static_cast<uint32_t>(d.tiers.offload_delay.count());
   return c;
 }
 
