@@ -342,6 +342,10 @@ class Tier:
     def model_id(self) -> str: ...
     @property
     def cache_salt(self) -> str: ...
+    @property
+    def device_index(self) -> int: ...
+    @property
+    def device_count(self) -> int: ...
     def stats(self) -> dict[str, Any]: ...
 
 class HostTier(Tier):
@@ -358,6 +362,9 @@ class HostTier(Tier):
         checksums: bool = False,
         huge_pages: bool = True,
         linger_us: _Int = 1000,
+        device_index: _Int = 0,
+        first_shard: _Int = 0,
+        shard_count: _Int = 0,
     ) -> None: ...
     @property
     def num_slots(self) -> int: ...
@@ -382,6 +389,9 @@ class DiskTier(Tier):
         slab_bytes: _Int = 1073741824,
         max_consecutive_errors: _Int = 8,
         linger_us: _Int = 1000,
+        device_index: _Int = 0,
+        first_shard: _Int = 0,
+        shard_count: _Int = 0,
     ) -> None: ...
     @property
     def dir(self) -> str: ...
@@ -419,6 +429,8 @@ class PagedKVCacheManager:
         pool_apart: bool | None = None,
         offload_batch: _Int | None = None,
         offload_delay_us: _Int | None = None,
+        first_shard: _Int | None = None,
+        shard_count: _Int | None = None,
     ) -> None: ...
     @classmethod
     def estimated_memory_size(

@@ -340,7 +340,8 @@ void bind_paged(py::module_& m) {
                       const py::object& tiers, const py::object& model_id,
                       const py::object& cache_salt, const py::object& admission,
                       const py::object& staging_pages, const py::object& pool_apart,
-                      const py::object& offload_batch, const py::object& offload_delay_us) {
+                      const py::object& offload_batch, const py::object& offload_delay_us,
+                      const py::object& first_shard, const py::object& shard_count) {
             const KVCacheParams p = resolve_params(params, num_layers, devices);
             const std::uint32_t batch = to_u32(max_batch, "max_cache_batch_size");
             const std::uint32_t seq = to_u32(max_seq_len, "max_seq_len");
@@ -350,6 +351,7 @@ void bind_paged(py::module_& m) {
             config.tiers =
                 tier_config(p, tiers, model_id, cache_salt, admission, staging_pages, pool_apart);
             offload_batching(p, config.tiers, offload_batch, offload_delay_us);
+            tier_shards(p, config.tiers, first_shard, shard_count);
             return std::make_unique<M>(p, pages, batch, seq, std::move(config),
                                        SeqIdPolicy::lowest_free);
           }),
@@ -362,14 +364,18 @@ void bind_paged(py::module_& m) {
           py::arg("model_id") = py::none(), py::arg("cache_salt") = py::none(),
           py::arg("admission") = py::none(), py::arg("staging_pages") = py::none(),
           py::arg("pool_apart") = py::none(), py::arg("offload_batch") = py::none(),
-          py::arg("offload_delay_us") = py::none(),
+          py::arg("offload_delay_us") = py::none(), py::arg("first_shard") = py::none(),
+          py::arg("shard_count") = py::none(),
           "session (MAX's InferenceSession) is accepted and ignored. tiers: storage tiers "
           "below the pool, nearest first (kvcache.HostTier, kvcache.DiskTier; "
           "docs/tiers.md). pool_apart: the K/V live in a pool of the caller's (a GPU's), "
           "the manager's pool is the loads' host buffer; fetch hands out block_offloads and "
           "block_loads, complete_offloads finishes the write-backs. offload_batch, "
           "offload_delay_us: write-backs wait in staging until offload_batch of them do or "
-          "the oldest waited offload_delay_us (or wait_tiers).");
+          "the oldest waited offload_delay_us (or wait_tiers). With params.n_devices n, tiers "
+          "lists n a level, level-major (tiers[level * n + d] made with device_index=d). "
+          "first_shard, shard_count: a rank's manager is shards [first_shard, first_shard + n) "
+          "of shard_count of a group, sharing its tiers.");
   def_classmethod(
       cls, "estimated_memory_size",
       [](const py::object& /*cls*/, const KVCacheParams& params, const py::handle& max_batch,

@@ -197,6 +197,11 @@ TierConfig tier_config(const KVCacheParams& p, const py::object& tiers, const py
 // of range is refused by the manager's constructor, naming it).
 void offload_batching(const KVCacheParams& p, TierConfig& c, const py::object& batch,
                       const py::object& delay_us);
+// The keywords first_shard and shard_count into c (None: unchanged; either
+// without params.enable_prefix_caching is an InvalidArgument, a shard range
+// past shard_count is refused by the manager's constructor, naming it).
+void tier_shards(const KVCacheParams& p, TierConfig& c, const py::object& first_shard,
+                 const py::object& shard_count);
 // The tiers part estimated_bookkeeping_size sizes: tiers a list of tiers or
 // their number (at most 8), staging_pages, pool_apart (None: the defaults).
 TierConfig sized_tier_config(const KVCacheParams& p, const py::object& tiers,

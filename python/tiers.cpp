@@ -1,9 +1,10 @@
 // python/tiers.cpp — the storage tiers below the paged pool for Python
 // (docs/tiers.md, docs/python.md "Storage tiers"): kvcache.Tier, the base,
-// and kvcache.HostTier / kvcache.DiskTier (keyword constructors, reprs,
-// stats()); the PagedKVCacheManager keywords tiers, model_id, cache_salt,
-// admission, staging_pages (tier_config), offload_batch, offload_delay_us
-// (offload_batching); its methods has_pending_loads,
+// and kvcache.HostTier / kvcache.DiskTier (keyword constructors, the shard
+// a tier holds: device_index, first_shard, shard_count; reprs, stats()); the
+// PagedKVCacheManager keywords tiers, model_id, cache_salt, admission,
+// staging_pages (tier_config), offload_batch, offload_delay_us
+// (offload_batching), first_shard, shard_count (tier_shards); its methods has_pending_loads,
 // poll_loads, wait_loads, wait_tiers (the GIL released while they run); a
 // manager's stats() as a dict (stats_dict), its "tiers" one dict per tier.
 //
@@ -61,9 +62,18 @@ std::string to_str(const py::handle& obj, const char* what) {
   return obj.cast<std::string>();
 }
 
-// The fingerprint of a tier for the params, model id and salt.
+// Which shard a tier holds (the keywords device_index, first_shard,
+// shard_count): device `device` of params.n_devices, named shard
+// first + device of `count` (0: the cache is the whole group).
+struct ShardArgs {
+  py::object device, first, count;
+};
+
+// The fingerprint of a tier for the params, model id, salt and shard: the
+// one a manager with the same first_shard / shard_count expects of its
+// device (TierConfig::fingerprint).
 TierFingerprint fingerprint(const KVCacheParams& p, const py::handle& model_id,
-                            const py::handle& cache_salt) {
+                            const py::handle& cache_salt, const ShardArgs& shard) {
   if (p.cache_strategy != CacheStrategy::paged) {
     throw InvalidArgument(
         "params.cache_strategy is 'continuous'; a tier holds pages of the paged strategy");
@@ -71,7 +81,12 @@ TierFingerprint fingerprint(const KVCacheParams& p, const py::handle& model_id,
   if (p.num_layers == 0) {
     throw InvalidArgument("params.num_layers is unset: a tier needs it (pass it to KVCacheParams)");
   }
-  return TierFingerprint::of(p, to_str(model_id, "model_id"), to_str(cache_salt, "cache_salt"));
+  TierConfig t;
+  t.model_id = to_str(model_id, "model_id");
+  t.cache_salt = to_str(cache_salt, "cache_salt");
+  t.first_shard = to_u32(shard.first, "first_shard");
+  t.shard_count = to_u32(shard.count, "shard_count");
+  return t.fingerprint(p, to_u32(shard.device, "device_index"));
 }
 
 // capacity_bytes, or capacity_pages pages, or `neither` when both are None.
@@ -156,6 +171,7 @@ py::dict tier_stats_dict(const TierStats& s) {
 py::dict figures_dict(const TierFigures& f) {
   py::dict d;
   d["name"] = f.name;
+  d["device"] = f.device;
   d["enabled"] = f.enabled;
   d["pages_held"] = f.pages_held;
   d["bytes_held"] = f.bytes_held;
@@ -205,8 +221,9 @@ std::shared_ptr<HostTier> make_host(const KVCacheParams& params, const py::objec
                                     const py::object& pages, const py::object& model_id,
                                     const py::object& cache_salt, const py::object& n_threads,
                                     const py::object& synchronous, const py::object& checksums,
-                                    const py::object& huge_pages, const py::object& linger_us) {
-  TierFingerprint f = fingerprint(params, model_id, cache_salt);
+                                    const py::object& huge_pages, const py::object& linger_us,
+                                    const ShardArgs& shard) {
+  TierFingerprint f = fingerprint(params, model_id, cache_salt, shard);
   if (bytes.is_none() && pages.is_none()) {
     throw InvalidArgument("a host tier needs capacity_bytes or capacity_pages");
   }
@@ -223,12 +240,13 @@ std::shared_ptr<HostTier> make_host(const KVCacheParams& params, const py::objec
 struct DiskArgs {
   py::object capacity_bytes, capacity_pages, io, direct_io, durable, threads, queue_depth,
       slab_bytes, max_consecutive_errors, linger_us;
+  ShardArgs shard;
 };
 
 std::shared_ptr<DiskTier> make_disk(const KVCacheParams& params, const py::object& dir,
                                     const py::object& model_id, const py::object& cache_salt,
                                     const DiskArgs& a) {
-  TierFingerprint f = fingerprint(params, model_id, cache_salt);
+  TierFingerprint f = fingerprint(params, model_id, cache_salt, a.shard);
   const py::object fspath = py::module_::import("os").attr("fspath");
   if (!py::isinstance<py::str>(dir) && !py::hasattr(dir, "__fspath__")) {
     throw InvalidArgument("dir must be a str or an os.PathLike, got " +
@@ -260,6 +278,10 @@ void bind_base(py::module_& m) {
                              [](const Tier& t) { return t.fingerprint().page_bytes(); })
       .def_property_readonly("model_id", [](const Tier& t) { return t.fingerprint().model_id; })
       .def_property_readonly("cache_salt", [](const Tier& t) { return t.fingerprint().cache_salt; })
+      .def_property_readonly("device_index",
+                             [](const Tier& t) { return t.fingerprint().device_index; })
+      .def_property_readonly("device_count",
+                             [](const Tier& t) { return t.fingerprint().device_count; })
       .def(
           "stats", [](const Tier& t) { return tier_stats_dict(t.stats()); },
           "The tier's counters since it opened and its gauges now, as a dict "
@@ -269,16 +291,31 @@ void bind_base(py::module_& m) {
 void bind_host(py::module_& m) {
   py::class_<HostTier, Tier, std::shared_ptr<HostTier>>(
       m, "HostTier", "Pages in bounded host memory (kvcache::HostTier, docs/tiers.md).")
-      .def(py::init(&make_host), py::arg("params"), py::kw_only(),
-           py::arg("capacity_bytes") = py::none(), py::arg("capacity_pages") = py::none(),
-           py::arg("model_id") = "", py::arg("cache_salt") = "", py::arg("threads") = 2,
-           py::arg("synchronous") = false, py::arg("checksums") = false,
-           py::arg("huge_pages") = true, py::arg("linger_us") = HostTierOptions{}.linger.count(),
-           "A host tier for caches of params' shape (paged) under model_id and cache_salt, "
-           "holding capacity_bytes of pages (or capacity_pages pages). threads: workers; "
-           "synchronous: work in the caller's thread instead; checksums: verify every load; "
-           "linger_us: a worker out of jobs naps this long (at most 1 s) before it sleeps, "
-           "so a store meanwhile wakes no thread.")
+      .def(
+          py::init([](const KVCacheParams& params, const py::object& bytes, const py::object& pages,
+                      const py::object& model_id, const py::object& cache_salt,
+                      const py::object& n_threads, const py::object& synchronous,
+                      const py::object& checksums, const py::object& huge_pages,
+                      const py::object& linger_us, const py::object& device_index,
+                      const py::object& first_shard, const py::object& shard_count) {
+            return make_host(params, bytes, pages, model_id, cache_salt, n_threads, synchronous,
+                             checksums, huge_pages, linger_us,
+                             {device_index, first_shard, shard_count});
+          }),
+          py::arg("params"), py::kw_only(), py::arg("capacity_bytes") = py::none(),
+          py::arg("capacity_pages") = py::none(), py::arg("model_id") = "",
+          py::arg("cache_salt") = "", py::arg("threads") = 2, py::arg("synchronous") = false,
+          py::arg("checksums") = false, py::arg("huge_pages") = true,
+          py::arg("linger_us") = HostTierOptions{}.linger.count(), py::arg("device_index") = 0,
+          py::arg("first_shard") = 0, py::arg("shard_count") = 0,
+          "A host tier for caches of params' shape (paged) under model_id and cache_salt, "
+          "holding capacity_bytes of pages (or capacity_pages pages). threads: workers; "
+          "synchronous: work in the caller's thread instead; checksums: verify every load; "
+          "linger_us: a worker out of jobs naps this long (at most 1 s) before it sleeps, "
+          "so a store meanwhile wakes no thread. device_index: the device of "
+          "params.n_devices whose shard it holds; first_shard, shard_count: as the "
+          "manager's, for a rank that is shards [first_shard, first_shard + n_devices) of "
+          "shard_count.")
       .def_property_readonly("num_slots", &HostTier::num_slots)
       .def_property_readonly("slot_bytes", &HostTier::slot_bytes)
       .def("__repr__", &host_repr);
@@ -295,23 +332,34 @@ void bind_disk(py::module_& m) {
                        const py::object& direct_io, const py::object& durable,
                        const py::object& n_threads, const py::object& queue_depth,
                        const py::object& slab_bytes, const py::object& max_errors,
-                       const py::object& linger_us) {
+                       const py::object& linger_us, const py::object& device_index,
+                       const py::object& first_shard, const py::object& shard_count) {
              return make_disk(params, dir, model_id, cache_salt,
-                              {bytes, pages, io, direct_io, durable, n_threads, queue_depth,
-                               slab_bytes, max_errors, linger_us});
+                              {bytes,
+                               pages,
+                               io,
+                               direct_io,
+                               durable,
+                               n_threads,
+                               queue_depth,
+                               slab_bytes,
+                               max_errors,
+                               linger_us,
+                               {device_index, first_shard, shard_count}});
            }),
            py::arg("params"), py::arg("dir"), py::kw_only(), py::arg("capacity_bytes") = py::none(),
            py::arg("capacity_pages") = py::none(), py::arg("model_id") = "",
            py::arg("cache_salt") = "", py::arg("io") = "auto", py::arg("direct_io") = true,
            py::arg("durable") = true, py::arg("threads") = 2, py::arg("queue_depth") = 32,
            py::arg("slab_bytes") = std::uint64_t{1} << 30, py::arg("max_consecutive_errors") = 8,
-           py::arg("linger_us") = DiskTierOptions{}.linger.count(),
+           py::arg("linger_us") = DiskTierOptions{}.linger.count(), py::arg("device_index") = 0,
+           py::arg("first_shard") = 0, py::arg("shard_count") = 0,
            "A disk tier in dir (created if missing; a str or os.PathLike) for caches of "
            "params' shape under model_id and cache_salt: capacity_bytes of pages, or "
            "capacity_pages pages, or (neither) as many as the disk holds. Pages a tier of the "
            "same shape and namespace left there are found again (recovery). One tier at a "
-           "time per directory. io: 'auto', 'io_uring' or 'threads'. linger_us: as "
-           "HostTier's.")
+           "time per directory. io: 'auto', 'io_uring' or 'threads'. linger_us, device_index, "
+           "first_shard, shard_count: as HostTier's.")
       .def_property_readonly("dir", [](const DiskTier& t) { return t.dir().string(); })
       .def_property_readonly("io_backend",
                              [](const DiskTier& t) { return std::string(t.io_backend()); })
@@ -374,7 +422,8 @@ void require_prefix_caching(const KVCacheParams& p, bool any) {
   if (any && !p.enable_prefix_caching) {
     throw InvalidArgument(
         "tiers / model_id / cache_salt / admission / staging_pages / pool_apart / "
-        "offload_batch / offload_delay_us need params.enable_prefix_caching=True");
+        "offload_batch / offload_delay_us / first_shard / shard_count need "
+        "params.enable_prefix_caching=True");
   }
 }
 
@@ -404,6 +453,13 @@ void offload_batching(const KVCacheParams& p, TierConfig& c, const py::object& b
   require_prefix_caching(p, !batch.is_none() || !delay_us.is_none());
   if (!batch.is_none()) c.offload_batch = to_u32(batch, "offload_batch");
   if (!delay_us.is_none()) c.offload_delay = micros(delay_us, "offload_delay_us");
+}
+
+void tier_shards(const KVCacheParams& p, TierConfig& c, const py::object& first_shard,
+                 const py::object& shard_count) {
+  require_prefix_caching(p, !first_shard.is_none() || !shard_count.is_none());
+  if (!first_shard.is_none()) c.first_shard = to_u32(first_shard, "first_shard");
+  if (!shard_count.is_none()) c.shard_count = to_u32(shard_count, "shard_count");
 }
 
 TierConfig sized_tier_config(const KVCacheParams& p, const py::object& tiers,

@@ -123,6 +123,10 @@ typedef struct kvc_params {
   int32_t enable_prefix_caching; /* 0 or 1; paged only */
   int32_t page_layout;           /* kvc_page_layout */
   int32_t pool_arrangement;      /* kvc_pool_arrangement (0: interleaved) */
+  /* Tensor-parallel devices the KV heads are split over (n_kv_heads a
+     multiple of it; each device keeps n_kv_heads / n_devices heads of every
+     page in a pool of its own: kvc_batch_describe_device). 0: 1. */
+  uint32_t n_devices;
 } kvc_params;
 
 /* Bytes of K and V a manager of this shape allocates: num_blocks pages
@@ -248,10 +252,13 @@ typedef struct kvc_prefix_config {
   kvc_page_event_fn on_event;   /* NULL: no events */
   void* user_data;              /* passed to on_event */
   /* kvcache::TierConfig (docs/tiers.md): the tiers below the device pool,
-     nearest first (n_tiers handles, none NULL; NULL and 0: no tiers). Each
-     tier's fingerprint (its params, model id and cache salt) must match the
-     manager's params, model_id and cache_salt; tiers need
-     params->n_devices 1 (the C params' only value). */
+     nearest first (n_tiers handles, none NULL; NULL and 0: no tiers). With
+     n devices (params->n_devices) each level has a tier per device,
+     level-major: tiers[level * n + d] is device d's, made with
+     options.device_index d (and this config's first_shard / shard_count).
+     Each tier's fingerprint (its params, model id, cache salt and shard)
+     must match the manager's (KVC_INVALID_ARGUMENT naming the tier and the
+     field that differs). */
   kvc_tier* const* tiers;
   uint32_t n_tiers;
   int32_t admission;      /* kvc_offload_admission */
@@ -272,6 +279,13 @@ typedef struct kvc_prefix_config {
      every call's write-backs go at once. */
   uint32_t offload_batch;
   uint32_t offload_delay_us;
+  /* kvcache::TierConfig::first_shard / shard_count: a rank of a
+     tensor-parallel group running its own manager names its shards: device
+     d is shard first_shard + d of shard_count, so it shares tiers (a disk
+     directory) with one manager over the whole group. shard_count 0: the
+     manager is the whole group (first_shard must be 0). */
+  uint32_t first_shard;
+  uint32_t shard_count;
 } kvc_prefix_config;
 
 /* The C++ defaults: adaptive, 0.1, 16, no events, no tiers, every page
@@ -325,6 +339,14 @@ typedef struct kvc_host_tier_options {
      microseconds before it sleeps, and a store while one naps wakes no
      thread; 0: every store wakes one. In [0, 1000000]. */
   uint32_t linger_us;
+  /* The shard the tier holds (TierConfig::fingerprint(params, device_index)):
+     device device_index of params->n_devices (KVC_INVALID_ARGUMENT naming
+     it when >= n_devices), shard first_shard + device_index of shard_count
+     for a rank's manager (kvc_prefix_config.first_shard / shard_count;
+     shard_count 0: the cache is the whole group). Default 0, 0, 0. */
+  uint32_t device_index;
+  uint32_t first_shard;
+  uint32_t shard_count;
 } kvc_host_tier_options;
 
 /* The C++ defaults: 2 threads, asynchronous, huge pages, no checksums,
@@ -355,7 +377,11 @@ typedef struct kvc_disk_tier_options {
   uint32_t max_consecutive_errors; /* I/O failures in a row that disable the tier */
   uint64_t slab_bytes;             /* bytes per slab file */
   uint64_t compact_min_records;    /* manifest compaction threshold */
-  uint32_t linger_us; /* as kvc_host_tier_options.linger_us, in [0, 1000000] */
+  uint32_t linger_us;              /* as kvc_host_tier_options.linger_us, in [0, 1000000] */
+  /* as kvc_host_tier_options: the shard the tier holds */
+  uint32_t device_index;
+  uint32_t first_shard;
+  uint32_t shard_count;
 } kvc_disk_tier_options;
 
 /* The C++ defaults: automatic, O_DIRECT, durable, 2 threads, depth 32, 8
@@ -471,9 +497,10 @@ typedef struct kvc_tier_figures {
   uint64_t offload_dropped; /* evicted pages not written: staging full, refused, failed */
   uint64_t pages_onboarded; /* pages loaded back into the device pool */
   uint64_t load_failures;   /* loads that came back missing, mismatch, corrupt or failed */
+  uint32_t device;          /* the manager's device whose shard the tier holds */
 } kvc_tier_figures;
 
-/* The manager's tiers, nearest first, read in one reading with
+/* The manager's tiers, in kvc_prefix_config.tiers' order, read in one reading with
  * *pending_loads (pages loading now; may be NULL). *count (may be NULL)
  * receives the number of tiers. With figures NULL and cap 0 the call only
  * sets the counts; otherwise figures[0, n) is written if the n tiers fit in
@@ -615,8 +642,13 @@ typedef struct kvc_cache_desc {
   const float* head_scales;
 } kvc_cache_desc;
 
-/* KVC_INVALID_ARGUMENT for a batch never fetched into. */
+/* KVC_INVALID_ARGUMENT for a batch never fetched into. kvc_batch_describe
+ * describes device 0; kvc_batch_describe_device device `device` of
+ * params->n_devices (its pool, n_kv_heads its heads; KVC_INVALID_ARGUMENT
+ * naming it when >= n_devices). */
 kvc_status kvc_batch_describe(const kvc_batch* batch, kvc_cache_desc* out, kvc_error* err);
+kvc_status kvc_batch_describe_device(const kvc_batch* batch, uint32_t device, kvc_cache_desc* out,
+                                     kvc_error* err);
 
 /* One copy-on-write copy the last kvc_fetch into a batch made in the
  * manager's blocks: block dst now holds what block src held (every layer, K
@@ -638,23 +670,25 @@ kvc_status kvc_batch_block_copies(const kvc_batch* batch, const kvc_block_copy**
 
 /* One write-back the last kvc_fetch into a batch asks of a caller whose pool
  * is apart (kvc_prefix_config.pool_apart): copy page `page` of the caller's
- * pool into `bytes`, a staging slot of the manager of `size` bytes (one
- * page), packed [2 (K, V)][num_layers][block] whatever the pool's
- * arrangement (a block: one layer's K or V of the page, as in the cache's
- * memory layout above). */
+ * pool of device `device` into `bytes`, that device's part of a staging slot
+ * of the manager, `size` bytes (one device's page), packed [2 (K, V)][num_layers][block] whatever
+ * the pool's arrangement (a block: one layer's K or V of the page, as in the cache's memory layout
+ * above). */
 typedef struct kvc_block_offload {
   uint32_t page;
   void* bytes;
   size_t size;
+  uint32_t device; /* whose pool to copy from: a page is listed once per device */
 } kvc_block_offload;
 
 /* A pool apart's transfers from the last kvc_fetch into this batch (empty
  * otherwise; the arrays may be NULL when *count is 0). The caller applies
  * them to its pool before the batch's kernels, in this order:
- * 1. kvc_batch_block_offloads: each page, from its pool into `bytes`;
+ * 1. kvc_batch_block_offloads: each page, from its device's pool into `bytes`;
  * 2. kvc_batch_block_loads: each page id, from the manager's pool (the
  *    host pool: kvc_batch_describe's blocks, same arrangement and page ids)
- *    into its pool (pages a tier loaded);
+ *    into its pool (pages a tier loaded); with several devices on every
+ *    device, from kvc_batch_describe_device's blocks;
  * 3. kvc_batch_block_copies, in order;
  * then calls kvc_complete_offloads(manager, batch) once the copies of 1.
  * have completed. The host pages of 2. must be read before the manager's
@@ -692,7 +726,8 @@ typedef struct kvc_store_options {
 
 /* Writes the batch's new K and V rows of `layer` (fp32, [tokens][n_kv_heads]
  * [head_dim], converted to the cache dtype) at positions cache_length + i.
- * options and pool may be NULL. */
+ * options and pool may be NULL. The kernels take one-device caches
+ * (KVC_INVALID_ARGUMENT naming params->n_devices otherwise). */
 kvc_status kvc_store_kv(const kvc_batch* batch, uint32_t layer, const float* k_new,
                         const float* v_new, const uint32_t* row_offsets,
                         const kvc_store_options* options, kvc_thread_pool* pool, kvc_error* err);

@@ -208,6 +208,8 @@ kvc_prefix_config kvc_prefix_config_default(void) {
   c.pool_apart = d.tiers.pool_apart ? 1 : 0;
   c.offload_batch = d.tiers.offload_batch;
   c.offload_delay_us = static_cast<uint32_t>(d.tiers.offload_delay.count());
+  c.first_shard = d.tiers.first_shard;
+  c.shard_count = d.tiers.shard_count;
   return c;
 }
 

@@ -101,6 +101,7 @@ KVCacheParams to_params(const kvc_params* p) {
   params.pool_arrangement =
       from_c<PoolArrangement>(p->pool_arrangement, 2, "params->pool_arrangement",
                               "KVC_ARRANGEMENT_INTERLEAVED or KVC_ARRANGEMENT_PER_LAYER");
+  params.n_devices = p->n_devices == 0 ? 1 : p->n_devices;
   params.validate();
   return params;
 }

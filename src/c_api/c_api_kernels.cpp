@@ -61,6 +61,16 @@ void with_collection(const kvcache::KVCacheBatch& b, F&& fn) {
   }
 }
 
+// The kernels' batch: fetched, of a one-device cache.
+const kvcache::KVCacheBatch& one_device(const kvc_batch* batch, const char* what) {
+  const kvcache::KVCacheBatch& b = fetched(batch);
+  if (b.params().n_devices != 1) {
+    throw InvalidArgument(std::string(what) + " takes one-device caches; this batch's has " +
+                          std::to_string(b.params().n_devices) + " devices (params->n_devices)");
+  }
+  return b;
+}
+
 std::span<const std::uint32_t> checked_row_offsets(const kvcache::KVCacheBatch& b,
                                                    const std::uint32_t* row_offsets) {
   require(row_offsets, "row_offsets");
@@ -83,10 +93,20 @@ kvc_status kvc_batch_create(kvc_batch** out, kvc_error* err) {
 void kvc_batch_destroy(kvc_batch* batch) { delete batch; }
 
 kvc_status kvc_batch_describe(const kvc_batch* batch, kvc_cache_desc* out, kvc_error* err) {
+  return kvc_batch_describe_device(batch, 0, out, err);
+}
+
+kvc_status kvc_batch_describe_device(const kvc_batch* batch, uint32_t device, kvc_cache_desc* out,
+                                     kvc_error* err) {
   return guarded(err, [&] {
     const kvcache::KVCacheBatch& b = fetched(batch);
     require(out, "out");
-    const kvcache::CacheDesc c = b.desc();
+    const std::uint32_t n = b.params().n_devices;
+    if (device >= n) {
+      throw InvalidArgument("device " + std::to_string(device) +
+                            " is out of range: the cache has " + std::to_string(n) + " devices");
+    }
+    const kvcache::CacheDesc c = b.desc(device);
     kvc_cache_desc d{};
     d.blocks = c.blocks;
     d.cache_lengths = c.cache_lengths;
@@ -148,7 +168,7 @@ kvc_status kvc_batch_block_offloads(const kvc_batch* batch, const kvc_block_offl
     batch->offloads.reserve(o.size());  // may throw: nothing written yet
     batch->offloads.clear();
     for (const kvcache::BlockOffload& x : o) {
-      batch->offloads.push_back({x.page, x.bytes.data(), x.bytes.size()});
+      batch->offloads.push_back({x.page, x.bytes.data(), x.bytes.size(), x.device});
     }
     *offloads = o.empty() ? nullptr : batch->offloads.data();
     *count = static_cast<uint32_t>(o.size());
@@ -190,7 +210,7 @@ kvc_status kvc_store_kv(const kvc_batch* batch, uint32_t layer, const float* k_n
                         const float* v_new, const uint32_t* row_offsets,
                         const kvc_store_options* options, kvc_thread_pool* pool, kvc_error* err) {
   return guarded(err, [&] {
-    const kvcache::KVCacheBatch& b = fetched(batch);
+    const kvcache::KVCacheBatch& b = one_device(batch, "kvc_store_kv");
     const std::span<const std::uint32_t> ro = checked_row_offsets(b, row_offsets);
     const std::size_t n =
         elements(ro.back(), b.params().n_kv_heads_per_device(), b.params().head_dim, "k_new");
@@ -220,7 +240,7 @@ kvc_status kvc_attention(const kvc_batch* batch, uint32_t layer, const float* q,
                          const kvc_attention_options* options, kvc_thread_pool* pool,
                          kvc_error* err) {
   return guarded(err, [&] {
-    const kvcache::KVCacheBatch& b = fetched(batch);
+    const kvcache::KVCacheBatch& b = one_device(batch, "kvc_attention");
     const std::span<const std::uint32_t> ro = checked_row_offsets(b, row_offsets);
     const std::size_t n = elements(ro.back(), n_q_heads, b.params().head_dim, "q");
     require_array(q, n, "q");

@@ -31,15 +31,37 @@ static_assert(KVC_TIER_UNLIMITED == DiskTier::kUnlimited);
 
 std::string str_or_empty(const char* s) { return s == nullptr ? std::string() : std::string(s); }
 
-// The fingerprint of a tier for these params, model id and salt.
-TierFingerprint fingerprint(const kvc_params* params, const char* model_id, const char* salt) {
+// Which shard a tier holds: device `device` of the params' devices, named
+// shard first + device of `count` (0: the cache is the whole group).
+struct ShardChoice {
+  std::uint32_t device = 0;
+  std::uint32_t first = 0;
+  std::uint32_t count = 0;
+};
+
+// The fingerprint of a tier for these params, model id, salt and shard: the
+// one a manager configured with the same first_shard / shard_count expects
+// of its device `shard.device` (TierConfig::fingerprint).
+TierFingerprint fingerprint(const kvc_params* params, const char* model_id, const char* salt,
+                            ShardChoice shard = {}) {
   const KVCacheParams p = to_params(params);
   if (p.cache_strategy != CacheStrategy::paged) {
     throw InvalidArgument(
         "params->strategy is KVC_STRATEGY_CONTINUOUS; a tier holds pages of the paged "
         "strategy (KVC_STRATEGY_PAGED)");
   }
-  return TierFingerprint::of(p, str_or_empty(model_id), str_or_empty(salt));
+  TierConfig t;
+  t.model_id = str_or_empty(model_id);
+  t.cache_salt = str_or_empty(salt);
+  t.first_shard = shard.first;
+  t.shard_count = shard.count;
+  return t.fingerprint(p, shard.device);
+}
+
+template <class Options>
+ShardChoice shard_of(const Options* o) {
+  if (o == nullptr) return {};
+  return {o->device_index, o->first_shard, o->shard_count};
 }
 
 void check_threads(std::uint32_t threads) {
@@ -137,6 +159,7 @@ kvc_tier_figures to_c(const TierFigures& f) {
   c.offload_dropped = f.offload_dropped;
   c.pages_onboarded = f.pages_onboarded;
   c.load_failures = f.load_failures;
+  c.device = f.device;
   return c;
 }
 
@@ -160,6 +183,8 @@ TierConfig tier_config(const kvc_prefix_config& config) {
   // The manager refuses either out of range (naming it), as staging_pages.
   t.offload_batch = config.offload_batch;
   t.offload_delay = std::chrono::microseconds{config.offload_delay_us};
+  t.first_shard = config.first_shard;  // the manager refuses a range past shard_count
+  t.shard_count = config.shard_count;
   return t;
 }
 
@@ -198,7 +223,8 @@ kvc_status kvc_host_tier_create(const kvc_params* params, const char* model_id,
                                 kvc_error* err) {
   return guarded(err, [&] {
     require(out, "out");
-    kvcache::TierFingerprint f = kvcache::c_api::fingerprint(params, model_id, cache_salt);
+    kvcache::TierFingerprint f = kvcache::c_api::fingerprint(params, model_id, cache_salt,
+                                                             kvcache::c_api::shard_of(options));
     const kvcache::HostTierOptions o = kvcache::c_api::host_options(options);
     *out =
         kvcache::c_api::wrap(std::make_shared<kvcache::HostTier>(std::move(f), capacity_bytes, o));
@@ -228,7 +254,8 @@ kvc_status kvc_disk_tier_create(const kvc_params* params, const char* model_id,
     require(out, "out");
     require(dir, "dir");
     if (*dir == '\0') throw InvalidArgument("dir is empty");
-    kvcache::TierFingerprint f = kvcache::c_api::fingerprint(params, model_id, cache_salt);
+    kvcache::TierFingerprint f = kvcache::c_api::fingerprint(params, model_id, cache_salt,
+                                                             kvcache::c_api::shard_of(options));
     const kvcache::DiskTierOptions o = kvcache::c_api::disk_options(options);
     *out = kvcache::c_api::wrap(
         std::make_shared<kvcache::DiskTier>(std::move(f), dir, capacity_bytes, o));

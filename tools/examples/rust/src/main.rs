@@ -22,6 +22,8 @@ struct KvcParams {
     page_size: u32,
     enable_prefix_caching: i32,
     page_layout: i32,
+    pool_arrangement: i32,
+    n_devices: u32,
 }
 #[repr(C)]
 struct KvcManager {
