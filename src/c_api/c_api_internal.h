@@ -108,7 +108,8 @@ PagedKVCacheManager& paged_of(kvc_manager* m, const char* what);
 const PagedKVCacheManager& paged_of(const kvc_manager* m, const char* what);
 
 // c_api_tiers.cpp: the tiers part of a kvc_prefix_config (tiers, model_id,
-// cache_salt, admission, staging_pages, pool_apart, offload_batch, offload_delay_us). Throws
+// cache_salt, admission, staging_pages, pool_apart, offload_batch, offload_delay_us,
+// first_shard, shard_count). Throws
 // InvalidArgument naming the field.
 TierConfig tier_config(const kvc_prefix_config& config);
 

@@ -1,6 +1,7 @@
 // The C interface's storage tiers (include/kvcache/c_api.h, "storage tiers
 // below the paged pool"; docs/tiers.md): making host and disk tiers, their
-// figures, the tiers part of kvc_prefix_config, the pending-load calls, a
+// figures, the shard a tier holds (device_index, first_shard, shard_count),
+// the tiers part of kvc_prefix_config, the pending-load calls, a
 // pool apart's kvc_complete_offloads and a manager's per-tier figures.
 #include <algorithm>
 #include <chrono>

@@ -82,9 +82,10 @@ kvc_tier* disk_tier(const kvc_params& p, const std::string& dir, std::uint32_t d
 // A manager of 4 pages over `tiers` (and its batch).
 struct Manager {
   Manager(const kvc_params& p, std::vector<kvc_tier*> tiers, std::uint32_t first_shard = 0,
-          std::uint32_t shard_count = 0)
+          std::uint32_t shard_count = 0, std::int32_t pool_apart = 0)
       : params(p) {
     kvc_prefix_config c = kvc_prefix_config_default();
+    c.pool_apart = pool_apart;
     c.tiers = tiers.data();
     c.n_tiers = static_cast<std::uint32_t>(tiers.size());
     c.model_id = "model";
@@ -314,6 +315,38 @@ TEST(CTiersDevices, DescribeDeviceAndKernelsRefuseWhatTheyCannotServe) {
         return kvc_store_kv(m.batch, 0, k.data(), k.data(), rows, nullptr, nullptr, e);
       },
       KVC_INVALID_ARGUMENT, {"kvc_store_kv", "2 devices"});
+}
+
+TEST(CTiersDevices, APoolApartListsEachEvictedPageOncePerDevice) {
+  const kvc_params p = group_params();
+  kvc_tier* h0 = host_tier(p, 0);
+  kvc_tier* h1 = host_tier(p, 1);
+  Manager m(p, {h0, h1}, 0, 0, 1);
+  kvc_tier_destroy(h0);
+  kvc_tier_destroy(h1);
+  std::mt19937 rng(3);
+  kvc_error err{};
+  const std::uint64_t s = m.claim();
+  prefill(m, s, iota_tokens(8, 1), rng);  // two full pages, published
+  ASSERT_EQ(kvc_release(m.m, s, KVC_REUSE_UNKNOWN, &err), KVC_OK) << err.message;
+  const std::uint64_t other = m.claim();
+  const std::uint32_t n = 16;  // the whole pool: both pages evicted
+  ASSERT_EQ(kvc_fetch(m.m, m.batch, &other, &n, 1, 1, &err), KVC_OK) << err.message;
+  const kvc_block_offload* o = nullptr;
+  std::uint32_t count = 0;
+  ASSERT_EQ(kvc_batch_block_offloads(m.batch, &o, &count, &err), KVC_OK) << err.message;
+  ASSERT_EQ(count, 4u) << "two pages, once per device";
+  std::uint32_t per_device[kDevices] = {};
+  for (std::uint32_t i = 0; i < count; ++i) {
+    ASSERT_LT(o[i].device, kDevices);
+    ++per_device[o[i].device];
+    EXPECT_EQ(o[i].size, std::size_t{2} * kLayers * kPage * (kHeads / kDevices) * kDim * 4)
+        << "one device's page";
+  }
+  EXPECT_EQ(per_device[0], 2u);
+  EXPECT_EQ(per_device[1], 2u);
+  std::uint32_t completed = 0;
+  EXPECT_EQ(kvc_complete_offloads(m.m, m.batch, &completed, &err), KVC_OK) << err.message;
 }
 
 TEST(CTiersDevices, ARankLoadsDeviceOnesBytesFromTheGroupsTier) {
