@@ -87,7 +87,7 @@ py::array block_copies_view(const py::handle& self) {
                   {static_cast<py::ssize_t>(c.size()), 2});
 }
 
-// pool_apart: [(page, slot)], each slot a writable uint8 view of a staging
+// pool_apart: [(page, slot, device)], each slot a writable uint8 view of a staging
 // slot (one page packed [2][num_layers][block]).
 py::list block_offloads_list(const py::handle& self) {
   const KVCacheBatch& b = self.cast<PyBatch&>().batch;
@@ -96,7 +96,7 @@ py::list block_offloads_list(const py::handle& self) {
     const py::array slot(py::dtype::of<std::uint8_t>(),
                          std::vector<py::ssize_t>{static_cast<py::ssize_t>(o.bytes.size())},
                          o.bytes.data(), self);
-    out.append(py::make_tuple(o.page, slot));
+    out.append(py::make_tuple(o.page, slot, o.device));
   }
   return out;
 }

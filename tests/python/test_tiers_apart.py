@@ -56,7 +56,8 @@ class Apart:
 
     def apply(self, inputs):
         """The batch's transfers into dev, in the documented order."""
-        for page, slot in inputs.block_offloads:
+        for page, slot, device in inputs.block_offloads:
+            assert device == 0
             assert slot.dtype == np.uint8 and slot.flags.writeable
             packed = slot.view(np.float32).reshape(2, LAYERS, PAGE, HEADS, DIM)
             packed[...] = self.page(self.dev, page)
@@ -114,10 +115,10 @@ def test_round_trip_through_the_callers_pool(arrangement):
 
     sb, = r.m.claim(1)
     inputs = r.m.fetch([sb], [16])  # evicts A's 3 published pages
-    assert [page for page, _ in inputs.block_offloads] != []
+    assert [page for page, _, _ in inputs.block_offloads] != []
     assert len(inputs.block_offloads) == 3, "A's pages wait for their bytes"
     assert inputs.batch.block_offloads[0][0] == inputs.block_offloads[0][0]
-    assert all(slot.nbytes == r.tier.page_bytes for _, slot in inputs.block_offloads)
+    assert all(slot.nbytes == r.tier.page_bytes for _, slot, _ in inputs.block_offloads)
     assert inputs.block_loads.dtype == np.uint32 and inputs.block_loads.size == 0
     assert r.tier.stats()["pages_stored"] == 0, "nothing stored before complete_offloads"
     r.apply(inputs)
@@ -214,7 +215,7 @@ SLOTS_OUTLIVE_THE_MANAGER = """
     m.step([a], [13], token_ids=list(range(13)))
     m.release(a)
     inputs = m.fetch(m.claim(1), [16])
-    slots = [slot for _, slot in inputs.block_offloads]
+    slots = [slot for _, slot, _ in inputs.block_offloads]
     loads = inputs.block_loads
     assert len(slots) == 3, len(slots)
     alive = weakref.ref(m)

@@ -160,3 +160,23 @@ def test_a_rank_opens_the_disk_directory_the_group_wrote_for_its_shard(tmp_path)
     assert not t.recovery["fresh"]
     assert t.recovery["pages"] == 3
     expect_loaded(manager(r, [t], first_shard=1, shard_count=2), [written[1]])
+
+
+def test_pool_apart_lists_each_evicted_page_once_per_device():
+    p = params()
+    m = manager(p, [host(p, 0), host(p, 1)], pool_apart=True)
+    s, = m.claim(1)
+    m.fetch([s], [13])
+    m.step([s], [13], token_ids=A)  # 3 full pages published
+    m.release(s)
+    other, = m.claim(1)
+    inputs = m.fetch([other], [16])  # the pool's 4 pages: A's 3 are evicted
+    offloads = inputs.block_offloads
+    pages = {page for page, _, _ in offloads}
+    assert len(pages) == 3
+    assert sorted((page, device) for page, _, device in offloads) == sorted(
+        (page, d) for page in pages for d in range(DEVICES)), "each page once per device"
+    assert len(offloads) == 3 * DEVICES
+    for _, slot, _ in offloads:
+        slot[...] = 7  # the caller's bytes (what a GPU copy would write)
+    assert m.complete_offloads(inputs) == 3

@@ -66,8 +66,8 @@ def pool_apart() -> int:
     manager.step([seq], [8], token_ids=list(range(8)))
     manager.release(seq)
     inputs = manager.fetch(manager.claim(1), [8])  # evicts both pages
-    offloads: list[tuple[int, npt.NDArray[np.uint8]]] = inputs.block_offloads
-    for page, slot in offloads:
+    offloads: list[tuple[int, npt.NDArray[np.uint8], int]] = inputs.block_offloads
+    for page, slot, _device in offloads:
         slot[...] = pool[page].reshape(-1).view(np.uint8)
     loads: npt.NDArray[np.uint32] = inputs.block_loads
     for page in loads:
