@@ -15,7 +15,11 @@ namespace {
 
 std::string str(std::uint64_t v) { return std::to_string(v); }
 
-constexpr std::uint8_t kNoTier = 0xff;
+constexpr std::uint8_t kNoTier = TierLink::kNoTier;
+
+bool key_less(const PageKey& a, const PageKey& b) noexcept {
+  return a.hi != b.hi ? a.hi < b.hi : a.lo < b.lo;
+}
 
 template <class T>
 void check_field(std::string_view tier, const char* field, const T& have, const T& want) {
@@ -334,7 +338,6 @@ void TierLink::reap(bool all) noexcept {
 }
 
 std::size_t TierLink::locate(std::span<const PageKey> keys, std::vector<std::uint8_t>& tier_of) {
-  tier_of.assign(keys.size(), kNoTier);
   std::vector<PageKey> ask;
   std::vector<std::size_t> where;
   ask.reserve(keys.size());
@@ -364,7 +367,30 @@ bool TierLink::any_holds(const PageKey& key) {
   return false;
 }
 
+LoadRef TierLink::attachable(const PageKey& key, LoadRef hint) const noexcept {
+  if (in_flight_.empty()) return {};
+  auto usable = [&](LoadRef ref) {
+    const LoadJob* j = job(ref.job);
+    return j != nullptr && ref.index < j->size() && j->keys[ref.index] == key &&
+           (!j->settled || j->result(ref.index) == LoadResult::loaded);
+  };
+  if (hint.valid() && usable(hint)) return hint;
+  auto it =
+      std::lower_bound(in_flight_.begin(), in_flight_.end(), key,
+                       [](const InFlight& f, const PageKey& k) { return key_less(f.key, k); });
+  for (; it != in_flight_.end() && it->key == key; ++it)
+    if (usable(it->ref)) return it->ref;
+  return {};
+}
+
+void TierLink::reserve_job(std::size_t n) {
+  jobs_.reserve(jobs_.size() + 1);
+  in_flight_.reserve(in_flight_.size() + n);
+}
+
 void TierLink::prepare(LoadJob& job, std::size_t n) const {
+  job.waiters.reserve(1);
+  job.kept.assign(n, 0);
   job.pages.reserve(n);
   job.tier_of.reserve(n);
   job.slot.assign(n, 0);
@@ -377,6 +403,11 @@ void TierLink::prepare(LoadJob& job, std::size_t n) const {
 }
 
 void TierLink::add(LoadJob&& job) noexcept {
+  job.id = next_job_id_++;
+  for (std::uint32_t i = 0; i < job.size(); ++i)
+    in_flight_.push_back({job.keys[i], {job.id, i}});  // capacity: reserve_job()
+  std::sort(in_flight_.begin(), in_flight_.end(),
+            [](const InFlight& a, const InFlight& b) { return key_less(a.key, b.key); });
   jobs_.push_back(std::move(job));  // capacity: reserve_job()
   issue(jobs_.back());
 }
@@ -409,20 +440,38 @@ void TierLink::issue(LoadJob& job) noexcept {
   }
 }
 
-LoadJob* TierLink::job_of(SeqId seq) noexcept {
+LoadJob* TierLink::job(std::uint64_t id) noexcept {
   for (LoadJob& j : jobs_)
-    if (!j.orphaned && j.seq == seq) return &j;
+    if (j.id == id) return &j;
   return nullptr;
 }
 
+const LoadJob* TierLink::job(std::uint64_t id) const noexcept {
+  for (const LoadJob& j : jobs_)
+    if (j.id == id) return &j;
+  return nullptr;
+}
+
+void TierLink::settle(LoadJob& job) noexcept {
+  job.settled = true;
+  if (bytes_.packed_in_place()) return;  // loaded in place
+  const std::size_t pb = bytes_.page_bytes();
+  for (std::size_t i = 0; i < job.size(); ++i) {
+    if (job.result(i) != LoadResult::loaded) continue;
+    bytes_.unpack(std::span<const std::byte>(job.staging).subspan(i * pb, pb), job.pages[i]);
+  }
+}
+
 void TierLink::erase_job(std::size_t i) noexcept {
+  const std::uint64_t id = jobs_[i].id;
+  std::erase_if(in_flight_, [id](const InFlight& f) { return f.ref.job == id; });
   jobs_.erase(jobs_.begin() + static_cast<std::ptrdiff_t>(i));
 }
 
-void TierLink::count_results(const LoadJob& job, std::size_t loaded) noexcept {
+void TierLink::count_results(const LoadJob& job) noexcept {
   for (std::size_t i = 0; i < job.size(); ++i) {
     const std::uint8_t t = job.tier_of[i];
-    if (i < loaded) {
+    if (job.kept[i] != 0) {
       ++counters_[t].pages_onboarded;
       continue;
     }
@@ -440,6 +489,32 @@ void TierLink::count_results(const LoadJob& job, std::size_t loaded) noexcept {
   }
 }
 
+void TierLink::check_jobs() const {
+  std::size_t pages = 0;
+  for (const LoadJob& j : jobs_) {
+    pages += j.size();
+    if (j.id == 0 || j.id >= next_job_id_)
+      throw Error("load job id " + str(j.id) + " out of range");
+    if (j.kept.size() != j.size()) throw Error("load job " + str(j.id) + " keeps no kept flags");
+    for (std::size_t w = 0; w < j.waiters.size(); ++w) {
+      if (std::count(j.waiters.begin(), j.waiters.end(), j.waiters[w]) != 1)
+        throw Error("load job " + str(j.id) + " lists a waiter twice");
+    }
+    if (!j.settled && (j.used || std::count(j.kept.begin(), j.kept.end(), 1) != 0))
+      throw Error("load job " + str(j.id) + " has kept pages before it settled");
+  }
+  if (in_flight_.size() != pages)
+    throw Error(str(in_flight_.size()) + " keys in flight for " + str(pages) + " loading pages");
+  for (std::size_t k = 0; k < in_flight_.size(); ++k) {
+    const InFlight& f = in_flight_[k];
+    const LoadJob* j = job(f.ref.job);
+    if (j == nullptr || f.ref.index >= j->size() || !(j->keys[f.ref.index] == f.key))
+      throw Error("a key in flight names no page of a load job");
+    if (k > 0 && key_less(f.key, in_flight_[k - 1].key))
+      throw Error("the keys in flight are not sorted");
+  }
+}
+
 std::vector<TierTicket> TierLink::tickets_in_flight() const {
   std::vector<TierTicket> out;
   for (const StoreBatch& b : stores_) out.push_back(b.ticket);
@@ -449,7 +524,7 @@ std::vector<TierTicket> TierLink::tickets_in_flight() const {
 
 std::uint32_t TierLink::pending_pages() const noexcept {
   std::size_t n = 0;
-  for (const LoadJob& j : jobs_) n += j.size();
+  for (const LoadJob& j : jobs_) n += j.settled ? 0 : j.size();
   return static_cast<std::uint32_t>(n);
 }
 
