@@ -16,6 +16,32 @@ using manager::LoadJob;
 using manager::LoadRef;
 using manager::TierLink;
 
+// refs[i]: the page of a job in flight that loads keys[i] (tier_of[i] then
+// kInFlight), tried first as the next page of the previous key's job.
+void find_in_flight(const TierLink& link, std::span<const PageKey> keys, std::span<LoadRef> refs,
+                    std::span<std::uint8_t> tier_of) {
+  LoadRef hint;
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    refs[i] = link.attachable(keys[i], hint);
+    if (refs[i].valid()) tier_of[i] = TierLink::kInFlight;
+    hint = refs[i].valid() ? LoadRef{refs[i].job, refs[i].index + 1} : LoadRef{};
+  }
+}
+
+// The leading pages of a run of `run` that take at most `budget` pages of
+// their own (pages in flight take none); *own: how many they take.
+std::size_t cap_run(std::span<const std::uint8_t> tier_of, std::size_t run, std::size_t budget,
+                    std::size_t* own) {
+  *own = 0;
+  std::size_t i = 0;
+  for (; i < run; ++i) {
+    if (tier_of[i] == TierLink::kInFlight) continue;
+    if (*own == budget) break;
+    ++*own;
+  }
+  return i;
+}
+
 }  // namespace
 
 PagedKVCacheManager::Impl::TierPlan PagedKVCacheManager::Impl::plan_tiers(
@@ -45,26 +71,15 @@ PagedKVCacheManager::Impl::TierPlan PagedKVCacheManager::Impl::plan_tiers(
   // about the others only.
   std::vector<std::uint8_t> tier_of(keys.size(), TierLink::kNoTier);
   plan.refs.assign(keys.size(), LoadRef{});
-  LoadRef hint;
-  for (std::size_t i = 0; i < keys.size(); ++i) {
-    plan.refs[i] = link->attachable(keys[i], hint);
-    if (plan.refs[i].valid()) tier_of[i] = TierLink::kInFlight;
-    hint = plan.refs[i].valid() ? LoadRef{plan.refs[i].job, plan.refs[i].index + 1} : LoadRef{};
-  }
-  std::size_t run = link->locate(keys, tier_of);
+  find_in_flight(*link, keys, plan.refs, tier_of);
   // Pages of its own the run may take: free or evictable, less the matched
   // pages that attaching takes out of the evictable set.
   std::uint32_t attached_evictable = 0;
   for (const prefix::PrefixStore::Match& m : scratch)
     attached_evictable += pool.ref_count(m.page) == 0;
-  const std::size_t budget = available() - attached_evictable;
-  std::size_t own = 0, i = 0;
-  for (; i < run; ++i) {
-    if (tier_of[i] == TierLink::kInFlight) continue;
-    if (own == budget) break;
-    ++own;
-  }
-  run = i;
+  const std::size_t held = link->locate(keys, tier_of);  // in flight or in a tier
+  std::size_t own = 0;
+  const std::size_t run = cap_run(tier_of, held, available() - attached_evictable, &own);
   if (run == 0) return TierPlan{};
   plan.hashes.resize(run);
   plan.keys.assign(keys.begin(), keys.begin() + static_cast<std::ptrdiff_t>(run));

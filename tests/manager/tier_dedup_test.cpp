@@ -113,10 +113,12 @@ using TokenKV = std::vector<float>;
 
 // A manager of 8 pages over a GatedTier.
 struct Rig {
-  explicit Rig(PoolArrangement arrangement) : params(dedup_params(arrangement)) {
+  explicit Rig(PoolArrangement arrangement, bool pool_apart = false)
+      : params(dedup_params(arrangement)) {
     tier = std::make_shared<GatedTier>(TierFingerprint::of(params));
     PrefixCacheConfig config;
     config.tiers.tiers.push_back(tier);
+    config.tiers.pool_apart = pool_apart;
     m = std::make_unique<PagedKVCacheManager>(params, 8, 6, 64, std::move(config));
   }
   ~Rig() {
@@ -150,6 +152,7 @@ struct Rig {
     for (TokenKV& t : w)
       for (float& x : t) x = dist(rng);
     each_element(batch, n, [&](std::uint32_t t, std::size_t e, float& x) { x = w[t][e]; });
+    m->complete_offloads(batch);  // a pool apart: its write-backs go down (bytes unchecked)
     m->step(std::vector<SeqId>{seq}, std::vector<std::uint32_t>{n}, prompt);
     return w;
   }
@@ -450,6 +453,34 @@ TEST_P(TierDedup, FollowerReleasedWhileLoadingLeavesTheLeaderAlone) {
   EXPECT_EQ(st.blocks_used, 0u);
   EXPECT_EQ(st.tiers[0].pages_onboarded, 3u) << "the released follower's job counts nothing";
   EXPECT_EQ(st.prefix_hit_tokens, 12u);
+}
+
+// A pool apart: a fetch hands each loaded page's upload out once, to the
+// first sequence finished with it, not again to those that attached it.
+TEST(TierDedupApart, EachLoadedPageIsHandedOutOnce) {
+  Rig r(PoolArrangement::interleaved, /*pool_apart=*/true);
+  const auto b = tokens(21, 7);
+  const auto a = std::vector<std::uint32_t>(b.begin(), b.begin() + 13);
+  r.write_and_evict(b);
+  const SeqId lead = r.m->claim(1)[0];
+  EXPECT_EQ(r.m->match_prefix(lead, a), 12u);
+  const SeqId follow = r.m->claim(1)[0];
+  EXPECT_EQ(r.m->match_prefix(follow, b), 20u);
+  const auto fb = r.blocks_of(follow);
+  ASSERT_EQ(fb.size(), 5u);
+  r.tier->finish(0);
+  EXPECT_EQ(r.poll(), std::set<SeqId>{lead});
+  const KVCacheBatch first = r.m->fetch(std::vector<SeqId>{lead}, std::vector<std::uint32_t>{1});
+  const std::set<std::uint32_t> up1(first.block_loads().begin(), first.block_loads().end());
+  EXPECT_EQ(up1, std::set<std::uint32_t>(fb.begin(), fb.begin() + 3));
+  r.m->complete_offloads(first);
+  r.tier->finish(1);
+  EXPECT_EQ(r.poll(), std::set<SeqId>{follow});
+  const KVCacheBatch second = r.m->fetch(std::vector<SeqId>{follow}, std::vector<std::uint32_t>{1});
+  const std::set<std::uint32_t> up2(second.block_loads().begin(), second.block_loads().end());
+  EXPECT_EQ(up2, std::set<std::uint32_t>(fb.begin() + 3, fb.end())) << "its own pages only";
+  r.m->complete_offloads(second);
+  r.m->check_invariants();
 }
 
 }  // namespace
