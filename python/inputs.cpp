@@ -6,15 +6,17 @@
 // is_cache_empty) tuple per device; so does ours: KVCacheInputs is a `list`
 // subclass (defined in Python below, since pybind11 classes cannot derive
 // from list) whose items are those tuples, with the richer attributes
-// (.blocks of device 0, .cache_lengths, .reserved_lengths, .block_copies, ...)
-// forwarded to its `batch`, a KVCacheBatch.
+// (.blocks of device 0, .cache_lengths, .reserved_lengths, .block_copies,
+// a pool apart's .block_offloads / .block_loads, ...) forwarded to its
+// `batch`, a KVCacheBatch.
 //
 // Zero copy and no dangling: every array views C++ memory and has the
 // KVCacheBatch as its NumPy base. `blocks` views the manager's block buffer
-// (writable: model code stores K/V there); the others view the batch's own
-// vectors (read-only). The KVCacheBatch holds a strong reference to its
-// manager, so a view keeps the memory it points into alive for as long as
-// it lives. (pybind11's keep_alive cannot target a list: no weakrefs.)
+// (writable: model code stores K/V there), a pool apart's block_offloads the
+// manager's staging slots (writable: the caller copies pages in); the others
+// view the batch's own vectors (read-only). The KVCacheBatch holds a strong
+// reference to its manager, so a view keeps the memory it points into alive
+// for as long as it lives. (pybind11's keep_alive cannot target a list: no weakrefs.)
 #include <pybind11/eval.h>
 
 #include <string>
@@ -85,6 +87,26 @@ py::array block_copies_view(const py::handle& self) {
                   {static_cast<py::ssize_t>(c.size()), 2});
 }
 
+// pool_apart: [(page, slot)], each slot a writable uint8 view of a staging
+// slot (one page packed [2][num_layers][block]).
+py::list block_offloads_list(const py::handle& self) {
+  const KVCacheBatch& b = self.cast<PyBatch&>().batch;
+  py::list out;
+  for (const BlockOffload& o : b.block_offloads()) {
+    const py::array slot(py::dtype::of<std::uint8_t>(),
+                         std::vector<py::ssize_t>{static_cast<py::ssize_t>(o.bytes.size())},
+                         o.bytes.data(), self);
+    out.append(py::make_tuple(o.page, slot));
+  }
+  return out;
+}
+
+// pool_apart: [n] pages to copy from the host pool (blocks) into the caller's.
+py::array block_loads_view(const py::handle& self) {
+  const KVCacheBatch& b = self.cast<PyBatch&>().batch;
+  return u32_view(self, b.block_loads(), {static_cast<py::ssize_t>(b.block_loads().size())});
+}
+
 py::array is_cache_empty_view(const py::handle& self) {
   PyBatch& batch = self.cast<PyBatch&>();
   return read_only(
@@ -128,6 +150,16 @@ void bind_batch(py::module_& m) {
                              "uint32 [batch]: tokens the fetch guaranteed room for")
       .def_property_readonly("block_copies", &block_copies_view,
                              "uint32 [n, 2]: the copy-on-write copies (src, dst) the fetch made")
+      .def_property_readonly(
+          "block_offloads", counted(&block_offloads_list),
+          "pool_apart: [(page, slot)] write-backs: copy page `page` of your pool into `slot` "
+          "(a writable uint8 view of a staging slot, one page packed [2][num_layers][block]) "
+          "before this batch's kernels, then call the manager's complete_offloads; empty "
+          "otherwise")
+      .def_property_readonly(
+          "block_loads", &block_loads_view,
+          "pool_apart: uint32 [n] pages a tier loaded: copy each from blocks (the host pool) "
+          "into your pool, after block_offloads and before block_copies; empty otherwise")
       .def_property_readonly("seq_ids",
                              [](const PyBatch& b) {
                                auto ids = b.batch.seq_ids();
@@ -164,9 +196,10 @@ class KVCacheInputs(list):
     device 0's tuple. The arrays view C++ memory (no copy) and keep the
     manager alive. `batch` is the kvcache.KVCacheBatch behind them; its
     attributes (blocks of device 0, cache_lengths, lookup_table,
-    is_cache_empty, reserved_lengths, block_copies, seq_ids, batch_size,
-    max_seq_length, max_cache_length, params) are readable here too. Made by
-    fetch and increment_cache_lengths (no Python code runs to make one)."""
+    is_cache_empty, reserved_lengths, block_copies, block_offloads, block_loads,
+    seq_ids, batch_size, max_seq_length, max_cache_length, params) are readable
+    here too. Made by fetch and increment_cache_lengths (no Python code runs to
+    make one)."""
 
     def device(self, device):
         """(blocks, cache_lengths, lookup_table, is_cache_empty) of a device."""
@@ -190,7 +223,8 @@ def _kvcache_forward(name):
 
 
 for _name in ("blocks", "cache_lengths", "lookup_table", "is_cache_empty", "reserved_lengths",
-              "block_copies", "seq_ids", "batch_size", "max_seq_length", "max_cache_length",
+              "block_copies", "block_offloads", "block_loads", "seq_ids", "batch_size",
+              "max_seq_length", "max_cache_length",
               "max_full_context_length", "params"):
     setattr(KVCacheInputs, _name, _kvcache_forward(_name))
 del _name, _kvcache_forward

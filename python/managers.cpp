@@ -331,35 +331,45 @@ void bind_paged(py::module_& m) {
                     "A paged manager: one pool of page_size-token pages, one page table per "
                     "sequence. The pool is total_num_pages, or what fits in cache_memory bytes, "
                     "or (neither) enough for every sequence to reach max_seq_len.");
-  cls.def(
-      py::init([](const KVCacheParams& params, const py::handle& max_batch,
-                  const py::handle& max_seq_len, const py::object& num_layers,
-                  const py::object& devices, const py::object& /*session*/,
-                  const py::object& total_num_pages, const py::object& cache_memory,
-                  const py::object& policy, const py::object& on_event,
-                  const py::object& small_fraction, const py::object& ghost_factor,
-                  const py::object& tiers, const py::object& model_id, const py::object& cache_salt,
-                  const py::object& admission, const py::object& staging_pages) {
-        const KVCacheParams p = resolve_params(params, num_layers, devices);
-        const std::uint32_t batch = to_u32(max_batch, "max_cache_batch_size");
-        const std::uint32_t seq = to_u32(max_seq_len, "max_seq_len");
-        const std::uint32_t pages = resolve_pages(p, batch, seq, total_num_pages, cache_memory);
-        PrefixCacheConfig config = prefix_config(p, policy, on_event, small_fraction, ghost_factor);
-        config.tiers = tier_config(p, tiers, model_id, cache_salt, admission, staging_pages);
-        return std::make_unique<M>(p, pages, batch, seq, std::move(config),
-                                   SeqIdPolicy::lowest_free);
-      }),
-      py::arg("params"), py::arg("max_cache_batch_size"), py::arg("max_seq_len"),
-      py::arg("num_layers") = py::none(), py::arg("devices") = py::none(),
-      py::arg("session") = py::none(), py::kw_only(), py::arg("total_num_pages") = py::none(),
-      py::arg("cache_memory") = py::none(), py::arg("eviction_policy") = py::none(),
-      py::arg("on_event") = py::none(), py::arg("s3fifo_small_fraction") = py::none(),
-      py::arg("ghost_factor") = py::none(), py::arg("tiers") = py::none(),
-      py::arg("model_id") = py::none(), py::arg("cache_salt") = py::none(),
-      py::arg("admission") = py::none(), py::arg("staging_pages") = py::none(),
-      "session (MAX's InferenceSession) is accepted and ignored. tiers: storage tiers "
-      "below the pool, nearest first (kvcache.HostTier, kvcache.DiskTier; "
-      "docs/tiers.md).");
+  cls.def(py::init([](const KVCacheParams& params, const py::handle& max_batch,
+                      const py::handle& max_seq_len, const py::object& num_layers,
+                      const py::object& devices, const py::object& /*session*/,
+                      const py::object& total_num_pages, const py::object& cache_memory,
+                      const py::object& policy, const py::object& on_event,
+                      const py::object& small_fraction, const py::object& ghost_factor,
+                      const py::object& tiers, const py::object& model_id,
+                      const py::object& cache_salt, const py::object& admission,
+                      const py::object& staging_pages, const py::object& pool_apart,
+                      const py::object& offload_batch, const py::object& offload_delay_us) {
+            const KVCacheParams p = resolve_params(params, num_layers, devices);
+            const std::uint32_t batch = to_u32(max_batch, "max_cache_batch_size");
+            const std::uint32_t seq = to_u32(max_seq_len, "max_seq_len");
+            const std::uint32_t pages = resolve_pages(p, batch, seq, total_num_pages, cache_memory);
+            PrefixCacheConfig config =
+                prefix_config(p, policy, on_event, small_fraction, ghost_factor);
+            config.tiers =
+                tier_config(p, tiers, model_id, cache_salt, admission, staging_pages, pool_apart);
+            offload_batching(p, config.tiers, offload_batch, offload_delay_us);
+            return std::make_unique<M>(p, pages, batch, seq, std::move(config),
+                                       SeqIdPolicy::lowest_free);
+          }),
+          py::arg("params"), py::arg("max_cache_batch_size"), py::arg("max_seq_len"),
+          py::arg("num_layers") = py::none(), py::arg("devices") = py::none(),
+          py::arg("session") = py::none(), py::kw_only(), py::arg("total_num_pages") = py::none(),
+          py::arg("cache_memory") = py::none(), py::arg("eviction_policy") = py::none(),
+          py::arg("on_event") = py::none(), py::arg("s3fifo_small_fraction") = py::none(),
+          py::arg("ghost_factor") = py::none(), py::arg("tiers") = py::none(),
+          py::arg("model_id") = py::none(), py::arg("cache_salt") = py::none(),
+          py::arg("admission") = py::none(), py::arg("staging_pages") = py::none(),
+          py::arg("pool_apart") = py::none(), py::arg("offload_batch") = py::none(),
+          py::arg("offload_delay_us") = py::none(),
+          "session (MAX's InferenceSession) is accepted and ignored. tiers: storage tiers "
+          "below the pool, nearest first (kvcache.HostTier, kvcache.DiskTier; "
+          "docs/tiers.md). pool_apart: the K/V live in a pool of the caller's (a GPU's), "
+          "the manager's pool is the loads' host buffer; fetch hands out block_offloads and "
+          "block_loads, complete_offloads finishes the write-backs. offload_batch, "
+          "offload_delay_us: write-backs wait in staging until offload_batch of them do or "
+          "the oldest waited offload_delay_us (or wait_tiers).");
   def_classmethod(
       cls, "estimated_memory_size",
       [](const py::object& /*cls*/, const KVCacheParams& params, const py::handle& max_batch,
@@ -385,17 +395,23 @@ void bind_paged(py::module_& m) {
       .def_static(
           "estimated_bookkeeping_size",
           [](const KVCacheParams& params, const py::handle& pages, const py::object& policy,
-             const py::object& small_fraction, const py::object& ghost_factor) {
-            const PrefixCacheConfig c =
+             const py::object& small_fraction, const py::object& ghost_factor,
+             const py::object& tiers, const py::object& staging_pages,
+             const py::object& pool_apart) {
+            PrefixCacheConfig c =
                 prefix_config(params, policy, py::none(), small_fraction, ghost_factor);
+            c.tiers = sized_tier_config(params, tiers, staging_pages, pool_apart);
             return M::estimated_bookkeeping_size(params, to_u32(pages, "total_num_pages"), c);
           },
           py::arg("params"), py::arg("total_num_pages"), py::kw_only(),
           py::arg("eviction_policy") = py::none(), py::arg("s3fifo_small_fraction") = py::none(),
-          py::arg("ghost_factor") = py::none(),
+          py::arg("ghost_factor") = py::none(), py::arg("tiers") = py::none(),
+          py::arg("staging_pages") = py::none(), py::arg("pool_apart") = py::none(),
           "Host bytes of the per-page bookkeeping beside the pool (ref counts and free list; "
           "with prefix caching the page metadata, stored token ids, hash index and the "
-          "eviction policy's arrays and ghost), which estimated_memory_size does not include.")
+          "eviction policy's arrays and ghost; with tiers (a list of tiers, or their "
+          "number) the write-back staging (staging_pages) and a pool apart's flags), which "
+          "estimated_memory_size does not include.")
       .def_property_readonly("page_size", &M::page_size)
       .def_property_readonly("total_num_pages", &M::total_blocks);
   bind_lifecycle(cls);

@@ -184,13 +184,23 @@ void bind_prefix_types(py::module_& m);
 void bind_prefix_methods(py::class_<PagedKVCacheManager>& cls);
 
 // tiers.cpp: kvcache.Tier / HostTier / DiskTier; the PagedKVCacheManager
-// keywords tiers, model_id, cache_salt, admission, staging_pages (any of them
-// without params.enable_prefix_caching is an InvalidArgument; model_id and
-// cache_salt default to the first tier's); has_pending_loads, poll_loads,
-// wait_loads, wait_tiers; a manager's stats() as a dict.
+// keywords tiers, model_id, cache_salt, admission, staging_pages, pool_apart
+// (any of them without params.enable_prefix_caching is an InvalidArgument;
+// model_id and cache_salt default to the first tier's); has_pending_loads,
+// poll_loads, wait_loads, wait_tiers, complete_offloads; a manager's stats()
+// as a dict.
 TierConfig tier_config(const KVCacheParams& p, const py::object& tiers, const py::object& model_id,
                        const py::object& cache_salt, const py::object& admission,
-                       const py::object& staging_pages);
+                       const py::object& staging_pages, const py::object& pool_apart);
+// The keywords offload_batch and offload_delay_us into c (None: unchanged;
+// either without params.enable_prefix_caching is an InvalidArgument, one out
+// of range is refused by the manager's constructor, naming it).
+void offload_batching(const KVCacheParams& p, TierConfig& c, const py::object& batch,
+                      const py::object& delay_us);
+// The tiers part estimated_bookkeeping_size sizes: tiers a list of tiers or
+// their number (at most 8), staging_pages, pool_apart (None: the defaults).
+TierConfig sized_tier_config(const KVCacheParams& p, const py::object& tiers,
+                             const py::object& staging_pages, const py::object& pool_apart);
 void bind_tier_types(py::module_& m);
 void bind_tier_methods(py::class_<PagedKVCacheManager>& cls);
 py::dict stats_dict(const ManagerStats& s);

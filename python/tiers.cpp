@@ -2,7 +2,8 @@
 // (docs/tiers.md, docs/python.md "Storage tiers"): kvcache.Tier, the base,
 // and kvcache.HostTier / kvcache.DiskTier (keyword constructors, reprs,
 // stats()); the PagedKVCacheManager keywords tiers, model_id, cache_salt,
-// admission, staging_pages (tier_config); its methods has_pending_loads,
+// admission, staging_pages (tier_config), offload_batch, offload_delay_us
+// (offload_batching); its methods has_pending_loads,
 // poll_loads, wait_loads, wait_tiers (the GIL released while they run); a
 // manager's stats() as a dict (stats_dict), its "tiers" one dict per tier.
 //
@@ -12,6 +13,7 @@
 // interpreter is not finalizing) while the tier finishes its queued work and
 // joins its threads: a tier thread may be waiting for the GIL to log through
 // a Python log handler.
+#include <chrono>
 #include <filesystem>
 #include <limits>
 #include <memory>
@@ -28,6 +30,8 @@ namespace {
 
 // Worker threads a tier may be asked for (as kvcache.ThreadPool).
 constexpr std::uint32_t kMaxTierThreads = 1024;
+// Tiers below one manager (the constructor refuses more).
+constexpr std::uint32_t kMaxTiers = 8;
 
 bool interpreter_usable() {
 #if PY_VERSION_HEX >= 0x030D0000
@@ -102,6 +106,12 @@ bool to_bool(const py::handle& obj, const char* what) {
                           py::repr(obj).cast<std::string>());
   }
   return obj.cast<bool>();
+}
+
+// A duration in microseconds (the tier or manager refuses one past 1 s,
+// naming it).
+std::chrono::microseconds micros(const py::handle& obj, const char* what) {
+  return std::chrono::microseconds{to_u32(obj, what)};
 }
 
 DiskIo parse_io(const std::string& name) {
@@ -195,7 +205,7 @@ std::shared_ptr<HostTier> make_host(const KVCacheParams& params, const py::objec
                                     const py::object& pages, const py::object& model_id,
                                     const py::object& cache_salt, const py::object& n_threads,
                                     const py::object& synchronous, const py::object& checksums,
-                                    const py::object& huge_pages) {
+                                    const py::object& huge_pages, const py::object& linger_us) {
   TierFingerprint f = fingerprint(params, model_id, cache_salt);
   if (bytes.is_none() && pages.is_none()) {
     throw InvalidArgument("a host tier needs capacity_bytes or capacity_pages");
@@ -206,12 +216,13 @@ std::shared_ptr<HostTier> make_host(const KVCacheParams& params, const py::objec
   o.synchronous = to_bool(synchronous, "synchronous");
   o.checksums = to_bool(checksums, "checksums");
   o.huge_pages = to_bool(huge_pages, "huge_pages");
+  o.linger = micros(linger_us, "linger_us");
   return share(unlocked([&] { return std::make_unique<HostTier>(std::move(f), cap, o); }));
 }
 
 struct DiskArgs {
   py::object capacity_bytes, capacity_pages, io, direct_io, durable, threads, queue_depth,
-      slab_bytes, max_consecutive_errors;
+      slab_bytes, max_consecutive_errors, linger_us;
 };
 
 std::shared_ptr<DiskTier> make_disk(const KVCacheParams& params, const py::object& dir,
@@ -234,6 +245,7 @@ std::shared_ptr<DiskTier> make_disk(const KVCacheParams& params, const py::objec
   o.queue_depth = to_u32(a.queue_depth, "queue_depth");
   o.slab_bytes = to_u64(a.slab_bytes, "slab_bytes");
   o.max_consecutive_errors = to_u32(a.max_consecutive_errors, "max_consecutive_errors");
+  o.linger = micros(a.linger_us, "linger_us");
   return share(unlocked([&] { return std::make_unique<DiskTier>(std::move(f), path, cap, o); }));
 }
 
@@ -261,10 +273,12 @@ void bind_host(py::module_& m) {
            py::arg("capacity_bytes") = py::none(), py::arg("capacity_pages") = py::none(),
            py::arg("model_id") = "", py::arg("cache_salt") = "", py::arg("threads") = 2,
            py::arg("synchronous") = false, py::arg("checksums") = false,
-           py::arg("huge_pages") = true,
+           py::arg("huge_pages") = true, py::arg("linger_us") = HostTierOptions{}.linger.count(),
            "A host tier for caches of params' shape (paged) under model_id and cache_salt, "
            "holding capacity_bytes of pages (or capacity_pages pages). threads: workers; "
-           "synchronous: work in the caller's thread instead; checksums: verify every load.")
+           "synchronous: work in the caller's thread instead; checksums: verify every load; "
+           "linger_us: a worker out of jobs naps this long (at most 1 s) before it sleeps, "
+           "so a store meanwhile wakes no thread.")
       .def_property_readonly("num_slots", &HostTier::num_slots)
       .def_property_readonly("slot_bytes", &HostTier::slot_bytes)
       .def("__repr__", &host_repr);
@@ -280,21 +294,24 @@ void bind_disk(py::module_& m) {
                        const py::object& cache_salt, const py::object& io,
                        const py::object& direct_io, const py::object& durable,
                        const py::object& n_threads, const py::object& queue_depth,
-                       const py::object& slab_bytes, const py::object& max_errors) {
+                       const py::object& slab_bytes, const py::object& max_errors,
+                       const py::object& linger_us) {
              return make_disk(params, dir, model_id, cache_salt,
                               {bytes, pages, io, direct_io, durable, n_threads, queue_depth,
-                               slab_bytes, max_errors});
+                               slab_bytes, max_errors, linger_us});
            }),
            py::arg("params"), py::arg("dir"), py::kw_only(), py::arg("capacity_bytes") = py::none(),
            py::arg("capacity_pages") = py::none(), py::arg("model_id") = "",
            py::arg("cache_salt") = "", py::arg("io") = "auto", py::arg("direct_io") = true,
            py::arg("durable") = true, py::arg("threads") = 2, py::arg("queue_depth") = 32,
            py::arg("slab_bytes") = std::uint64_t{1} << 30, py::arg("max_consecutive_errors") = 8,
+           py::arg("linger_us") = DiskTierOptions{}.linger.count(),
            "A disk tier in dir (created if missing; a str or os.PathLike) for caches of "
            "params' shape under model_id and cache_salt: capacity_bytes of pages, or "
            "capacity_pages pages, or (neither) as many as the disk holds. Pages a tier of the "
            "same shape and namespace left there are found again (recovery). One tier at a "
-           "time per directory. io: 'auto', 'io_uring' or 'threads'.")
+           "time per directory. io: 'auto', 'io_uring' or 'threads'. linger_us: as "
+           "HostTier's.")
       .def_property_readonly("dir", [](const DiskTier& t) { return t.dir().string(); })
       .def_property_readonly("io_backend",
                              [](const DiskTier& t) { return std::string(t.io_backend()); })
@@ -313,35 +330,64 @@ void bind_disk(py::module_& m) {
       .def("__repr__", &disk_repr);
 }
 
+std::vector<std::shared_ptr<Tier>> tier_list(const py::object& tiers) {
+  std::vector<std::shared_ptr<Tier>> out;
+  if (tiers.is_none()) return out;
+  if (py::isinstance<py::str>(tiers) || !py::isinstance<py::sequence>(tiers)) {
+    throw InvalidArgument("tiers must be a list of kvcache.HostTier / kvcache.DiskTier, got " +
+                          py::str(py::type::of(tiers)).cast<std::string>());
+  }
+  std::size_t i = 0;
+  for (const py::handle t : tiers.cast<py::sequence>()) {
+    if (!py::isinstance<Tier>(t)) {
+      throw InvalidArgument("tiers[" + std::to_string(i) + "] is a " +
+                            py::str(py::type::of(t)).cast<std::string>() +
+                            ", not a kvcache.HostTier or kvcache.DiskTier");
+    }
+    out.push_back(t.cast<std::shared_ptr<Tier>>());
+    ++i;
+  }
+  return out;
+}
+
+// Stands for a tier in a configuration that is only measured
+// (estimated_bookkeeping_size(tiers=n)); never given to a manager.
+class CountedTier final : public Tier {
+ public:
+  explicit CountedTier(TierFingerprint f) : fingerprint_(std::move(f)) {}
+  std::string_view name() const override { return "counted"; }
+  const TierFingerprint& fingerprint() const override { return fingerprint_; }
+  bool enabled() const override { return false; }
+  std::vector<std::uint8_t> contains(std::span<const PageKey> keys) override {
+    return std::vector<std::uint8_t>(keys.size(), 0);
+  }
+  TierTicket store(std::span<const PageWrite> /*pages*/) override { throw unused(); }
+  TierTicket load(std::span<const PageRead> /*pages*/) override { throw unused(); }
+  TierStats stats() const override { return {}; }
+
+ private:
+  static Error unused() { return Error("a counted tier only sizes a configuration"); }
+  TierFingerprint fingerprint_;
+};
+
+void require_prefix_caching(const KVCacheParams& p, bool any) {
+  if (any && !p.enable_prefix_caching) {
+    throw InvalidArgument(
+        "tiers / model_id / cache_salt / admission / staging_pages / pool_apart / "
+        "offload_batch / offload_delay_us need params.enable_prefix_caching=True");
+  }
+}
+
 }  // namespace
 
 TierConfig tier_config(const KVCacheParams& p, const py::object& tiers, const py::object& model_id,
                        const py::object& cache_salt, const py::object& admission,
-                       const py::object& staging_pages) {
+                       const py::object& staging_pages, const py::object& pool_apart) {
   TierConfig c;
-  const bool any = !tiers.is_none() || !model_id.is_none() || !cache_salt.is_none() ||
-                   !admission.is_none() || !staging_pages.is_none();
-  if (any && !p.enable_prefix_caching) {
-    throw InvalidArgument(
-        "tiers / model_id / cache_salt / admission / staging_pages need "
-        "params.enable_prefix_caching=True");
-  }
-  if (!tiers.is_none()) {
-    if (py::isinstance<py::str>(tiers) || !py::isinstance<py::sequence>(tiers)) {
-      throw InvalidArgument("tiers must be a list of kvcache.HostTier / kvcache.DiskTier, got " +
-                            py::str(py::type::of(tiers)).cast<std::string>());
-    }
-    std::size_t i = 0;
-    for (const py::handle t : tiers.cast<py::sequence>()) {
-      if (!py::isinstance<Tier>(t)) {
-        throw InvalidArgument("tiers[" + std::to_string(i) + "] is a " +
-                              py::str(py::type::of(t)).cast<std::string>() +
-                              ", not a kvcache.HostTier or kvcache.DiskTier");
-      }
-      c.tiers.push_back(t.cast<std::shared_ptr<Tier>>());
-      ++i;
-    }
-  }
+  require_prefix_caching(p, !tiers.is_none() || !model_id.is_none() || !cache_salt.is_none() ||
+                                !admission.is_none() || !staging_pages.is_none() ||
+                                !pool_apart.is_none());
+  c.tiers = tier_list(tiers);
   // model_id and cache_salt default to the first tier's.
   const TierFingerprint* first = c.tiers.empty() ? nullptr : &c.tiers.front()->fingerprint();
   c.model_id = model_id.is_none() ? (first ? first->model_id : "") : to_str(model_id, "model_id");
@@ -349,6 +395,34 @@ TierConfig tier_config(const KVCacheParams& p, const py::object& tiers, const py
       cache_salt.is_none() ? (first ? first->cache_salt : "") : to_str(cache_salt, "cache_salt");
   if (!admission.is_none()) c.admission = parse_admission(to_str(admission, "admission"));
   if (!staging_pages.is_none()) c.staging_pages = to_u32(staging_pages, "staging_pages");
+  if (!pool_apart.is_none()) c.pool_apart = to_bool(pool_apart, "pool_apart");
+  return c;
+}
+
+void offload_batching(const KVCacheParams& p, TierConfig& c, const py::object& batch,
+                      const py::object& delay_us) {
+  require_prefix_caching(p, !batch.is_none() || !delay_us.is_none());
+  if (!batch.is_none()) c.offload_batch = to_u32(batch, "offload_batch");
+  if (!delay_us.is_none()) c.offload_delay = micros(delay_us, "offload_delay_us");
+}
+
+TierConfig sized_tier_config(const KVCacheParams& p, const py::object& tiers,
+                             const py::object& staging_pages, const py::object& pool_apart) {
+  if (!PyLong_Check(tiers.ptr()) || py::isinstance<py::bool_>(tiers)) {
+    return tier_config(p, tiers, py::none(), py::none(), py::none(), staging_pages, pool_apart);
+  }
+  TierConfig c =
+      tier_config(p, py::none(), py::none(), py::none(), py::none(), staging_pages, pool_apart);
+  require_prefix_caching(p, true);
+  const std::uint32_t n = to_u32(tiers, "tiers");
+  if (n > kMaxTiers) {
+    throw InvalidArgument("tiers is " + std::to_string(n) + "; a manager takes at most " +
+                          std::to_string(kMaxTiers));
+  }
+  if (n > 0) {
+    const auto counted = std::make_shared<CountedTier>(TierFingerprint::of(p, "", ""));
+    c.tiers.assign(n, counted);
+  }
   return c;
 }
 
@@ -414,7 +488,18 @@ void bind_tier_methods(py::class_<PagedKVCacheManager>& cls) {
           "Waits (the GIL released) until seq's loads are done, then finishes them.")
       .def(
           "wait_tiers", [](M& m) { unlocked([&] { m.wait_tiers(); }); },
-          "Waits (the GIL released) for every load and write-back in flight and finishes them.");
+          "Waits (the GIL released) for every load and write-back in flight and finishes them.")
+      .def(
+          "complete_offloads",
+          [](M& m, const py::handle& inputs) {
+            const KVCacheBatch& b = batch_of(inputs, "kv_cache_inputs").batch.batch;
+            return unlocked([&] { return m.complete_offloads(b); });
+          },
+          py::arg("kv_cache_inputs"),
+          "pool_apart: hands the write-backs this fetch's block_offloads listed to the first "
+          "tier, once their pages were copied into the slots; returns how many (0 for a "
+          "batch without offloads or one completed already). Raises InvalidArgument, changing "
+          "nothing, for a batch fetched from another manager.");
 }
 
 }  // namespace kvcache::python

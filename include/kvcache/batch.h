@@ -38,13 +38,15 @@ struct BlockCopy {
 };
 
 // One write-back a manager whose pool is kept apart (TierConfig::pool_apart)
-// asks of the caller: copy page `page` of the caller's pool into `bytes` (a
-// staging slot of the manager, one page long), packed [2][num_layers][block]
-// whatever the pool's arrangement (the tiers' form, kvcache/tier.h). See
-// KVCacheBatch::block_offloads.
+// asks of the caller: copy page `page` of device `device`'s pool into
+// `bytes` (that device's part of a staging slot of the manager, one page of
+// one device long), packed [2][num_layers][block] whatever the pool's
+// arrangement (the tiers' form, kvcache/tier.h). A manager of several
+// devices lists a page once per device. See KVCacheBatch::block_offloads.
 struct BlockOffload {
   std::uint32_t page = 0;
   std::span<std::byte> bytes;
+  std::uint32_t device = 0;
 };
 
 class KVCacheBatch {
@@ -87,7 +89,8 @@ class KVCacheBatch {
   //      (published pages the manager evicted since the last fetch: their
   //      pages may be written by this batch, or be the destination of 2.);
   //   2. block_loads: each page, from this batch's host pool (desc().blocks,
-  //      same arrangement and page ids) into its pool (pages a tier loaded);
+  //      same arrangement and page ids) into its pool (pages a tier loaded;
+  //      with several devices, on every device: each from blocks(d));
   //   3. block_copies, in order (a copy may read a loaded page, or write a
   //      page whose old bytes 1. saves);
   //   4. the kernels.

@@ -258,10 +258,25 @@ typedef struct kvc_prefix_config {
   uint32_t staging_pages; /* write-back staging slots, [1, 65536] */
   const char* model_id;   /* NULL: "" */
   const char* cache_salt; /* NULL: "" */
+  /* 0 or 1 (kvcache::TierConfig::pool_apart): the K/V live in a pool of the
+     caller's own (a GPU's, with the manager's shape and page ids); the
+     manager's pool is only the loads' host bounce buffer and write-back and
+     onboarding go through the caller: kvc_batch_block_offloads,
+     kvc_complete_offloads, kvc_batch_block_loads. Needs n_tiers >= 1. */
+  int32_t pool_apart;
+  /* kvcache::TierConfig::offload_batch / offload_delay: staged write-backs
+     go to the first tier once offload_batch of them wait (at most half the
+     staging slots), once the oldest waited offload_delay_us microseconds
+     (looked at by every manager call), or at kvc_wait_tiers / destruction.
+     offload_batch in [1, 65536], offload_delay_us in [0, 1000000]; 1 or 0:
+     every call's write-backs go at once. */
+  uint32_t offload_batch;
+  uint32_t offload_delay_us;
 } kvc_prefix_config;
 
 /* The C++ defaults: adaptive, 0.1, 16, no events, no tiers, every page
- * admitted, 16 staging pages. */
+ * admitted, 16 staging pages, no pool apart, batches of 32 write-backs or
+ * 1000 us. */
 kvc_prefix_config kvc_prefix_config_default(void);
 
 /* kvc_manager_create for the paged strategy with prefix caching configured
@@ -271,6 +286,18 @@ kvc_status kvc_manager_create_prefix(const kvc_params* params, uint32_t num_page
                                      uint32_t max_batch_size, uint32_t max_seq_len,
                                      const kvc_prefix_config* config, kvc_manager** out,
                                      kvc_error* err);
+
+/* Host bytes of a paged manager's per-page bookkeeping beside its pool
+ * (kvcache::PagedKVCacheManager::estimated_bookkeeping_size): ref counts and
+ * free list; with params->enable_prefix_caching also the prefix index, the
+ * eviction policy's arrays and ghost, and with tiers the write-back staging
+ * (config->staging_pages) and a pool apart's flags. config: the
+ * configuration kvc_manager_create_prefix would take (its tiers, n_tiers,
+ * staging_pages and pool_apart count; the tiers are not otherwise used),
+ * or NULL for the defaults. Not counted in kvc_estimated_memory_size. */
+kvc_status kvc_estimated_bookkeeping_size(const kvc_params* params, uint32_t num_pages,
+                                          const kvc_prefix_config* config, size_t* bytes,
+                                          kvc_error* err);
 
 /* ---- storage tiers below the paged pool (kvcache/tier.h, docs/tiers.md) ---- */
 
@@ -294,10 +321,14 @@ typedef struct kvc_host_tier_options {
   int32_t huge_pages;   /* 1: madvise the slot memory to 2 MiB pages */
   int32_t checksums;    /* 1: checksum each page at store, verify it at load */
   uint64_t chunk_bytes; /* host memory mapped at a time */
+  /* kvcache::HostTierOptions::linger: a worker out of jobs naps this many
+     microseconds before it sleeps, and a store while one naps wakes no
+     thread; 0: every store wakes one. In [0, 1000000]. */
+  uint32_t linger_us;
 } kvc_host_tier_options;
 
 /* The C++ defaults: 2 threads, asynchronous, huge pages, no checksums,
- * 256 MiB chunks. */
+ * 256 MiB chunks, 1000 us linger. */
 kvc_host_tier_options kvc_host_tier_options_default(void);
 
 /* A host-memory tier of capacity_bytes (kvcache::HostTier). options NULL:
@@ -324,10 +355,11 @@ typedef struct kvc_disk_tier_options {
   uint32_t max_consecutive_errors; /* I/O failures in a row that disable the tier */
   uint64_t slab_bytes;             /* bytes per slab file */
   uint64_t compact_min_records;    /* manifest compaction threshold */
+  uint32_t linger_us; /* as kvc_host_tier_options.linger_us, in [0, 1000000] */
 } kvc_disk_tier_options;
 
 /* The C++ defaults: automatic, O_DIRECT, durable, 2 threads, depth 32, 8
- * errors, 1 GiB slabs, 4096 records. */
+ * errors, 1 GiB slabs, 4096 records, 1000 us linger. */
 kvc_disk_tier_options kvc_disk_tier_options_default(void);
 
 /* A disk tier in directory dir (created if missing; kvcache::DiskTier):
@@ -405,6 +437,17 @@ kvc_status kvc_poll_loads(kvc_manager* manager, uint64_t* seq_ids, uint32_t cap,
                           kvc_error* err);
 kvc_status kvc_wait_loads(kvc_manager* manager, uint64_t seq, kvc_error* err);
 kvc_status kvc_wait_tiers(kvc_manager* manager, kvc_error* err);
+
+/* A pool apart (kvc_prefix_config.pool_apart): hands the write-backs a
+ * kvc_fetch of this manager put in batch (kvc_batch_block_offloads) to the
+ * first tier, once the caller has copied their pages into the slots;
+ * *completed (may be NULL) = how many, 0 for a batch without offloads or one
+ * completed already. Slots never completed stay reserved: later evictions
+ * that find no free slot skip their write-back (offload_dropped), never
+ * wait. KVC_INVALID_ARGUMENT, nothing changed, for a batch with offloads
+ * fetched from another manager, or one never fetched into. */
+kvc_status kvc_complete_offloads(kvc_manager* manager, const kvc_batch* batch, uint32_t* completed,
+                                 kvc_error* err);
 
 /* kvcache::TierFigures: one tier below a manager, its own figures and what
  * the manager did with it (counters since the manager was made). */
@@ -592,6 +635,37 @@ typedef struct kvc_block_copy {
  * KVC_INVALID_ARGUMENT for a batch never fetched into. */
 kvc_status kvc_batch_block_copies(const kvc_batch* batch, const kvc_block_copy** copies,
                                   uint32_t* count, kvc_error* err);
+
+/* One write-back the last kvc_fetch into a batch asks of a caller whose pool
+ * is apart (kvc_prefix_config.pool_apart): copy page `page` of the caller's
+ * pool into `bytes`, a staging slot of the manager of `size` bytes (one
+ * page), packed [2 (K, V)][num_layers][block] whatever the pool's
+ * arrangement (a block: one layer's K or V of the page, as in the cache's
+ * memory layout above). */
+typedef struct kvc_block_offload {
+  uint32_t page;
+  void* bytes;
+  size_t size;
+} kvc_block_offload;
+
+/* A pool apart's transfers from the last kvc_fetch into this batch (empty
+ * otherwise; the arrays may be NULL when *count is 0). The caller applies
+ * them to its pool before the batch's kernels, in this order:
+ * 1. kvc_batch_block_offloads: each page, from its pool into `bytes`;
+ * 2. kvc_batch_block_loads: each page id, from the manager's pool (the
+ *    host pool: kvc_batch_describe's blocks, same arrangement and page ids)
+ *    into its pool (pages a tier loaded);
+ * 3. kvc_batch_block_copies, in order;
+ * then calls kvc_complete_offloads(manager, batch) once the copies of 1.
+ * have completed. The host pages of 2. must be read before the manager's
+ * next kvc_fetch or kvc_match_prefix. A slot's bytes stay valid until it
+ * is completed or the manager is destroyed; the arrays are valid as the
+ * batch description is. KVC_INVALID_ARGUMENT for a batch never fetched
+ * into. */
+kvc_status kvc_batch_block_offloads(const kvc_batch* batch, const kvc_block_offload** offloads,
+                                    uint32_t* count, kvc_error* err);
+kvc_status kvc_batch_block_loads(const kvc_batch* batch, const uint32_t** pages, uint32_t* count,
+                                 kvc_error* err);
 
 /* Multistep decoding (MAX increment_cache_lengths): advances every entry's
  * cache length by the tokens it processed last step, given as that step's

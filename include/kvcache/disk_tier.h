@@ -40,6 +40,7 @@
 // every page queued, then syncs the manifest.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -67,6 +68,9 @@ struct DiskTierOptions {
   std::uint32_t max_consecutive_errors = 8;           // I/O failures in a row that disable it
   std::uint64_t compact_min_records = 4096;    // compact when records > 2 * pages held + this
   std::shared_ptr<TierEvictionPolicy> policy;  // null: make_lru_tier_policy()
+  // As HostTierOptions::linger: a worker naps this long before it sleeps,
+  // and a store() while one naps wakes no thread. At most 1 s.
+  std::chrono::microseconds linger{1000};
 };
 
 // What opening the directory found.

@@ -31,6 +31,7 @@
 // size (nothing enqueued). Thread-safety: every method from any thread.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -47,6 +48,12 @@ struct HostTierOptions {
   bool checksums = false;    // checksum each page at store, verify it at load
   std::size_t chunk_bytes = std::size_t{256} << 20;  // mapped at a time (at least one slot)
   std::shared_ptr<TierEvictionPolicy> policy;        // null: make_lru_tier_policy()
+  // A worker out of jobs naps this long before it sleeps; a store() while
+  // one naps wakes no thread (the napper takes it when the nap ends), so
+  // frequent write-backs cost their caller no wake-up. load() always wakes
+  // one, and waiting on a store's ticket wakes them. 0: every store() wakes
+  // a thread. At most 1 s (InvalidArgument).
+  std::chrono::microseconds linger{1000};
 };
 
 class HostTier final : public Tier {

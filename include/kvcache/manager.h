@@ -63,9 +63,11 @@ struct ManagerSnapshot {
 // One tier below the paged manager's device pool (PrefixCacheConfig::tiers)
 // in a ManagerStats reading: the tier's own figures (TierStats, read with
 // the manager's) and what the manager did with it. Counters run from
-// construction (reset_metrics leaves them).
+// construction (reset_metrics leaves them). With several devices, one per
+// device shard of each level (TierConfig's order), the page counts its own.
 struct TierFigures {
-  std::string name;  // Tier::name(): the metrics' and events' tier label
+  std::string name;          // Tier::name(): the metrics' and events' tier label
+  std::uint32_t device = 0;  // the manager's device whose shard the tier holds
   bool enabled = true;
   // The tier's own (TierStats).
   std::uint64_t pages_held = 0;

@@ -159,6 +159,13 @@ class PagedKVCacheManager final : public KVCacheManager {
   // of a batch's transfers: kvcache/batch.h; a CUDA helper doing them:
   // kvcache/cuda/tier_transfers.h.
   bool has_tiers() const noexcept;
+  // The write-back staging slots' memory (TierConfig::staging_pages slots,
+  // one allocation aligned to 4 KiB, alive as long as the manager; empty
+  // without tiers). Every BlockOffload::bytes lies in it: a pool apart on a
+  // GPU registers it once (kvcache/cuda/host_registration.h) so the offload
+  // copies are DMA into pinned memory. Write into it only through
+  // block_offloads.
+  std::span<std::byte> tier_staging() const noexcept;
   // A pool apart: hands the write-backs `batch` (a fetch of this manager)
   // handed out to the first tier, once the caller copied their bytes
   // (block_offloads). Returns how many; 0 for a batch without offloads or

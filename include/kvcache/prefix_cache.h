@@ -23,6 +23,7 @@
 // Plain value types; no thread-safety concerns of their own.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -110,22 +111,48 @@ enum class OffloadAdmission : std::uint8_t {
   reused,      // only pages a later request attached (or that came back from a tier)
 };
 
-// The tiers below the device pool (kvcache/tier.h), nearest first. Each
-// tier's fingerprint must equal TierFingerprint::of(params, model_id,
-// cache_salt) (the manager's constructor throws InvalidArgument naming the
-// first field that differs); tiers need prefix caching and one device
-// (params.n_devices == 1). Keys chain from {0, extra_key} (the request's
-// extra key roots the chain, so tenants stay apart in the tiers too).
+// The tiers below the device pool (kvcache/tier.h), nearest first. Tiers
+// need prefix caching. Keys chain from {0, extra_key} (the request's extra
+// key roots the chain, so tenants stay apart in the tiers too).
+//
+// Devices: each of the manager's params.n_devices devices has a tier of its
+// own at every level, holding its shard (its heads of every page): `tiers`
+// lists levels x n_devices tiers, level-major (tiers[level * n_devices + d]
+// is device d's tier of that level; one device: one tier a level, as
+// before); the tiers of a level share a name. Tier i's fingerprint must
+// equal fingerprint(params, i % n_devices) (the manager's constructor throws
+// InvalidArgument naming the tier and the first field that differs). A page
+// is written back to every shard of the first level and counts as held by
+// a level only when every shard of it holds the page; a load reads each
+// shard from its own tier into its device's pool.
+//
+// A rank of a tensor-parallel group that runs its own manager (in its own
+// process) names its shards with first_shard / shard_count: its device d is
+// shard first_shard + d of shard_count, so its keys and values are those of
+// shard first_shard + d of one manager over the whole group, and the two
+// deployments share tiers (a disk directory written by one serves the
+// other). shard_count 0: the manager is the whole group (n_devices shards).
 struct TierConfig {
   std::vector<std::shared_ptr<Tier>> tiers;  // empty: no tiers (today's behaviour)
   std::string model_id;                      // the weights' identity, in the fingerprint
   std::string cache_salt;                    // in the fingerprint
   OffloadAdmission admission = OffloadAdmission::every_page;
   // Host staging for write-back: evicted pages being written to the first
-  // tier, page bytes + 4 x page_size each, allocated at construction. An
+  // level, n_devices x page bytes per device + 4 x page_size each, allocated
+  // at construction. An
   // eviction that finds every slot busy skips the write-back (counted as
   // offload_dropped); it never waits. In [1, 65536].
   std::uint32_t staging_pages = 16;
+  // Write-backs go to the first tier in batches: staged pages wait until
+  // offload_batch of them are staged (at most half the staging slots,
+  // rounded up), until the oldest has waited offload_delay (looked at by
+  // every manager call), or until wait_tiers or destruction, then go in one
+  // store(). A page waiting in staging is not found by match_prefix (as a
+  // page being stored is not). offload_batch in [1, 65536] (1, or an
+  // offload_delay of 0: every call's evictions go at once); offload_delay
+  // in [0, 1 s].
+  std::uint32_t offload_batch = 32;
+  std::chrono::microseconds offload_delay{1000};
   // The K/V live in a pool the caller owns (e.g. a GPU pool with the same
   // shape and page ids: kvcache/cuda/device_collection.h); the manager's own
   // pool is only a host bounce buffer for loads. Write-back and onboarding
@@ -133,9 +160,16 @@ struct TierConfig {
   // until a fetch hands it out (KVCacheBatch::block_offloads) and the caller
   // completes it (PagedKVCacheManager::complete_offloads); a finished load
   // is handed out by the next fetch (KVCacheBatch::block_loads). Needs at
-  // least one tier (InvalidArgument otherwise). Not in the C and Python
-  // interfaces.
+  // least one tier (InvalidArgument otherwise). C: kvc_prefix_config.pool_apart;
+  // Python: PagedKVCacheManager(..., pool_apart=True).
   bool pool_apart = false;
+  std::uint32_t first_shard = 0;  // this manager's device 0 in the group (shard_count > 0)
+  std::uint32_t shard_count = 0;  // the group's devices; 0: params.n_devices
+  // The fingerprint device `device` of a manager with these params expects
+  // of its tiers (TierFingerprint::of with model_id and cache_salt, named
+  // shard first_shard + device of the group). Throws InvalidArgument for a
+  // device >= params.n_devices or a shard range past shard_count.
+  TierFingerprint fingerprint(const KVCacheParams& params, std::uint32_t device = 0) const;
 };
 
 // Every value is checked by the manager's constructor (InvalidArgument naming

@@ -9,6 +9,11 @@
 //   key_j = page_key(key_{j-1}, tokens of page j, fingerprint digest),
 //   key_{-1} = {0, 0}
 // so equal keys mean equal token prefixes of equal bytes-compatible caches.
+// A cache split over several devices (tensor parallelism) keeps one tier per
+// device shard, each holding that device's heads of every page: the chain
+// runs with a digest common to the shards and each shard's key is the chain
+// key masked with its own fingerprint (shard_key below), so a rank that runs
+// in its own process finds what shard d of a multi-device manager stored.
 // A stored value carries a self-describing header (PageHeader) with the
 // fingerprint, the key, the page's token ids and a checksum of all of it:
 // a load verifies them and never hands out a page whose tokens, namespace
@@ -76,8 +81,17 @@ struct TierFingerprint {
   // params.n_devices, all layers), for `model_id` and `cache_salt`.
   static TierFingerprint of(const KVCacheParams& params, std::string model_id = {},
                             std::string cache_salt = {}, std::uint32_t device_index = 0);
-  // 64-bit digest of every field (XXH3): part of every key and header.
+  // 64-bit digest of every field (XXH3): part of every header, and of every
+  // key of a one-device cache.
   std::uint64_t digest() const;
+  // Several devices (device_count > 1): each page has one chain key, made
+  // with chain_digest() (the digest of this fingerprint with device_index
+  // 0, the same for every shard), and shard d's tier holds it under
+  // shard_key(chain key, shard_mask()) (a 128-bit mask from digest(), so
+  // the shards' keys differ). One device: chain_digest() == digest() and
+  // the mask is {0, 0} (the key is the chain key).
+  std::uint64_t chain_digest() const;
+  PageKey shard_mask() const;
   // Bytes of one page's K and V, every layer of the range (int8: its in-page
   // scales too, as KVCacheParams::bytes_per_token counts them).
   std::size_t page_bytes() const;
@@ -89,6 +103,12 @@ struct TierFingerprint {
 // (XXH3-128). parent {0, 0} for a sequence's first page. Allocates nothing.
 PageKey page_key(PageKey parent, std::span<const std::uint32_t> tokens,
                  std::uint64_t digest) noexcept;
+
+// A page's key in one shard's tier: its chain key XOR the shard's mask
+// (TierFingerprint::shard_mask); XOR with the mask again gives the chain key.
+constexpr PageKey shard_key(PageKey chain, PageKey mask) noexcept {
+  return {chain.hi ^ mask.hi, chain.lo ^ mask.lo};
+}
 
 // The header before every stored value (fixed size; token ids and page bytes
 // follow it). checksum: XXH3-64 over the header (checksum field zero), the

@@ -61,6 +61,22 @@ std::function<void(const kvcache::PageEvent&)> event_callback(kvc_page_event_fn 
 
 }  // namespace
 
+namespace kvcache::c_api {
+
+PrefixCacheConfig prefix_config(const kvc_prefix_config& config) {
+  PrefixCacheConfig c;
+  c.policy = from_c<EvictionPolicyKind>(config.policy, 5, "config->policy",
+                                        "KVC_EVICT_LRU, KVC_EVICT_S3FIFO, KVC_EVICT_TIERED, "
+                                        "KVC_EVICT_INTERVAL or KVC_EVICT_ADAPTIVE");
+  c.s3fifo_small_fraction = config.s3fifo_small_fraction;
+  c.ghost_factor = config.ghost_factor;
+  if (config.on_event != nullptr) c.on_event = event_callback(config.on_event, config.user_data);
+  c.tiers = tier_config(config);
+  return c;
+}
+
+}  // namespace kvcache::c_api
+
 extern "C" {
 
 kvc_status kvc_estimated_memory_size(const kvc_params* params, uint32_t num_blocks,
@@ -189,6 +205,9 @@ kvc_prefix_config kvc_prefix_config_default(void) {
   c.ghost_factor = d.ghost_factor;
   c.admission = static_cast<int32_t>(d.tiers.admission);
   c.staging_pages = d.tiers.staging_pages;
+  c.pool_apart = d.tiers.pool_apart ? 1 : 0;
+  c.offload_batch = d.tiers.offload_batch;
+  c.offload_delay_us = static_cast<uint32_t>(d.tiers.offload_delay.count());
   return c;
 }
 
@@ -204,18 +223,20 @@ kvc_status kvc_manager_create_prefix(const kvc_params* params, uint32_t num_page
       throw InvalidArgument(
           "kvc_manager_create_prefix needs params->enable_prefix_caching 1 and the paged strategy");
     }
-    kvcache::PrefixCacheConfig c;
-    c.policy =
-        from_c<kvcache::EvictionPolicyKind>(config->policy, 5, "config->policy",
-                                            "KVC_EVICT_LRU, KVC_EVICT_S3FIFO, KVC_EVICT_TIERED, "
-                                            "KVC_EVICT_INTERVAL or KVC_EVICT_ADAPTIVE");
-    c.s3fifo_small_fraction = config->s3fifo_small_fraction;
-    c.ghost_factor = config->ghost_factor;
-    if (config->on_event != nullptr)
-      c.on_event = event_callback(config->on_event, config->user_data);
-    c.tiers = kvcache::c_api::tier_config(*config);
-    *out = wrap(std::make_unique<kvcache::PagedKVCacheManager>(p, num_pages, max_batch_size,
-                                                               max_seq_len, std::move(c)));
+    *out = wrap(std::make_unique<kvcache::PagedKVCacheManager>(
+        p, num_pages, max_batch_size, max_seq_len, kvcache::c_api::prefix_config(*config)));
+  });
+}
+
+kvc_status kvc_estimated_bookkeeping_size(const kvc_params* params, uint32_t num_pages,
+                                          const kvc_prefix_config* config, size_t* bytes,
+                                          kvc_error* err) {
+  return guarded(err, [&] {
+    const kvcache::KVCacheParams p = to_params(params);
+    require(bytes, "bytes");
+    const kvcache::PrefixCacheConfig c =
+        config == nullptr ? kvcache::PrefixCacheConfig{} : kvcache::c_api::prefix_config(*config);
+    *bytes = kvcache::PagedKVCacheManager::estimated_bookkeeping_size(p, num_pages, c);
   });
 }
 

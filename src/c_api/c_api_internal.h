@@ -13,6 +13,7 @@
 #include <memory>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "kvcache/batch.h"
 #include "kvcache/c_api.h"
@@ -31,6 +32,9 @@ struct kvc_manager {
 struct kvc_batch {
   kvcache::KVCacheBatch batch;
   bool fetched = false;
+  // batch.block_offloads() as C structs, rebuilt by kvc_batch_block_offloads
+  // (a batch is used by one thread at a time).
+  mutable std::vector<kvc_block_offload> offloads;
 };
 
 struct kvc_thread_pool {
@@ -104,7 +108,12 @@ PagedKVCacheManager& paged_of(kvc_manager* m, const char* what);
 const PagedKVCacheManager& paged_of(const kvc_manager* m, const char* what);
 
 // c_api_tiers.cpp: the tiers part of a kvc_prefix_config (tiers, model_id,
-// cache_salt, admission, staging_pages). Throws InvalidArgument naming the field.
+// cache_salt, admission, staging_pages, pool_apart, offload_batch, offload_delay_us). Throws
+// InvalidArgument naming the field.
 TierConfig tier_config(const kvc_prefix_config& config);
+
+// c_api.cpp: the whole kvc_prefix_config as C++ (policy, sizes, events, tiers).
+// Throws InvalidArgument naming the field.
+PrefixCacheConfig prefix_config(const kvc_prefix_config& config);
 
 }  // namespace kvcache::c_api

@@ -1,6 +1,6 @@
 // The C interface's batches, thread pools and CPU kernels
-// (include/kvcache/c_api.h): kvc_batch_*, kvc_thread_pool_*, kvc_store_kv,
-// kvc_attention.
+// (include/kvcache/c_api.h): kvc_batch_* (a pool apart's transfers among
+// them), kvc_thread_pool_*, kvc_store_kv, kvc_attention.
 #include <cstddef>
 #include <limits>
 #include <span>
@@ -135,6 +135,35 @@ kvc_status kvc_batch_block_copies(const kvc_batch* batch, const kvc_block_copy**
     const std::span<const kvcache::BlockCopy> c = b.block_copies();
     *copies = c.empty() ? nullptr : reinterpret_cast<const kvc_block_copy*>(c.data());
     *count = static_cast<uint32_t>(c.size());
+  });
+}
+
+kvc_status kvc_batch_block_offloads(const kvc_batch* batch, const kvc_block_offload** offloads,
+                                    uint32_t* count, kvc_error* err) {
+  return guarded(err, [&] {
+    const kvcache::KVCacheBatch& b = fetched(batch);
+    require(offloads, "offloads");
+    require(count, "count");
+    const std::span<const kvcache::BlockOffload> o = b.block_offloads();
+    batch->offloads.reserve(o.size());  // may throw: nothing written yet
+    batch->offloads.clear();
+    for (const kvcache::BlockOffload& x : o) {
+      batch->offloads.push_back({x.page, x.bytes.data(), x.bytes.size()});
+    }
+    *offloads = o.empty() ? nullptr : batch->offloads.data();
+    *count = static_cast<uint32_t>(o.size());
+  });
+}
+
+kvc_status kvc_batch_block_loads(const kvc_batch* batch, const uint32_t** pages, uint32_t* count,
+                                 kvc_error* err) {
+  return guarded(err, [&] {
+    const kvcache::KVCacheBatch& b = fetched(batch);
+    require(pages, "pages");
+    require(count, "count");
+    const std::span<const std::uint32_t> l = b.block_loads();
+    *pages = l.empty() ? nullptr : l.data();
+    *count = static_cast<uint32_t>(l.size());
   });
 }
 

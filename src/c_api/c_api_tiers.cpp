@@ -1,8 +1,9 @@
 // The C interface's storage tiers (include/kvcache/c_api.h, "storage tiers
 // below the paged pool"; docs/tiers.md): making host and disk tiers, their
-// figures, the tiers part of kvc_prefix_config, the pending-load calls and a
-// manager's per-tier figures.
+// figures, the tiers part of kvc_prefix_config, the pending-load calls, a
+// pool apart's kvc_complete_offloads and a manager's per-tier figures.
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -61,6 +62,7 @@ HostTierOptions host_options(const kvc_host_tier_options* o) {
                           " is past SIZE_MAX");
   }
   h.chunk_bytes = static_cast<std::size_t>(o->chunk_bytes);
+  h.linger = std::chrono::microseconds{o->linger_us};  // the tier refuses past 1 s
   return h;
 }
 
@@ -77,6 +79,7 @@ DiskTierOptions disk_options(const kvc_disk_tier_options* o) {
   d.max_consecutive_errors = o->max_consecutive_errors;
   d.slab_bytes = o->slab_bytes;
   d.compact_min_records = o->compact_min_records;
+  d.linger = std::chrono::microseconds{o->linger_us};  // the tier refuses past 1 s
   return d;
 }
 
@@ -153,6 +156,10 @@ TierConfig tier_config(const kvc_prefix_config& config) {
   t.admission = from_c<OffloadAdmission>(config.admission, 2, "config->admission",
                                          "KVC_ADMIT_EVERY_PAGE or KVC_ADMIT_REUSED");
   t.staging_pages = config.staging_pages;
+  t.pool_apart = flag(config.pool_apart, "config->pool_apart");
+  // The manager refuses either out of range (naming it), as staging_pages.
+  t.offload_batch = config.offload_batch;
+  t.offload_delay = std::chrono::microseconds{config.offload_delay_us};
   return t;
 }
 
@@ -181,6 +188,7 @@ kvc_host_tier_options kvc_host_tier_options_default(void) {
   o.huge_pages = d.huge_pages ? 1 : 0;
   o.checksums = d.checksums ? 1 : 0;
   o.chunk_bytes = d.chunk_bytes;
+  o.linger_us = static_cast<uint32_t>(d.linger.count());
   return o;
 }
 
@@ -208,6 +216,7 @@ kvc_disk_tier_options kvc_disk_tier_options_default(void) {
   o.max_consecutive_errors = d.max_consecutive_errors;
   o.slab_bytes = d.slab_bytes;
   o.compact_min_records = d.compact_min_records;
+  o.linger_us = static_cast<uint32_t>(d.linger.count());
   return o;
 }
 
@@ -298,6 +307,17 @@ kvc_status kvc_wait_loads(kvc_manager* manager, uint64_t seq, kvc_error* err) {
 
 kvc_status kvc_wait_tiers(kvc_manager* manager, kvc_error* err) {
   return guarded(err, [&] { kvcache::c_api::paged_of(manager, "kvc_wait_tiers").wait_tiers(); });
+}
+
+kvc_status kvc_complete_offloads(kvc_manager* manager, const kvc_batch* batch, uint32_t* completed,
+                                 kvc_error* err) {
+  return guarded(err, [&] {
+    kvcache::PagedKVCacheManager& m = kvcache::c_api::paged_of(manager, "kvc_complete_offloads");
+    require(batch, "batch");
+    if (!batch->fetched) throw InvalidArgument("batch has not been fetched into (kvc_fetch)");
+    const std::size_t n = m.complete_offloads(batch->batch);
+    if (completed != nullptr) *completed = static_cast<uint32_t>(n);  // <= staging_pages
+  });
 }
 
 kvc_status kvc_manager_tier_figures(const kvc_manager* manager, kvc_tier_figures* figures,

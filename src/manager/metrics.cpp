@@ -2,6 +2,7 @@
 // below is the metric set docs/metrics.md lists.
 #include "kvcache/metrics.h"
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 
@@ -67,7 +68,7 @@ constexpr std::array kMetrics{
 // clang-format on
 
 // Per tier below the device pool (ManagerStats::tiers): one sample per tier,
-// labelled tier="<name>".
+// labelled tier="<name>" (and device="<d>" when the manager has several devices).
 struct TierMetric {
   MetricInfo info;
   std::string (*value)(const TierFigures&);
@@ -122,13 +123,18 @@ std::string label_value(std::string_view v) {
 void append_tiers(std::string& out, const ManagerStats& stats, const std::string& labels,
                   std::string_view prefix) {
   if (stats.tiers.empty()) return;
+  // Several devices: each level has a tier per device shard, told apart by a device label.
+  const bool shards = std::any_of(stats.tiers.begin(), stats.tiers.end(),
+                                  [](const TierFigures& f) { return f.device != 0; });
   for (const TierMetric& m : kTierMetrics) {
     std::string name(prefix);
     name.append("_").append(m.info.name);
     out.append("# HELP ").append(name).append(" ").append(m.info.help).append("\n");
     out.append("# TYPE ").append(name).append(m.info.type == gauge ? " gauge\n" : " counter\n");
     for (const TierFigures& f : stats.tiers) {
-      out.append(name).append(labels).append(",tier=\"").append(label_value(f.name)).append("\"} ");
+      out.append(name).append(labels).append(",tier=\"").append(label_value(f.name)).append("\"");
+      if (shards) out.append(",device=\"").append(std::to_string(f.device)).append("\"");
+      out.append("} ");
       out.append(m.value(f)).append("\n");
     }
   }

@@ -66,8 +66,10 @@ struct PagedKVCacheManager::Impl {
       auto on_event = cfg.on_event;
       store = std::make_unique<prefix::PrefixStore>(pool, p.page_size, std::move(cfg));
       if (!tiers.tiers.empty()) {
-        link = std::make_unique<manager::TierLink>(p, num_pages, arenas.front().data(), tiers,
-                                                   std::move(on_event));
+        std::vector<std::byte*> devices;
+        for (auto& arena : arenas) devices.push_back(arena.data());
+        link =
+            std::make_unique<manager::TierLink>(p, num_pages, devices, tiers, std::move(on_event));
         store->set_evict_hook([this](std::uint32_t page) { link->stage(*store, page); });
       }
     }

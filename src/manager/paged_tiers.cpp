@@ -298,6 +298,10 @@ std::size_t PagedKVCacheManager::complete_offloads(const KVCacheBatch& batch) {
 
 bool PagedKVCacheManager::has_tiers() const noexcept { return impl_->tiered(); }
 
+std::span<std::byte> PagedKVCacheManager::tier_staging() const noexcept {
+  return impl_->tiered() ? impl_->link->staging() : std::span<std::byte>();
+}
+
 bool PagedKVCacheManager::has_pending_loads(SeqId seq) const {
   std::lock_guard lock(impl_->mu);
   return impl_->find(seq).loading;
@@ -335,6 +339,7 @@ void PagedKVCacheManager::wait_tiers() {
   Impl& im = *impl_;
   std::unique_lock lock(im.mu);
   if (!im.tiered()) return;
+  im.link->flush(true);  // what is staged goes down now
   const std::vector<TierTicket> tickets = im.link->tickets_in_flight();
   lock.unlock();
   for (const TierTicket& t : tickets) t.wait();

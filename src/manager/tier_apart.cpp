@@ -30,8 +30,8 @@ void TierLink::taken(std::uint32_t page) noexcept {
 
 std::size_t TierLink::offload_bound(std::uint64_t evictions) const noexcept {
   if (!pool_apart_) return 0;
-  return static_cast<std::size_t>(
-      std::min<std::uint64_t>(slots_.size(), awaiting_.size() + evictions));
+  return shards_ * static_cast<std::size_t>(std::min<std::uint64_t>(
+                       slots_.size(), awaiting_.size() + evictions));  // an offload per device
 }
 
 std::uint64_t TierLink::hand_out(std::vector<BlockOffload>& offloads,
@@ -40,10 +40,12 @@ std::uint64_t TierLink::hand_out(std::vector<BlockOffload>& offloads,
   loads.clear();
   if (!pool_apart_) return 0;
   const std::uint64_t serial = ++serial_;
+  const std::size_t pb = bytes_.front().page_bytes();
   for (std::uint32_t i : awaiting_) {
     slots_[i].serial = serial;
-    offloads.push_back({slots_[i].page, slots_[i].bytes});  // capacity: offload_bound
-    handed_.push_back(i);                                   // capacity: every slot
+    for (std::uint32_t d = 0; d < shards_; ++d)  // capacity: offload_bound
+      offloads.push_back({slots_[i].page, std::span(slots_[i].bytes).subspan(d * pb, pb), d});
+    handed_.push_back(i);  // capacity: every slot
   }
   awaiting_.clear();
   for (std::uint32_t page : uploads_) {

@@ -1,7 +1,9 @@
 #include "manager/tier_link.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <string>
 
 #include "core/checked_math.h"
@@ -15,8 +17,20 @@ namespace {
 
 std::string str(std::uint64_t v) { return std::to_string(v); }
 
+constexpr std::uint64_t round_up(std::uint64_t n, std::uint64_t to) {
+  return (n + to - 1) / to * to;
+}
+
+// The monotonic clock at its coarse resolution (a few ms; read in ~3 ns,
+// against ~20 for the fine one): every manager call with pages staged asks it.
+std::chrono::nanoseconds coarse_now() noexcept {
+  timespec t{};
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &t);
+  return std::chrono::seconds{t.tv_sec} + std::chrono::nanoseconds{t.tv_nsec};
+}
+
 template <class T>
-void check_field(std::string_view tier, const char* field, const T& have, const T& want) {
+void check_field(const std::string& who, const char* field, const T& have, const T& want) {
   if (have == want) return;
   auto show = [](const T& v) {
     if constexpr (std::is_same_v<T, std::string>) {
@@ -29,11 +43,13 @@ void check_field(std::string_view tier, const char* field, const T& have, const 
       return std::to_string(v);
     }
   };
-  throw InvalidArgument("tier '" + std::string(tier) + "' fingerprint " + field + " is " +
-                        show(have) + " but this manager's is " + show(want));
+  throw InvalidArgument(who + " fingerprint " + field + " is " + show(have) +
+                        " but this manager's is " + show(want));
 }
 
-void check_fingerprint(std::string_view tier, const TierFingerprint& have,
+}  // namespace
+
+void check_fingerprint(const std::string& tier, const TierFingerprint& have,
                        const TierFingerprint& want) {
   check_field(tier, "dtype", have.dtype, want.dtype);
   check_field(tier, "layout", have.layout, want.layout);
@@ -47,8 +63,6 @@ void check_fingerprint(std::string_view tier, const TierFingerprint& have,
   check_field(tier, "model_id", have.model_id, want.model_id);
   check_field(tier, "cache_salt", have.cache_salt, want.cache_salt);
 }
-
-}  // namespace
 
 // ---- PageBytes ---------------------------------------------------------------------
 
@@ -104,22 +118,20 @@ void TierLink::check(const KVCacheParams& params, const TierConfig& config) {
   if (!params.enable_prefix_caching) {
     throw InvalidArgument("tiers need prefix caching: params.enable_prefix_caching is false");
   }
-  if (params.n_devices != 1) {
-    throw InvalidArgument("tiers serve a one-device manager: params.n_devices is " +
-                          str(params.n_devices));
-  }
-  if (config.tiers.size() > 8) {
-    throw InvalidArgument("tiers: " + str(config.tiers.size()) + " given, at most 8");
-  }
   if (config.staging_pages == 0 || config.staging_pages > 65536) {
     throw InvalidArgument("tiers.staging_pages is " + str(config.staging_pages) +
                           ": it must be in [1, 65536]");
   }
-  const TierFingerprint want = TierFingerprint::of(params, config.model_id, config.cache_salt);
-  for (std::size_t i = 0; i < config.tiers.size(); ++i) {
-    if (config.tiers[i] == nullptr) throw InvalidArgument("tiers[" + str(i) + "] is null");
-    check_fingerprint(config.tiers[i]->name(), config.tiers[i]->fingerprint(), want);
+  if (config.offload_batch == 0 || config.offload_batch > 65536) {
+    throw InvalidArgument("tiers.offload_batch is " + str(config.offload_batch) +
+                          ": it must be in [1, 65536]");
   }
+  if (config.offload_delay < std::chrono::microseconds{0} ||
+      config.offload_delay > std::chrono::seconds{1}) {
+    throw InvalidArgument("tiers.offload_delay is " + std::to_string(config.offload_delay.count()) +
+                          " us: it must be in [0, 1000000]");
+  }
+  check_shards(params, config);
   (void)staging_bytes(params, config);  // past 64 bits: throws
 }
 
@@ -127,33 +139,50 @@ std::uint64_t TierLink::staging_bytes(const KVCacheParams& params, const TierCon
   if (config.tiers.empty()) return 0;
   const std::uint64_t page = detail::checked_product(
       "tier staging page", {{"page_size", params.page_size},
-                            {"bytes_per_token_per_device", params.bytes_per_token_per_device()}});
+                            {"bytes_per_token_per_device", params.bytes_per_token_per_device()},
+                            {"n_devices", params.n_devices}});
   const std::uint64_t slots = detail::checked_product(
       "tier staging", {{"staging_pages", config.staging_pages},
-                       {"page bytes + token ids", page + 4 * std::uint64_t{params.page_size}}});
-  return slots + Tier::kEvictionReports * sizeof(PageKey);  // room for one tier's reports
+                       {"page bytes + token ids",
+                        round_up(page, kSlotAlign) + 4 * std::uint64_t{params.page_size}}});
+  // One allocation, aligned to kStagingAlign; room for one tier's reports.
+  return slots + kStagingAlign + Tier::kEvictionReports * sizeof(PageKey);
 }
 
-TierLink::TierLink(const KVCacheParams& params, std::uint32_t num_pages, std::byte* arena,
-                   const TierConfig& config, std::function<void(const PageEvent&)> on_event)
+TierLink::TierLink(const KVCacheParams& params, std::uint32_t num_pages,
+                   std::span<std::byte* const> arenas, const TierConfig& config,
+                   std::function<void(const PageEvent&)> on_event)
     : tiers_(config.tiers),
+      shards_(params.n_devices),
       num_pages_(num_pages),
-      fingerprint_digest_(TierFingerprint::of(params, config.model_id, config.cache_salt).digest()),
+      fingerprint_digest_(config.fingerprint(params, 0).chain_digest()),
       digest_(fingerprint_digest_),
       page_size_(params.page_size),
       admission_(config.admission),
-      bytes_(params, arena, num_pages),
+      batch_(config.offload_delay.count() == 0
+                 ? 1
+                 : std::min(config.offload_batch, (config.staging_pages + 1) / 2)),
+      delay_(config.offload_delay),
       on_event_(std::move(on_event)),
       slots_(config.staging_pages),
       counters_(config.tiers.size()),
       pool_apart_(config.pool_apart),
       fresh_(config.pool_apart ? num_pages : 0) {
   for (const auto& t : tiers_) names_.emplace_back(t->name());
+  for (std::uint32_t d = 0; d < shards_; ++d) {
+    masks_.push_back(config.fingerprint(params, d).shard_mask());
+    bytes_.emplace_back(params, arenas[d], num_pages);
+  }
   free_slots_.reserve(slots_.size());
   staged_.reserve(slots_.size());
-  ask_.reserve(slots_.size());
+  const std::size_t slot_bytes = bytes_.front().page_bytes() * shards_;
+  const std::size_t stride = round_up(slot_bytes, kSlotAlign);
+  staging_ = StagingMemory(static_cast<std::byte*>(
+      std::aligned_alloc(kStagingAlign, round_up(stride * slots_.size(), kStagingAlign))));
+  if (staging_ == nullptr) throw std::bad_alloc();
+  staging_size_ = stride * slots_.size();
   for (std::uint32_t i = 0; i < slots_.size(); ++i) {
-    slots_[i].bytes.resize(bytes_.page_bytes());
+    slots_[i].bytes = std::span(staging_.get() + std::size_t{i} * stride, slot_bytes);
     slots_[i].tokens.resize(page_size_);
     free_slots_.push_back(static_cast<std::uint32_t>(slots_.size()) - 1 - i);
   }
@@ -167,7 +196,9 @@ TierLink::TierLink(const KVCacheParams& params, std::uint32_t num_pages, std::by
 }
 
 TierLink::~TierLink() {
-  for (const StoreBatch& b : stores_) b.ticket.wait();
+  flush(true);  // what is staged goes down (a disk tier keeps it across restarts)
+  for (const StoreBatch& b : stores_)
+    for (const TierTicket& t : b.tickets) t.wait();
   for (const LoadJob& j : jobs_)
     for (const TierTicket& t : j.tickets) t.wait();
 }
@@ -191,18 +222,17 @@ void TierLink::emit(PageEvent::Kind kind, const Slot& info, std::size_t tier) co
 }
 
 void TierLink::stage(const prefix::PrefixStore& store, std::uint32_t page) noexcept {
-  Tier& tier = *tiers_.front();
-  if (!tier.enabled()) return;
+  if (!level_enabled(0)) return;
   const bool reused = store.reused(page);
   if (admission_ == OffloadAdmission::reused && !reused) return;
   const PageKey key = store.key_of(page);
   // A page that was attached again may have come back from the tier, which
-  // then still holds it: ask now and skip the copy. Others are asked at
-  // flush, all in one contains().
+  // then still holds it: ask now and skip the copy. Another the tier skips
+  // itself (StoreResult::present), if it holds it at all.
   if (reused && held_by_first(key)) return;
   if (free_slots_.empty()) reap(true);
   if (free_slots_.empty()) {
-    ++counters_.front().offload_dropped;
+    count_dropped(1);
     return;
   }
   const std::uint32_t i = free_slots_.back();
@@ -210,7 +240,7 @@ void TierLink::stage(const prefix::PrefixStore& store, std::uint32_t page) noexc
   Slot& s = slots_[i];
   // A pool apart holds the page's bytes, unless a load left them here fresher.
   const bool from_host = !pool_apart_ || fresh_[page] != 0;
-  if (from_host) bytes_.pack(page, s.bytes);
+  if (from_host) pack_shards(page, s.bytes);
   const auto toks = store.stored_tokens(page);
   std::copy(toks.begin(), toks.end(), s.tokens.begin());
   s.page = page;
@@ -218,55 +248,39 @@ void TierLink::stage(const prefix::PrefixStore& store, std::uint32_t page) noexc
   s.parent_hash = store.parent_hash_of(page);
   s.extra_key = store.extra_key_of(page);
   s.key = key;
-  s.asked = reused;
-  (from_host ? staged_ : awaiting_).push_back(i);  // capacity: every slot
+  if (!from_host) {
+    awaiting_.push_back(i);  // capacity: every slot
+    return;
+  }
+  if (staged_.empty()) staged_since_ = coarse_now();
+  staged_.push_back(i);  // capacity: every slot
 }
 
 bool TierLink::held_by_first(const PageKey& key) noexcept {
   try {
-    return tiers_.front()->contains(std::span(&key, 1)).at(0) != 0;
+    return level_contains(0, std::span(&key, 1)).at(0) != 0;
   } catch (...) {
     return true;  // the tier could not answer: skip the write-back
   }
 }
 
-void TierLink::drop_held_staged() noexcept {
-  ask_.clear();
-  for (std::uint32_t i : staged_)
-    if (!slots_[i].asked) ask_.push_back(slots_[i].key);  // capacity: every slot
-  if (ask_.empty()) return;
-  std::vector<std::uint8_t> held;
-  try {
-    held = tiers_.front()->contains(ask_);
-  } catch (...) {
-    held.assign(ask_.size(), 1);  // the tier could not answer: skip these write-backs
-  }
-  std::size_t k = 0, kept = 0;
-  for (std::uint32_t i : staged_) {
-    if (!slots_[i].asked && k < held.size() && held[k++] != 0) {
-      free_slots_.push_back(i);  // capacity: every slot
-      continue;
-    }
-    staged_[kept++] = i;
-  }
-  staged_.resize(kept);
+bool TierLink::due(bool force) const noexcept {
+  if (staged_.empty()) return false;
+  if (force || staged_.size() >= batch_) return true;
+  return coarse_now() - staged_since_ >= delay_;
 }
 
-void TierLink::flush() noexcept {
-  if (!staged_.empty()) drop_held_staged();
-  if (!staged_.empty()) {
+void TierLink::flush(bool force) noexcept {
+  if (due(force)) {
     const std::size_t n = staged_.size();
     try {
       StoreBatch b;
       b.slots.assign(staged_.begin(), staged_.end());
-      b.writes.reserve(n);
-      for (std::uint32_t i : staged_)
-        b.writes.push_back({slots_[i].key, slots_[i].tokens, slots_[i].bytes});
-      b.ticket = tiers_.front()->store(b.writes);
+      store_shards(b, n);
       stores_.push_back(std::move(b));  // capacity: one batch per slot
     } catch (...) {
       for (std::uint32_t i : staged_) free_slots_.push_back(i);
-      counters_.front().offload_dropped += n;
+      count_dropped(n);
       log_after_commit(LogLevel::warn, [&] {
         return "paged manager: tier '" + names_.front() + "' refused a write-back of " + str(n) +
                " pages";
@@ -286,41 +300,48 @@ void TierLink::report_evictions() noexcept {
       tiers_[t]->take_evicted(evicted_);
     } catch (...) {  // only a tier that overfills `out` (capacity: kEvictionReports)
     }
+    const PageKey mask = masks_[t % shards_];  // a shard's key back to the chain key
     for (const PageKey& key : evicted_) {
-      on_event_(PageEvent{PageEvent::Kind::removed, num_pages_, 0, 0, 0, {}, names_[t], key});
+      on_event_(PageEvent{
+          PageEvent::Kind::removed, num_pages_, 0, 0, 0, {}, names_[t], shard_key(key, mask)});
     }
   }
 }
 
 void TierLink::reap(bool all) noexcept {
-  std::size_t kept = 0;
+  const auto done = [](const StoreBatch& b) {
+    return std::all_of(b.tickets.begin(), b.tickets.end(),
+                       [](const TierTicket& t) { return t.done(); });
+  };
+  const auto finish = [&](const StoreBatch& b) {
+    for (std::size_t k = 0; k < b.slots.size(); ++k) {
+      count_stored(b, k);
+      free_slots_.push_back(b.slots[k]);  // capacity: every slot
+    }
+  };
+  if (!all) {
+    // The oldest first, up to the first in flight (batches finish about in
+    // order): a call with nothing finished costs one look.
+    std::size_t n = 0;
+    while (n < stores_.size() && done(stores_[n])) finish(stores_[n++]);
+    if (n > 0) stores_.erase(stores_.begin(), stores_.begin() + static_cast<std::ptrdiff_t>(n));
+    return;
+  }
+  std::size_t kept = 0;  // an eviction out of slots looks at every batch
   for (std::size_t b = 0; b < stores_.size(); ++b) {
-    // In order, the oldest first: a flush stops at the first batch in flight
-    // (batches finish about in order), an eviction out of slots looks at all.
-    if ((!all && kept > 0) || !stores_[b].ticket.done()) {
+    if (!done(stores_[b])) {
       if (kept != b) stores_[kept] = std::move(stores_[b]);
       ++kept;
       continue;
     }
-    const auto results = stores_[b].ticket.store_results();
-    for (std::size_t k = 0; k < stores_[b].slots.size(); ++k) {
-      const std::uint32_t i = stores_[b].slots[k];
-      const StoreResult r = k < results.size() ? results[k] : StoreResult::failed;
-      if (r == StoreResult::stored) {
-        ++counters_.front().pages_offloaded;
-        emit(PageEvent::Kind::stored, slots_[i], 0);
-      } else if (r != StoreResult::present) {
-        ++counters_.front().offload_dropped;
-      }
-      free_slots_.push_back(i);
-    }
+    finish(stores_[b]);
   }
   stores_.resize(kept);
 }
 
 std::vector<TierTicket> TierLink::tickets_in_flight() const {
   std::vector<TierTicket> out;
-  for (const StoreBatch& b : stores_) out.push_back(b.ticket);
+  for (const StoreBatch& b : stores_) out.insert(out.end(), b.tickets.begin(), b.tickets.end());
   for (const LoadJob& j : jobs_) out.insert(out.end(), j.tickets.begin(), j.tickets.end());
   return out;
 }
@@ -332,6 +353,7 @@ void TierLink::fill(ManagerStats& stats) const {
     const TierStats s = tiers_[t]->stats();
     TierFigures f;
     f.name = names_[t];
+    f.device = static_cast<std::uint32_t>(t % shards_);
     f.enabled = s.enabled;
     f.pages_held = s.pages_held;
     f.bytes_held = s.bytes_held;

@@ -8,13 +8,15 @@
 // Tier::contains is an in-memory lookup, store and load only enqueue.
 //
 // Write-back: stage() copies an evicted page (packed [2][num_layers][block],
-// PageBytes) and its tokens into a free staging slot; flush() asks the first
-// tier in one contains() which staged pages it holds already (a page that was
-// attached again, which may have come back from the tier, is asked at stage
-// instead, before its copy), hands the others to it in one store() and
-// finishes the store tickets that are done (freeing their slots, emitting the
-// tier's stored events). A page that finds no free slot is dropped (counted),
-// never waited for.
+// PageBytes) and its tokens into a free staging slot (a page that was
+// attached again, which may have come back from the tier, is first asked
+// about in a contains() and skipped when the tier holds it); flush() hands
+// the staged pages to the first tier in one store() once they are due
+// (TierConfig::offload_batch staged, the oldest staged offload_delay ago, or
+// forced) and finishes the store tickets that are done (freeing their slots,
+// emitting the tier's stored events). The tier itself skips a page it holds
+// already (StoreResult::present). A page that finds no free slot is dropped
+// (counted), never waited for.
 //
 // Tier evictions: flush() also drains each tier's take_evicted() (the tier
 // records under a leaf lock of its own; nothing here waits for a tier
@@ -40,12 +42,22 @@
 // host pool as without a pool apart; taken() voids the upload of a page the
 // manager hands out again.
 //
+// Several devices (manager/tier_shards.cpp): the tiers are levels x shards,
+// level-major (TierConfig); keys chain with the shards' common digest and
+// each shard's tier sees its own (shard_key). A staging slot holds every
+// device's packed page; a write-back stores each shard to its tier of the
+// first level; a level holds a page when all its shards do; a load reads
+// each shard into its device's arena (or the job's staging) and a page is
+// loaded when every shard is.
+//
 // Destruction waits for every ticket in flight (their buffers live here and
 // in the pool). Not thread-safe: the manager locks.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <span>
@@ -87,6 +99,11 @@ class PageBytes {
   std::size_t pitch_;      // bytes between a page's runs (per_layer)
 };
 
+// Throws InvalidArgument naming `tier` ("tier 'host'") and the first field
+// of `have` that differs from `want`.
+void check_fingerprint(const std::string& tier, const TierFingerprint& have,
+                       const TierFingerprint& want);
+
 // A page of a load job: which job (its id, never 0) and where in it.
 struct LoadRef {
   std::uint64_t job = 0;  // 0: none
@@ -97,43 +114,56 @@ struct LoadRef {
 // The loads one match_prefix started: device pages the tiers fill, in chain
 // order, and the sequences waiting for them.
 struct LoadJob {
+  std::uint32_t shards = 1;           // devices: tickets are levels x shards
   std::uint64_t id = 0;               // set by TierLink::add
   std::vector<SeqId> waiters;         // sequences holding pages of it, each once
   bool settled = false;               // done, and its staging unpacked (settle)
   bool used = false;                  // a sequence finished with its pages
   std::vector<std::uint8_t> kept;     // per page: a finished sequence kept it
   std::vector<std::uint32_t> pages;   // device pages, chain order
-  std::vector<std::uint8_t> tier_of;  // which tier holds each
-  std::vector<std::uint32_t> slot;    // its index in that tier's load() call
+  std::vector<std::uint8_t> tier_of;  // which level holds each (every shard of it)
+  std::vector<std::uint32_t> slot;    // its index in that level's load() calls
   std::vector<std::uint32_t> tokens;  // page_size per page (borrowed by the loads)
   std::vector<PageKey> keys;
-  std::vector<std::byte> staging;         // per_layer pools: the packed pages
-  std::vector<PageRead> reads;            // grouped by tier
+  std::vector<std::byte> staging;         // per_layer pools: the packed pages [page][shard]
+  std::vector<PageRead> reads;            // grouped by tier (level, then shard)
   std::vector<TierTicket> tickets;        // one per tier (default: none asked of it)
   std::vector<std::uint8_t> issue_threw;  // per tier: load() threw (its pages failed)
 
   std::size_t size() const { return pages.size(); }
   bool done() const;
+  // Page i: loaded when every shard is, else the first shard's other result.
   LoadResult result(std::size_t i) const;
+  // Page i's result from shard d's tier.
+  LoadResult shard_result(std::size_t i, std::uint32_t d) const;
 };
 
 class TierLink {
  public:
   // Throws InvalidArgument when the tiers cannot serve this manager (no
-  // prefix caching, several devices, a null tier, a fingerprint field that
-  // differs, staging_pages out of range).
+  // prefix caching, a tier count not a multiple of n_devices, a shard range
+  // past shard_count, a null tier, a level whose tiers differ in name, a
+  // fingerprint field that differs, staging_pages out of range).
   static void check(const KVCacheParams& params, const TierConfig& config);
   // Host bytes of the staging slots and of the eviction reports' buffer.
   static std::uint64_t staging_bytes(const KVCacheParams& params, const TierConfig& config);
 
-  TierLink(const KVCacheParams& params, std::uint32_t num_pages, std::byte* arena,
+  // arenas: one per device (params.n_devices).
+  TierLink(const KVCacheParams& params, std::uint32_t num_pages, std::span<std::byte* const> arenas,
            const TierConfig& config, std::function<void(const PageEvent&)> on_event);
   ~TierLink();
   TierLink(const TierLink&) = delete;
   TierLink& operator=(const TierLink&) = delete;
 
+  // Slots start kSlotAlign apart in one allocation aligned to kStagingAlign.
+  static constexpr std::size_t kSlotAlign = 256, kStagingAlign = 4096;
   std::size_t num_tiers() const { return tiers_.size(); }
-  const PageBytes& bytes() const { return bytes_; }
+  // Every staging slot's bytes (one allocation, for the link's life).
+  std::span<std::byte> staging() const noexcept { return {staging_.get(), staging_size_}; }
+  const PageBytes& bytes() const { return bytes_.front(); }  // device 0's
+  // Unpacks page q of a finished job from its staging into every device's
+  // arena (a per_layer pool; an interleaved one was loaded in place).
+  void unpack_loaded(const LoadJob& job, std::size_t q) const noexcept;
   std::uint32_t page_size() const { return page_size_; }
   // key_j from key_{j-1} and the page's tokens (kvcache/tier.h page_key,
   // computed without allocating); root(extra_key) is a chain's key_{-1}.
@@ -147,9 +177,10 @@ class TierLink {
   // ---- write-back
   // Stages a page `store` is evicting (still published) for the first tier.
   void stage(const prefix::PrefixStore& store, std::uint32_t page) noexcept;
-  // Issues the staged pages' store(), finishes the stores that are done and
-  // reports the tiers' own evictions (report_evictions).
-  void flush() noexcept;
+  // Issues the staged pages' store() when they are due (or force), finishes
+  // the stores that are done and reports the tiers' own evictions
+  // (report_evictions).
+  void flush(bool force = false) noexcept;
 
   // ---- onboard
   // tier_of values beside a tier's index: no tier holds the key, a job in
@@ -224,16 +255,15 @@ class TierLink {
 
  private:
   struct Slot {
-    std::vector<std::byte> bytes;
+    std::span<std::byte> bytes;  // in staging_
     std::vector<std::uint32_t> tokens;
     std::uint32_t page = 0;
     std::uint64_t hash = 0, parent_hash = 0, extra_key = 0;
     PageKey key;
     std::uint64_t serial = 0;  // pool apart: the hand_out that gave it to a batch
-    bool asked = false;        // the first tier was asked already (it did not hold the page)
   };
   struct StoreBatch {
-    TierTicket ticket;
+    std::vector<TierTicket> tickets;  // one per shard; fewer: a later shard's store() threw
     std::vector<std::uint32_t> slots;
     std::vector<PageWrite> writes;
   };
@@ -241,31 +271,61 @@ class TierLink {
     std::uint64_t pages_offloaded = 0, offload_dropped = 0, pages_onboarded = 0, load_failures = 0;
   };
   void issue(LoadJob& job) noexcept;
+  // check()'s part for the tiers' count, order, names and fingerprints.
+  static void check_shards(const KVCacheParams& params, const TierConfig& config);
+  // ---- several devices (tier_shards.cpp)
+  Tier& tier(std::size_t level, std::uint32_t shard) const {
+    return *tiers_[level * shards_ + shard];
+  }
+  bool level_enabled(std::size_t level) const;
+  // held[k] = 1 when every shard of `level` holds chain key keys[k].
+  std::vector<std::uint8_t> level_contains(std::size_t level, std::span<const PageKey> keys);
+  // Packs page `page` of every device into a slot's bytes ([shard][page bytes]).
+  void pack_shards(std::uint32_t page, std::span<std::byte> out) const noexcept;
+  // Fills b.writes ([shard][slot], from b.slots) and issues one store() per
+  // shard of the first level. Throws what allocating or the first shard's
+  // store() throws (nothing in flight then); a later shard that throws is
+  // logged and its pages fail (b.tickets stops short).
+  void store_shards(StoreBatch& b, std::size_t n);
+  // One evicted page not written: counted by every shard of the first level.
+  void count_dropped(std::size_t pages) noexcept;
+  // A finished batch's slot k: each shard's counters, the level's stored event.
+  void count_stored(const StoreBatch& b, std::size_t k) noexcept;
   // Finishes the store batches that are done: from the oldest up to the
   // first in flight, or (all) every one.
   void reap(bool all) noexcept;
   bool held_by_first(const PageKey& key) noexcept;  // true too when the tier cannot answer
-  // Frees the staged slots of pages the first tier holds (one contains()).
-  void drop_held_staged() noexcept;
+  // Whether the staged pages go to the tier now (see flush).
+  bool due(bool force) const noexcept;
   // With an event callback: a `removed` event (the tier's medium and the
   // page's key; page the sentinel num_pages, hashes 0, no tokens) for every
   // key each tier's take_evicted() reports.
   void report_evictions() noexcept;
   void emit(PageEvent::Kind kind, const Slot& info, std::size_t tier) const noexcept;
 
-  std::vector<std::shared_ptr<Tier>> tiers_;
+  std::vector<std::shared_ptr<Tier>> tiers_;  // levels x shards, level-major
+  std::uint32_t shards_;                      // the manager's devices
+  std::vector<PageKey> masks_;                // per shard: chain key -> its tier's key
   std::uint32_t num_pages_;  // the device pool's: the sentinel page of tier evictions
   std::vector<std::string> names_;
   std::uint64_t fingerprint_digest_;
   std::uint64_t digest_;  // what keys chain with: fingerprint_digest_, mixed with fp8 scales
   std::uint32_t page_size_;
   OffloadAdmission admission_;
-  PageBytes bytes_;
+  std::size_t batch_;                         // staged pages that make a store() due
+  std::chrono::microseconds delay_;           // or the oldest staged this long ago
+  std::chrono::nanoseconds staged_since_{0};  // coarse clock: when staged_ last became non-empty
+  std::vector<PageBytes> bytes_;              // per device
   std::function<void(const PageEvent&)> on_event_;
+  struct FreeStaging {
+    void operator()(std::byte* p) const noexcept { std::free(p); }
+  };
+  using StagingMemory = std::unique_ptr<std::byte, FreeStaging>;
+  StagingMemory staging_;         // every slot's bytes, kStagingAlign-aligned
+  std::size_t staging_size_ = 0;  // slots x their stride
   std::vector<Slot> slots_;
   std::vector<std::uint32_t> free_slots_;  // capacity: every slot
   std::vector<std::uint32_t> staged_;      // capacity: every slot
-  std::vector<PageKey> ask_;               // flush's contains() keys; capacity: every slot
   std::vector<PageKey> evicted_;           // a tier's eviction reports; capacity: kEvictionReports
   std::vector<StoreBatch> stores_;
   std::vector<LoadJob> jobs_;

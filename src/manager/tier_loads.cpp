@@ -28,11 +28,19 @@ bool LoadJob::done() const {
   return std::all_of(tickets.begin(), tickets.end(), [](const TierTicket& t) { return t.done(); });
 }
 
-LoadResult LoadJob::result(std::size_t i) const {
-  const std::uint8_t t = tier_of[i];
+LoadResult LoadJob::shard_result(std::size_t i, std::uint32_t d) const {
+  const std::size_t t = std::size_t{tier_of[i]} * shards + d;
   if (issue_threw[t]) return LoadResult::failed;
   const auto results = tickets[t].load_results();
   return slot[i] < results.size() ? results[slot[i]] : LoadResult::failed;
+}
+
+LoadResult LoadJob::result(std::size_t i) const {
+  for (std::uint32_t d = 0; d < shards; ++d) {
+    const LoadResult r = shard_result(i, d);
+    if (r != LoadResult::loaded) return r;
+  }
+  return LoadResult::loaded;
 }
 
 // ---- TierLink: onboard -------------------------------------------------------------
@@ -42,7 +50,7 @@ std::size_t TierLink::locate(std::span<const PageKey> keys, std::vector<std::uin
   std::vector<std::size_t> where;
   ask.reserve(keys.size());
   where.reserve(keys.size());
-  for (std::size_t t = 0; t < tiers_.size(); ++t) {
+  for (std::size_t t = 0; t < tiers_.size() / shards_; ++t) {
     ask.clear();
     where.clear();
     for (std::size_t i = 0; i < keys.size(); ++i) {
@@ -51,8 +59,8 @@ std::size_t TierLink::locate(std::span<const PageKey> keys, std::vector<std::uin
       where.push_back(i);
     }
     if (ask.empty()) break;
-    if (!tiers_[t]->enabled()) continue;
-    const std::vector<std::uint8_t> held = tiers_[t]->contains(ask);
+    if (!level_enabled(t)) continue;
+    const std::vector<std::uint8_t> held = level_contains(t, ask);
     for (std::size_t k = 0; k < where.size() && k < held.size(); ++k)
       if (held[k] != 0) tier_of[where[k]] = static_cast<std::uint8_t>(t);
   }
@@ -62,8 +70,8 @@ std::size_t TierLink::locate(std::span<const PageKey> keys, std::vector<std::uin
 }
 
 bool TierLink::any_holds(const PageKey& key) {
-  for (const std::shared_ptr<Tier>& t : tiers_)
-    if (t->enabled() && t->contains(std::span(&key, 1)).at(0) != 0) return true;
+  for (std::size_t t = 0; t < tiers_.size() / shards_; ++t)
+    if (level_enabled(t) && level_contains(t, std::span(&key, 1)).at(0) != 0) return true;
   return false;
 }
 
@@ -96,8 +104,10 @@ void TierLink::prepare(LoadJob& job, std::size_t n) const {
   job.slot.assign(n, 0);
   job.tokens.reserve(n * page_size_);
   job.keys.reserve(n);
-  if (!bytes_.packed_in_place()) job.staging.resize(n * bytes_.page_bytes());
-  job.reads.reserve(n);
+  job.shards = shards_;
+  const PageBytes& bytes = bytes_.front();
+  if (!bytes.packed_in_place()) job.staging.resize(n * shards_ * bytes.page_bytes());
+  job.reads.reserve(n * shards_);
   job.tickets.assign(tiers_.size(), TierTicket());
   job.issue_threw.assign(tiers_.size(), 0);
 }
@@ -113,19 +123,22 @@ void TierLink::add(LoadJob&& job) noexcept {
 }
 
 void TierLink::issue(LoadJob& job) noexcept {
-  const std::size_t pb = bytes_.page_bytes();
+  const std::size_t pb = bytes_.front().page_bytes();
   job.reads.clear();
   for (std::size_t t = 0; t < tiers_.size(); ++t) {
+    const std::size_t level = t / shards_;
+    const std::uint32_t d = static_cast<std::uint32_t>(t % shards_);
     const std::size_t begin = job.reads.size();
     for (std::size_t i = 0; i < job.size(); ++i) {
-      if (job.tier_of[i] != t) continue;
-      job.slot[i] = static_cast<std::uint32_t>(job.reads.size() - begin);
-      const std::span<std::byte> dst = bytes_.packed_in_place()
-                                           ? bytes_.in_place(job.pages[i])
-                                           : std::span<std::byte>(job.staging).subspan(i * pb, pb);
+      if (job.tier_of[i] != level) continue;
+      job.slot[i] = static_cast<std::uint32_t>(job.reads.size() - begin);  // equal for every d
+      const std::span<std::byte> dst =
+          bytes_[d].packed_in_place()
+              ? bytes_[d].in_place(job.pages[i])
+              : std::span<std::byte>(job.staging).subspan((i * shards_ + d) * pb, pb);
       const auto toks =
           std::span<const std::uint32_t>(job.tokens).subspan(i * page_size_, page_size_);
-      job.reads.push_back({job.keys[i], toks, dst});  // capacity: prepare()
+      job.reads.push_back({shard_key(job.keys[i], masks_[d]), toks, dst});  // capacity: prepare()
     }
     if (job.reads.size() == begin) continue;
     try {
@@ -154,12 +167,8 @@ const LoadJob* TierLink::job(std::uint64_t id) const noexcept {
 
 void TierLink::settle(LoadJob& job) noexcept {
   job.settled = true;
-  if (bytes_.packed_in_place()) return;  // loaded in place
-  const std::size_t pb = bytes_.page_bytes();
-  for (std::size_t i = 0; i < job.size(); ++i) {
-    if (job.result(i) != LoadResult::loaded) continue;
-    bytes_.unpack(std::span<const std::byte>(job.staging).subspan(i * pb, pb), job.pages[i]);
-  }
+  for (std::size_t i = 0; i < job.size(); ++i)
+    if (job.result(i) == LoadResult::loaded) unpack_loaded(job, i);  // per_layer: every device
 }
 
 void TierLink::erase_job(std::size_t i) noexcept {
@@ -170,20 +179,22 @@ void TierLink::erase_job(std::size_t i) noexcept {
 
 void TierLink::count_results(const LoadJob& job) noexcept {
   for (std::size_t i = 0; i < job.size(); ++i) {
-    const std::uint8_t t = job.tier_of[i];
-    if (job.kept[i] != 0) {
-      ++counters_[t].pages_onboarded;
-      continue;
-    }
-    const LoadResult r = job.result(i);
-    if (r == LoadResult::loaded) continue;  // after a failed page: dropped with it
-    ++counters_[t].load_failures;
-    if (r == LoadResult::missing || r == LoadResult::corrupt || r == LoadResult::mismatch) {
-      if (on_event_) {  // the tier no longer holds it
-        on_event_(PageEvent{
-            PageEvent::Kind::removed, job.pages[i], 0, 0, 0,
-            std::span<const std::uint32_t>(job.tokens).subspan(i * page_size_, page_size_),
-            names_[t], job.keys[i]});
+    for (std::uint32_t d = 0; d < shards_; ++d) {
+      const std::size_t t = std::size_t{job.tier_of[i]} * shards_ + d;
+      if (job.kept[i] != 0) {
+        ++counters_[t].pages_onboarded;
+        continue;
+      }
+      const LoadResult r = job.shard_result(i, d);
+      if (r == LoadResult::loaded) continue;  // after a failed page: dropped with it
+      ++counters_[t].load_failures;
+      if (r == LoadResult::missing || r == LoadResult::corrupt || r == LoadResult::mismatch) {
+        if (on_event_) {  // the tier no longer holds it
+          on_event_(PageEvent{
+              PageEvent::Kind::removed, job.pages[i], 0, 0, 0,
+              std::span<const std::uint32_t>(job.tokens).subspan(i * page_size_, page_size_),
+              names_[t], job.keys[i]});
+        }
       }
     }
   }

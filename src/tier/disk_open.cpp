@@ -55,6 +55,10 @@ std::uint64_t slab_slots_of(const DiskTierOptions& o, std::size_t slot_bytes,
 
 const DiskTierOptions& checked(const DiskTierOptions& o) {
   if (o.threads == 0) throw InvalidArgument("disk tier: threads is 0; it needs at least 1");
+  if (o.linger < std::chrono::microseconds{0} || o.linger > std::chrono::seconds{1}) {
+    throw InvalidArgument("disk tier: linger is " + std::to_string(o.linger.count()) +
+                          " us: it must be in [0, 1000000]");
+  }
   if (o.queue_depth == 0 || o.queue_depth > 4096) {
     throw InvalidArgument("disk tier: queue_depth " + std::to_string(o.queue_depth) +
                           " is not in range 1 to 4096");
@@ -99,7 +103,7 @@ DiskTier::Impl::Impl(TierFingerprint f, std::filesystem::path d, std::uint64_t c
   lock_dir();
   try {
     recover();
-    workers = std::make_unique<tier::TierWorkers>(opt.threads);
+    workers = std::make_unique<tier::TierWorkers>(opt.threads, opt.linger);
     std::string why;
     if (opt.io != DiskIo::threads) io = tier::make_uring_io(*workers, opt.queue_depth, &why);
     if (io == nullptr && opt.io == DiskIo::io_uring) {

@@ -338,6 +338,7 @@ std::vector<std::uint8_t> DiskTier::contains(std::span<const PageKey> keys) {
 TierTicket DiskTier::store(std::span<const PageWrite> pages) {
   tier::check_writes(pages, impl_->fp.page_size, impl_->page_bytes, name());
   auto state = TierTicket::State::for_stores(pages.size());
+  state->set_nudge(impl_->workers->nudger());
   {
     std::lock_guard lock(impl_->out_mu);
     impl_->outstanding += pages.size();
@@ -346,7 +347,8 @@ TierTicket DiskTier::store(std::span<const PageWrite> pages) {
   impl_->workers->post_range(
       pages.size(), [impl = impl_.get(), state, writes](std::size_t begin, std::size_t end) {
         for (std::size_t i = begin; i < end; ++i) impl->store_one(state, i, (*writes)[i]);
-      });
+      },
+      tier::TierWorkers::Wake::lazy);
   return TierTicket(state);
 }
 

@@ -43,7 +43,7 @@ struct HostTier::Impl {
         huge(o.huge_pages),
         checksums(o.checksums),
         table(num_slots, std::move(o.policy)),
-        workers(o.synchronous ? 0 : o.threads) {}
+        workers(o.synchronous ? 0 : o.threads, o.linger) {}
 
   std::byte* slot_memory(std::uint32_t slot);  // under mu
   void store_one(const std::shared_ptr<TierTicket::State>& st, std::size_t i, PageWrite w);
@@ -183,6 +183,10 @@ HostTier::HostTier(TierFingerprint fingerprint, std::uint64_t capacity_bytes,
                           " bytes is more than the limit of " + std::to_string(kMaxSlots) +
                           " pages of " + std::to_string(page_bytes) + " bytes");
   }
+  if (options.linger < std::chrono::microseconds{0} || options.linger > std::chrono::seconds{1}) {
+    throw InvalidArgument("host tier: linger is " + std::to_string(options.linger.count()) +
+                          " us: it must be in [0, 1000000]");
+  }
   if (!options.synchronous && options.threads == 0) {
     throw InvalidArgument("host tier: threads is 0; set synchronous for no worker threads");
   }
@@ -210,11 +214,13 @@ std::vector<std::uint8_t> HostTier::contains(std::span<const PageKey> keys) {
 TierTicket HostTier::store(std::span<const PageWrite> pages) {
   tier::check_writes(pages, impl_->fp.page_size, impl_->page_bytes, name());
   auto state = TierTicket::State::for_stores(pages.size());
+  state->set_nudge(impl_->workers.nudger());
   auto writes = std::make_shared<const std::vector<PageWrite>>(pages.begin(), pages.end());
   impl_->workers.post_range(
       pages.size(), [impl = impl_.get(), state, writes](std::size_t begin, std::size_t end) {
         for (std::size_t i = begin; i < end; ++i) impl->store_one(state, i, (*writes)[i]);
-      });
+      },
+      tier::TierWorkers::Wake::lazy);
   return TierTicket(state);
 }
 

@@ -6,11 +6,15 @@
 // done() turns true when the last page is finished (an atomic read, no lock);
 // wait() blocks until then. Each result is written under the mutex before the
 // count drops (release), so a reader that saw done() (acquire) sees them all.
+// A tier that queues the work lazily (TierWorkers::Wake::lazy) sets a nudge
+// before it hands the ticket out: wait() calls it before blocking, so a
+// waiter never waits out a worker's nap.
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -35,12 +39,16 @@ struct TierTicket::State {
     return s;
   }
 
+  // Before the ticket is handed out (not thread-safe against wait()).
+  void set_nudge(std::function<void()> nudge) { nudge_ = std::move(nudge); }
+
   void finish_load(std::size_t i, LoadResult r) { finish(loads_[i], r); }
   void finish_store(std::size_t i, StoreResult r) { finish(stores_[i], r); }
 
   bool done() const { return remaining_.load(std::memory_order_acquire) == 0; }
   void wait() const {
     if (done()) return;
+    if (nudge_) nudge_();
     std::unique_lock lock(mu_);
     cv_.wait(lock, [&] { return done(); });
   }
@@ -67,6 +75,7 @@ struct TierTicket::State {
   std::vector<LoadResult> loads_;
   std::vector<StoreResult> stores_;
   std::atomic<std::size_t> remaining_{0};
+  std::function<void()> nudge_;
 };
 
 }  // namespace kvcache

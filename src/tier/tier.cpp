@@ -60,6 +60,20 @@ std::uint64_t TierFingerprint::digest() const {
   return d;
 }
 
+std::uint64_t TierFingerprint::chain_digest() const {
+  if (device_index == 0) return digest();
+  TierFingerprint first = *this;
+  first.device_index = 0;
+  return first.digest();
+}
+
+PageKey TierFingerprint::shard_mask() const {
+  if (device_count <= 1) return {};
+  const std::uint64_t d = digest();
+  const XXH128_hash_t h = XXH3_128bits_withSeed(&d, sizeof d, 0x5348415244ull);  // "SHARD"
+  return {h.high64, h.low64};
+}
+
 std::size_t TierFingerprint::page_bytes() const {
   if (layer_end < layer_begin) {
     throw InvalidArgument("tier fingerprint layer range [" + std::to_string(layer_begin) + ", " +

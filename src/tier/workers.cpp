@@ -16,16 +16,17 @@ void run_guarded(const std::function<void()>& job) noexcept {
 }
 }  // namespace
 
-TierWorkers::TierWorkers(std::size_t threads) {
+TierWorkers::TierWorkers(std::size_t threads, std::chrono::microseconds linger)
+    : q_(std::make_shared<Queue>()), linger_(std::max(linger, std::chrono::microseconds{0})) {
   threads_.reserve(threads);
   try {
     for (std::size_t i = 0; i < threads; ++i) threads_.emplace_back([this] { run(); });
   } catch (const std::system_error& e) {
     {
-      std::lock_guard lock(mu_);
-      stopping_ = true;
+      std::lock_guard lock(q_->mu);
+      q_->stopping = true;
     }
-    cv_.notify_all();
+    q_->cv.notify_all();
     for (std::thread& t : threads_) t.join();
     throw OutOfMemory("tier could not start I/O thread " + std::to_string(threads_.size()) +
                       " of " + std::to_string(threads) + ": " + e.what());
@@ -34,27 +35,39 @@ TierWorkers::TierWorkers(std::size_t threads) {
 
 TierWorkers::~TierWorkers() {
   {
-    std::lock_guard lock(mu_);
-    stopping_ = true;
+    std::lock_guard lock(q_->mu);
+    q_->stopping = true;
   }
-  cv_.notify_all();
+  q_->cv.notify_all();
   for (std::thread& t : threads_) t.join();
 }
 
-void TierWorkers::post(std::function<void()> job) {
+std::function<void()> TierWorkers::nudger() const {
+  return [q = q_] { q->cv.notify_all(); };
+}
+
+void TierWorkers::signal(Wake wake) {
+  if (wake == Wake::lazy) {
+    std::lock_guard lock(q_->mu);
+    if (q_->napping > 0) return;  // a napper takes it when its nap ends
+  }
+  q_->cv.notify_one();  // that thread wakes the next if jobs are left (run)
+}
+
+void TierWorkers::post(std::function<void()> job, Wake wake) {
   if (threads_.empty()) {
     run_guarded(job);
     return;
   }
   {
-    std::lock_guard lock(mu_);
-    jobs_.push_back(std::move(job));
+    std::lock_guard lock(q_->mu);
+    q_->jobs.push_back(std::move(job));
   }
-  cv_.notify_one();
+  signal(wake);
 }
 
 void TierWorkers::post_range(std::size_t n,
-                             const std::function<void(std::size_t, std::size_t)>& job) {
+                             const std::function<void(std::size_t, std::size_t)>& job, Wake wake) {
   if (n == 0) return;
   if (threads_.empty()) {
     run_guarded([&] { job(0, n); });
@@ -62,25 +75,32 @@ void TierWorkers::post_range(std::size_t n,
   }
   const std::size_t parts = std::min(n, threads_.size());
   {
-    std::lock_guard lock(mu_);
+    std::lock_guard lock(q_->mu);
     for (std::size_t p = 0; p < parts; ++p) {
       const std::size_t begin = n * p / parts, end = n * (p + 1) / parts;
-      jobs_.push_back([job, begin, end] { job(begin, end); });
+      q_->jobs.push_back([job, begin, end] { job(begin, end); });
     }
   }
-  cv_.notify_one();  // that thread wakes the next if jobs are left (run)
+  signal(wake);
 }
 
 void TierWorkers::run() {
-  std::unique_lock lock(mu_);
+  Queue& q = *q_;
+  const auto ready = [&] { return q.stopping || !q.jobs.empty(); };
+  std::unique_lock lock(q.mu);
   for (;;) {
-    cv_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
-    if (jobs_.empty()) return;  // stopping, and nothing left
-    std::function<void()> job = std::move(jobs_.front());
-    jobs_.pop_front();
-    const bool more = !jobs_.empty();
+    if (!ready() && linger_.count() > 0) {
+      ++q.napping;
+      q.cv.wait_for(lock, linger_, ready);
+      --q.napping;
+    }
+    q.cv.wait(lock, ready);
+    if (q.jobs.empty()) return;  // stopping, and nothing left
+    std::function<void()> job = std::move(q.jobs.front());
+    q.jobs.pop_front();
+    const bool more = !q.jobs.empty();
     lock.unlock();
-    if (more) cv_.notify_one();  // post_range woke one thread: pass the rest on
+    if (more) q.cv.notify_one();  // post_range woke one thread: pass the rest on
     run_guarded(job);
     lock.lock();
   }

@@ -2,13 +2,9 @@
 // one completion thread finishes each combined ticket once both are done.
 #include "kvcache/write_through_tier.h"
 
-#include <condition_variable>
-#include <deque>
-#include <mutex>
-#include <thread>
-
 #include "kvcache/error.h"
 #include "tier/ticket_state.h"
+#include "tier/workers.h"
 
 namespace kvcache {
 
@@ -44,45 +40,13 @@ struct WriteThroughTier::Impl {
                             "' (digest " + std::to_string(far->fingerprint().digest()) + " vs " +
                             std::to_string(near->fingerprint().digest()) + ")");
     }
-    completer = std::thread([this] { run(); });
-  }
-
-  ~Impl() {
-    {
-      std::lock_guard lock(mu);
-      stopping = true;
-    }
-    cv.notify_all();
-    completer.join();
-  }
-
-  void push(Pending p) {
-    {
-      std::lock_guard lock(mu);
-      queue.push_back(std::move(p));
-    }
-    cv.notify_all();
-  }
-
-  void run() {
-    std::unique_lock lock(mu);
-    for (;;) {
-      cv.wait(lock, [&] { return stopping || !queue.empty(); });
-      if (queue.empty()) return;  // stopping, nothing left
-      Pending p = std::move(queue.front());
-      queue.pop_front();
-      lock.unlock();
-      finish(p);
-      lock.lock();
-    }
   }
 
   std::shared_ptr<Tier> near, far;
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<Pending> queue;
-  bool stopping = false;
-  std::thread completer;
+  // One thread finishing the combined tickets in order, woken lazily (a
+  // write-back's caller pays no wake-up); last: destroyed first, finishing
+  // every ticket queued.
+  tier::TierWorkers completer{1};
 };
 
 WriteThroughTier::WriteThroughTier(std::shared_ptr<Tier> near, std::shared_ptr<Tier> far)
@@ -109,7 +73,8 @@ TierTicket WriteThroughTier::store(std::span<const PageWrite> pages) {
   if (p.near.done() && p.far.done()) {
     finish(p);
   } else {
-    impl_->push(std::move(p));
+    p.state->set_nudge(impl_->completer.nudger());
+    impl_->completer.post([p = std::move(p)] { finish(p); }, tier::TierWorkers::Wake::lazy);
   }
   return out;
 }

@@ -69,12 +69,14 @@ inline std::size_t count(const std::vector<Event>& events, std::int32_t kind,
   return n;
 }
 
-// A paged manager of `pages` pages over `tiers`, with its batch and events.
+// A paged manager of `pages` pages over `tiers`, with its batch and events;
+// the rest of its configuration from `base`.
 struct Rig {
   Rig(std::vector<kvc_tier*> tiers, std::uint32_t pages = 4,
-      std::int32_t arrangement = KVC_ARRANGEMENT_INTERLEAVED)
+      std::int32_t arrangement = KVC_ARRANGEMENT_INTERLEAVED,
+      kvc_prefix_config base = kvc_prefix_config_default())
       : params(tier_params(arrangement)) {
-    kvc_prefix_config c = kvc_prefix_config_default();
+    kvc_prefix_config c = base;
     c.on_event = &record_event;
     c.user_data = &events;
     c.tiers = tiers.data();

@@ -94,6 +94,8 @@ Written write_and_evict(Rig& r, const std::vector<std::uint32_t>& a, std::mt1993
   const std::uint64_t other = claim(r);
   prefill(r, other, iota_tokens(16, 1000), rng);
   EXPECT_EQ(kvc_release(r.m, other, KVC_REUSE_UNKNOWN, &err), KVC_OK) << err.message;
+  // Write-backs wait in staging for a batch (offload_batch): hand them over.
+  EXPECT_EQ(kvc_wait_tiers(r.m, &err), KVC_OK) << err.message;
   EXPECT_EQ(kvc_check_invariants(r.m, &err), KVC_OK) << err.message;
   return w;
 }

@@ -37,6 +37,7 @@ class TierFlow : public ::testing::TestWithParam<PoolArrangement> {
     config.tiers.tiers = {tier};
     config.tiers.model_id = "model";
     config.tiers.pool_apart = true;
+    config.tiers.offload_batch = 1;  // each completion's write-backs go at once
     manager = std::make_unique<PagedKVCacheManager>(params, kPages, 4, 256, std::move(config));
     const std::size_t bytes = PagedKVCacheManager::estimated_memory_size(params, kPages);
     pool = DeviceBuffer<BFloat16>(bytes / sizeof(BFloat16));
@@ -53,6 +54,8 @@ class TierFlow : public ::testing::TestWithParam<PoolArrangement> {
     if (pinned.empty()) {
       pinned = HostRegistration(host.desc().blocks,
                                 PagedKVCacheManager::estimated_memory_size(params, kPages));
+      const std::span<std::byte> staging = manager->tier_staging();
+      pinned_staging = HostRegistration(staging.data(), staging.size());
     }
     apply_tier_transfers(host.desc(), pool.data(), batch);
     if (!tokens.empty()) {
@@ -113,7 +116,8 @@ class TierFlow : public ::testing::TestWithParam<PoolArrangement> {
   std::shared_ptr<kvcache::testing::MemoryTier> tier;
   std::unique_ptr<PagedKVCacheManager> manager;
   DeviceBuffer<BFloat16> pool;
-  HostRegistration pinned;  // declared after the manager: unregistered before it goes
+  HostRegistration pinned;          // declared after the manager: unregistered before it goes
+  HostRegistration pinned_staging;  // the write-back slots: the offloads are DMA too
   std::mt19937 rng{43};
   std::size_t completed = 0;
 };
@@ -156,6 +160,79 @@ INSTANTIATE_TEST_SUITE_P(Arrangements, TierFlow,
                            return std::string(arrangement_name(info.param));
                          });
 
+// Two devices (two pools on this GPU play them): each device's shard goes
+// down to its own tier and comes back into its own pool, byte-exact.
+TEST(TierFlowShards, EveryDevicesPagesComeBack) {
+  constexpr std::uint32_t kDevices = 2;
+  KVCacheParams p = bf16_paged_params(kLayers, kKvHeads * kDevices, kDim, kPage);
+  p.n_devices = kDevices;
+  p.enable_prefix_caching = true;
+  PrefixCacheConfig config;
+  config.tiers.model_id = "model";
+  config.tiers.pool_apart = true;
+  for (std::uint32_t d = 0; d < kDevices; ++d) {
+    config.tiers.tiers.push_back(
+        std::make_shared<kvcache::testing::MemoryTier>(config.tiers.fingerprint(p, d)));
+  }
+  PagedKVCacheManager m(p, kPages, 4, 256, config);
+  const std::size_t bytes = PagedKVCacheManager::estimated_memory_size(p, kPages) / kDevices;
+  std::vector<DeviceBuffer<BFloat16>> pools;
+  for (std::uint32_t d = 0; d < kDevices; ++d) {
+    pools.emplace_back(bytes / sizeof(BFloat16));
+    pools.back().fill_bytes(0xff);
+  }
+  std::mt19937 rng(44);
+  auto step = [&](SeqId seq, const std::vector<std::uint32_t>& tokens, std::uint32_t n) {
+    KVCacheBatch batch = m.fetch(std::vector<SeqId>{seq}, std::vector<std::uint32_t>{n});
+    for (std::uint32_t d = 0; d < kDevices; ++d) {
+      auto host = batch.paged<BFloat16>(d);
+      apply_tier_transfers(host.desc(), pools[d].data(), batch, nullptr, d);
+      if (tokens.empty()) continue;
+      DeviceCollection<BFloat16> dev(host.desc(), pools[d].data());
+      const auto rows_d = DeviceBuffer<std::uint32_t>::from_host(std::vector<std::uint32_t>{0, n});
+      for (std::uint32_t layer = 0; layer < kLayers; ++layer) {
+        const auto k_d = DeviceBuffer<float>::from_host(
+            kvcache::test::random_floats(std::size_t{n} * kKvHeads * kDim, -1.0f, 1.0f, rng));
+        const auto v_d = DeviceBuffer<float>::from_host(
+            kvcache::test::random_floats(std::size_t{n} * kKvHeads * kDim, -1.0f, 1.0f, rng));
+        cuda::store_kv(dev.key(layer), dev.value(layer), k_d.span(), v_d.span(), rows_d.span());
+      }
+    }
+    synchronize();
+    m.complete_offloads(batch);
+    const auto table = batch.lookup_table();
+    std::vector<std::uint32_t> pages(table.begin(), table.begin() + 3);
+    m.step(std::vector<SeqId>{seq}, std::vector<std::uint32_t>{tokens.empty() ? 0 : n}, tokens);
+    return pages;
+  };
+  // Interleaved pools: a page is one contiguous run of page_bytes.
+  const std::size_t page_bytes = bytes / kPages;
+  auto device_pages = [&](const std::vector<std::uint32_t>& pages) {
+    std::vector<Bytes> out;
+    for (std::uint32_t d = 0; d < kDevices; ++d) {
+      const std::vector<BFloat16> all = pools[d].to_host();
+      const auto* base = reinterpret_cast<const std::byte*>(all.data());
+      for (std::uint32_t page : pages)
+        out.emplace_back(base + page * page_bytes, base + (page + 1) * page_bytes);
+    }
+    return out;
+  };
+  std::vector<std::uint32_t> a(3 * kPage + 4), b(4 * kPage);
+  for (std::uint32_t i = 0; i < a.size(); ++i) a[i] = 7 + i;
+  for (std::uint32_t i = 0; i < b.size(); ++i) b[i] = 5000 + i;
+  const SeqId sa = m.claim(1)[0];
+  const std::vector<Bytes> wrote = device_pages(step(sa, a, static_cast<std::uint32_t>(a.size())));
+  m.release(sa);
+  const SeqId sb = m.claim(1)[0];
+  step(sb, b, static_cast<std::uint32_t>(b.size()));
+  m.release(sb);
+  const SeqId c = m.claim(1)[0];
+  ASSERT_EQ(m.match_prefix(c, a), 3 * kPage);
+  m.wait_loads(c);
+  EXPECT_TRUE(device_pages(step(c, {}, 1)) == wrote) << "every device's K/V back in its pool";
+  m.check_invariants();
+}
+
 TEST(TierTransfers, RefusedArgumentsEnqueueNothing) {
   EXPECT_THROW(HostRegistration(nullptr, 64), InvalidArgument);
   std::vector<std::byte> host(1 << 16);
@@ -172,6 +249,7 @@ TEST(TierTransfers, RefusedArgumentsEnqueueNothing) {
   PrefixCacheConfig config;
   config.tiers.tiers = {std::make_shared<kvcache::testing::MemoryTier>(TierFingerprint::of(p))};
   config.tiers.pool_apart = true;
+  config.tiers.offload_batch = 1;
   PagedKVCacheManager m(p, 2, 2, 64, std::move(config));
   const SeqId s = m.claim(1)[0];
   const auto toks = std::vector<std::uint32_t>(kPage + 1, 3);
@@ -186,6 +264,9 @@ TEST(TierTransfers, RefusedArgumentsEnqueueNothing) {
   EXPECT_THROW(apply_tier_transfers(desc, on_host.data(), batch), InvalidArgument);
   DeviceBuffer<float> wrong(desc.pool_elements());
   EXPECT_THROW(apply_tier_transfers(desc, wrong.data(), batch), InvalidArgument);
+  DeviceBuffer<BFloat16> right(desc.pool_elements());
+  EXPECT_THROW(apply_tier_transfers(desc, right.data(), batch, nullptr, 1), InvalidArgument)
+      << "device 1 of a one-device batch";
   EXPECT_EQ(m.complete_offloads(batch), 1u);
 }
 

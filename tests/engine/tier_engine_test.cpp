@@ -49,12 +49,13 @@ std::shared_ptr<testing::MemoryTier> memory_tier(bool synchronous) {
 // the manager, which waits for its tickets), also when an ASSERT returns.
 struct CompleteAtExit {
   testing::MemoryTier& tier;
-  ~CompleteAtExit() { tier.complete_all(); }
+  ~CompleteAtExit() { tier.complete_all_from_now_on(); }
 };
 
 std::unique_ptr<PagedKVCacheManager> manager(std::shared_ptr<Tier> tier) {
   PrefixCacheConfig c;
   if (tier) c.tiers.tiers = {std::move(tier)};
+  c.tiers.offload_batch = 1;  // each call's write-backs go at once: the tests count them
   return std::make_unique<PagedKVCacheManager>(params(), kPages, 16, kMaxLen, std::move(c));
 }
 

@@ -56,6 +56,7 @@ std::unique_ptr<PagedKVCacheManager> manager_of(const KVCacheParams& p,
   PrefixCacheConfig config;
   config.tiers.tiers = {std::move(tier)};
   config.tiers.model_id = "model";
+  config.tiers.offload_batch = 1;  // each call's write-backs go at once
   auto m = std::make_unique<PagedKVCacheManager>(p, 4, 2, 64, std::move(config));
   if (scales != nullptr) m->set_kv_scales(*scales);
   return m;

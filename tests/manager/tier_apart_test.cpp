@@ -91,6 +91,7 @@ struct ApartRig {
     config.tiers.model_id = "model";
     config.tiers.staging_pages = staging;
     config.tiers.pool_apart = true;
+    config.tiers.offload_batch = 1;  // each completion's write-backs go at once
     m = std::make_unique<PagedKVCacheManager>(params, pages, 4, 64, std::move(config));
     for (std::size_t i = 0; i < dev.size(); ++i) dev[i] = std::byte(i * 131 + 7);
   }
@@ -186,6 +187,12 @@ TEST_P(TierApart, RoundTripThroughTheCallersPool) {
   {
     const KVCacheBatch batch = r.m->fetch(std::vector<SeqId>{sb}, std::vector<std::uint32_t>{16});
     EXPECT_EQ(batch.block_offloads().size(), 3u) << "A's published pages wait for their bytes";
+    const std::span<std::byte> staging = r.m->tier_staging();
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(staging.data()) % 4096, 0u);
+    for (const BlockOffload& o : batch.block_offloads()) {
+      EXPECT_GE(o.bytes.data(), staging.data()) << "a slot inside the one staging allocation";
+      EXPECT_LE(o.bytes.data() + o.bytes.size(), staging.data() + staging.size());
+    }
     EXPECT_TRUE(batch.block_loads().empty());
     EXPECT_TRUE(r.tier->keys().empty()) << "nothing stored before complete_offloads";
     apply_transfers(batch, r.dev);
@@ -393,6 +400,7 @@ TEST(TierApartConfig, PoolApartNeedsATierAndCountsItsBookkeeping) {
   // Without pool_apart no batch has transfers, and complete_offloads is a no-op.
   ApartRig r(PoolArrangement::interleaved);
   PagedKVCacheManager plain_manager(p, 4, 4, 64);
+  EXPECT_TRUE(plain_manager.tier_staging().empty()) << "no tiers, no staging";
   const SeqId s = plain_manager.claim(1)[0];
   const KVCacheBatch b = plain_manager.fetch(std::vector<SeqId>{s}, std::vector<std::uint32_t>{16});
   EXPECT_TRUE(b.block_offloads().empty());

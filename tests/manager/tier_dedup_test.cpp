@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <deque>
 #include <mutex>
 #include <random>
@@ -119,6 +120,7 @@ struct Rig {
     PrefixCacheConfig config;
     config.tiers.tiers.push_back(tier);
     config.tiers.pool_apart = pool_apart;
+    config.tiers.offload_delay = std::chrono::microseconds{0};  // each call's write-backs go
     m = std::make_unique<PagedKVCacheManager>(params, 8, 6, 64, std::move(config));
   }
   ~Rig() {

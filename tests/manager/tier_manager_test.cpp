@@ -56,6 +56,7 @@ struct Rig {
     config.tiers.tiers = std::move(tiers);
     config.tiers.model_id = "model";
     config.tiers.admission = admission;
+    config.tiers.offload_batch = 1;  // each call's write-backs go at once
     m = std::make_unique<PagedKVCacheManager>(params, pages, 4, 64, std::move(config));
   }
   std::vector<Event> of(PageEvent::Kind kind, std::string_view medium) const {

@@ -1,5 +1,6 @@
-// Random operations on a prefix-caching manager with a tier below it (the
-// reference MemoryTier, completing at once or when told, with faults):
+// Random operations on a prefix-caching manager of one or two devices with a
+// tier below it (the reference MemoryTier, one per device shard, completing
+// at once or when told, with faults in any shard):
 // after every operation check_invariants holds, refused calls change
 // nothing, lengths follow the model, and every page a sequence holds, from
 // the device index or loaded back from the tier (its own load or one it
@@ -34,6 +35,53 @@ std::vector<std::uint32_t> gen_tokens(std::uint32_t n) {
   return t;
 }
 
+// Position pos's element (kv, layer, dim) of entry 0 on `device` (its one head).
+float* element_on(const KVCacheBatch& batch, std::uint32_t pos, std::uint32_t kv,
+                  std::uint32_t layer, std::uint32_t d, std::uint32_t device) {
+  const KVCacheParams& p = batch.params();
+  const std::uint32_t ps = p.page_size;
+  const std::uint32_t page = batch.lookup_table()[pos / ps];
+  const std::size_t off = ((((std::size_t{page} * 2 + kv) * p.num_layers + layer) * ps + pos % ps) *
+                           p.n_kv_heads_per_device()) *
+                              p.head_dim +
+                          d;
+  return static_cast<float*>(batch.blocks(device)) + off;
+}
+
+// The value device `device` holds for a prefix hash: each device its own.
+float value_on(std::uint64_t h, std::uint32_t kv, std::uint32_t layer, std::uint32_t d,
+               std::uint32_t device) {
+  return testing::kv_value(h + device * 0x9e3779b97f4a7c15ull, kv, layer, d);
+}
+
+void write_all(const KVCacheBatch& batch, std::span<const std::uint32_t> tokens, std::uint32_t from,
+               std::uint32_t to) {
+  const auto h = testing::prefix_hashes(tokens);
+  const KVCacheParams& p = batch.params();
+  for (std::uint32_t dev = 0; dev < p.n_devices; ++dev)
+    for (std::uint32_t pos = from; pos < to; ++pos)
+      for (std::uint32_t kv = 0; kv < 2; ++kv)
+        for (std::uint32_t l = 0; l < p.num_layers; ++l)
+          for (std::uint32_t d = 0; d < p.head_dim; ++d)
+            *element_on(batch, pos, kv, l, d, dev) = value_on(h[pos], kv, l, d, dev);
+}
+
+// Every device's K/V of seq's committed tokens are those written for them.
+bool matches_all(PagedKVCacheManager& m, SeqId s, std::span<const std::uint32_t> tokens) {
+  const std::uint32_t zero = 0;
+  const KVCacheBatch batch = m.fetch(std::span(&s, 1), std::span(&zero, 1));
+  const auto h = testing::prefix_hashes(tokens);
+  const KVCacheParams& p = batch.params();
+  for (std::uint32_t dev = 0; dev < p.n_devices; ++dev)
+    for (std::uint32_t pos = 0; pos < tokens.size(); ++pos)
+      for (std::uint32_t kv = 0; kv < 2; ++kv)
+        for (std::uint32_t l = 0; l < p.num_layers; ++l)
+          for (std::uint32_t d = 0; d < p.head_dim; ++d)
+            if (*element_on(batch, pos, kv, l, d, dev) != value_on(h[pos], kv, l, d, dev))
+              return false;
+  return true;
+}
+
 struct Model {
   std::map<SeqId, std::vector<std::uint32_t>> tokens;   // committed, loads finished
   std::map<SeqId, std::vector<std::uint32_t>> loading;  // prompt, while loads are pending
@@ -43,7 +91,7 @@ struct Model {
 void complete_prompt(PagedKVCacheManager& m, Model& model, SeqId id,
                      const std::vector<std::uint32_t>& prompt) {
   const std::uint32_t have = m.cache_length(id);
-  RC_ASSERT(testing::seq_kv_matches(m, id, std::span(prompt).first(have)));
+  RC_ASSERT(matches_all(m, id, std::span(prompt).first(have)));
   const std::uint32_t rest = static_cast<std::uint32_t>(prompt.size()) - have;
   KVCacheBatch batch;
   try {
@@ -52,7 +100,7 @@ void complete_prompt(PagedKVCacheManager& m, Model& model, SeqId id,
     model.tokens[id] = std::vector<std::uint32_t>(prompt.begin(), prompt.begin() + have);
     return;
   }
-  testing::write_kv(batch, 0, prompt, have, static_cast<std::uint32_t>(prompt.size()));
+  write_all(batch, prompt, have, static_cast<std::uint32_t>(prompt.size()));
   m.step(std::span(&id, 1), std::span(&rest, 1), std::span(prompt).subspan(have));
   model.tokens[id] = prompt;
 }
@@ -93,24 +141,33 @@ void check_all(PagedKVCacheManager& m, const Model& model) {
 
 RC_GTEST_PROP(TierManagerProperty, RandomOperationsKeepInvariantsAndData, ()) {
   const std::uint32_t ps = *rc::gen::element(1u, 2u, 4u);
-  const KVCacheParams params = testing::tiny_params(ps);
+  KVCacheParams params = testing::tiny_params(ps);
+  params.n_devices = params.n_kv_heads = *rc::gen::element(1u, 2u);  // a head a device
   const bool synchronous = *rc::gen::arbitrary<bool>();
-  auto tier = std::make_shared<MemoryTier>(
-      TierFingerprint::of(params),
-      MemoryTier::Options{.synchronous = synchronous,
-                          .capacity_pages = in_range<std::size_t>(1, 40)});
+  const auto capacity = in_range<std::size_t>(1, 40);
   PrefixCacheConfig cfg;
-  cfg.tiers.tiers.push_back(tier);
+  std::vector<std::shared_ptr<MemoryTier>> shards;
+  for (std::uint32_t d = 0; d < params.n_devices; ++d) {
+    shards.push_back(std::make_shared<MemoryTier>(
+        cfg.tiers.fingerprint(params, d),
+        MemoryTier::Options{.synchronous = synchronous, .capacity_pages = capacity}));
+    cfg.tiers.tiers.push_back(shards.back());
+  }
   cfg.tiers.staging_pages = in_range(1u, 6u);
+  cfg.tiers.offload_batch = in_range(1u, 5u);  // write-backs wait for a batch
+  if (in_range(0, 2) == 0) cfg.tiers.offload_delay = std::chrono::seconds{1};
   if (in_range(0, 4) == 0) cfg.tiers.admission = OffloadAdmission::reused;
   const std::uint32_t pages = in_range(3u, 9u);
   PagedKVCacheManager m(params, pages, 6, 32, cfg);
   // The manager's destructor waits for its tickets: a deferred tier must
   // finish them first, also when an assertion throws.
   struct Drain {
-    MemoryTier& t;
-    ~Drain() { t.complete_all(); }
-  } drain{*tier};
+    std::vector<std::shared_ptr<MemoryTier>>& shards;
+    void operator()() const {
+      for (const auto& t : shards) t->complete_all_from_now_on();
+    }
+    ~Drain() { (*this)(); }
+  } drain{shards};
   Model model;
   // A new sequence matching `prompt`: loading, or computing the rest now.
   // Returns whether it is loading.
@@ -127,7 +184,9 @@ RC_GTEST_PROP(TierManagerProperty, RandomOperationsKeepInvariantsAndData, ()) {
     return false;
   };
   bool beside = false;  // a match started loading beside a loading sequence of a shared prefix
-  if (*rc::gen::arbitrary<bool>()) {  // the stems' prompts computed, then evicted to the tier
+  // The stems' prompts computed, then evicted to the tier (a synchronous
+  // one: wait_tiers hands it what is staged and waits for the stores).
+  if (synchronous && *rc::gen::arbitrary<bool>()) {
     for (std::uint32_t stem = 0; stem < 3; ++stem) {
       std::vector<std::uint32_t> prompt(std::min<std::uint32_t>(13, pages * ps));
       for (std::uint32_t i = 0; i < prompt.size(); ++i) prompt[i] = stem * 100 + i;
@@ -142,7 +201,6 @@ RC_GTEST_PROP(TierManagerProperty, RandomOperationsKeepInvariantsAndData, ()) {
     complete_prompt(m, model, filler, all);
     m.release(filler);
     model.tokens.erase(filler);
-    tier->complete_all();
     m.wait_tiers();
     check_all(m, model);
   }
@@ -172,7 +230,7 @@ RC_GTEST_PROP(TierManagerProperty, RandomOperationsKeepInvariantsAndData, ()) {
     } else if (kind == 2) {
       finish_ready(m, model, m.poll_loads());
     } else if (kind == 3) {
-      tier->complete_all();
+      drain();
     } else if (kind == 4) {  // release anything, loading or not
       if (!model.tokens.empty() && (model.loading.empty() || *rc::gen::arbitrary<bool>())) {
         const SeqId id = pick(model.tokens);
@@ -183,7 +241,8 @@ RC_GTEST_PROP(TierManagerProperty, RandomOperationsKeepInvariantsAndData, ()) {
         m.release(id);
         model.loading.erase(id);
       }
-    } else if (kind == 5) {  // a fault in the tier
+    } else if (kind == 5) {  // a fault in one shard's tier
+      MemoryTier* tier = shards[*rc::gen::inRange<std::size_t>(0, shards.size())].get();
       const std::vector<PageKey> keys = tier->keys();
       const int fault = in_range(0, 3);
       if (fault == 0) tier->fail_loads(1);
@@ -191,7 +250,7 @@ RC_GTEST_PROP(TierManagerProperty, RandomOperationsKeepInvariantsAndData, ()) {
       if (fault == 2 && !keys.empty()) tier->drop(keys[in_range<std::size_t>(0, keys.size())]);
     } else if (kind == 6 && !model.loading.empty()) {  // wait for one sequence's loads
       const SeqId id = pick(model.loading);
-      tier->complete_all();  // a deferred tier finishes only when told
+      drain();  // a deferred tier finishes only when told
       m.wait_loads(id);
       RC_ASSERT(!m.has_pending_loads(id));
       finish_unpended(m, model);
@@ -202,14 +261,15 @@ RC_GTEST_PROP(TierManagerProperty, RandomOperationsKeepInvariantsAndData, ()) {
     }
     check_all(m, model);
   }
-  tier->complete_all();
+  drain();  // the tiers finish at once from now on: wait_tiers hands them what is staged
   m.wait_tiers();
   finish_unpended(m, model);
   check_all(m, model);
-  for (const auto& [id, toks] : model.tokens) RC_ASSERT(testing::seq_kv_matches(m, id, toks));
+  for (const auto& [id, toks] : model.tokens) RC_ASSERT(matches_all(m, id, toks));
   const TierFigures f = m.stats().tiers.at(0);
   RC_CLASSIFY(f.pages_onboarded > 0, "onboarded");
   RC_CLASSIFY(f.load_failures > 0, "a load failed");
+  RC_CLASSIFY(params.n_devices > 1, "two devices");
   RC_CLASSIFY(beside, "loading beside a shared prefix's loads");
 }
 

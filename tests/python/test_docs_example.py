@@ -55,3 +55,14 @@ def test_dlpack_example_runs_with_torch():
     with contextlib.redirect_stdout(printed):
         exec(compile(code, "docs/python.md", "exec"), {})
     assert printed.getvalue().splitlines() == ["torch.bfloat16 True"]
+
+
+def test_pool_apart_example_runs():
+    with open(DOC) as f:
+        text = f.read()
+    section = text.split("### A pool apart", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(code, "docs/python.md", "exec"), {})
+    assert printed.getvalue().splitlines() == ["8 True 2"]

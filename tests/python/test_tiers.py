@@ -82,6 +82,7 @@ def write_and_evict(m, a, rng):
     other, = m.claim(1)
     prefill(m, other, list(range(1000, 1016)), rng)
     m.release(other)
+    m.wait_tiers()  # write-backs wait in staging for a batch: hand them over
     m.check_invariants()
     return written
 

@@ -53,6 +53,32 @@ def bf16_view() -> kvcache.BF16Array:
     return kvcache.as_bf16(inputs.blocks)
 
 
+def pool_apart() -> int:
+    params = kvcache.KVCacheParams(dtype="float32", n_kv_heads=1, head_dim=4, num_layers=1,
+                                   cache_strategy="paged", page_size=4,
+                                   enable_prefix_caching=True)
+    tier = kvcache.HostTier(params, capacity_pages=8, synchronous=True)
+    manager = kvcache.PagedKVCacheManager(params, 2, 32, total_num_pages=2, tiers=[tier],
+                                          pool_apart=True)
+    pool = np.zeros(manager.block_shape(2), np.float32)  # the caller's own pool
+    seq = manager.claim(1)[0]
+    manager.fetch([seq], [8])
+    manager.step([seq], [8], token_ids=list(range(8)))
+    manager.release(seq)
+    inputs = manager.fetch(manager.claim(1), [8])  # evicts both pages
+    offloads: list[tuple[int, npt.NDArray[np.uint8]]] = inputs.block_offloads
+    for page, slot in offloads:
+        slot[...] = pool[page].reshape(-1).view(np.uint8)
+    loads: npt.NDArray[np.uint32] = inputs.block_loads
+    for page in loads:
+        pool[page] = inputs.blocks[page]
+    done: int = manager.complete_offloads(inputs)
+    size: int = kvcache.PagedKVCacheManager.estimated_bookkeeping_size(
+        params, 2, tiers=1, staging_pages=4, pool_apart=True)
+    assert done == 2 and size > 0
+    return done
+
+
 def dtypes() -> list[kvcache.KVCacheParams]:
     return [kvcache.KVCacheParams(np.float16, 1, 8), kvcache.KVCacheParams(kvcache.DType.bf16, 1, 8),
             kvcache.KVCacheParams(np.dtype(np.float32), 1, 8),
@@ -62,6 +88,7 @@ def dtypes() -> list[kvcache.KVCacheParams]:
 def main() -> None:
     assert [p.numpy_dtype.itemsize for p in dtypes()] == [2, 2, 4, 4]
     serve_two_layers()
+    assert pool_apart() == 2
     assert bf16_view().dtype == "bfloat16"
 
 

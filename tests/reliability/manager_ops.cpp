@@ -457,6 +457,7 @@ void run_with_tier(std::span<const std::uint8_t> bytes, bool synchronous,
   config.tiers.tiers = {watch.tier};
   config.tiers.model_id = "ops";
   config.tiers.staging_pages = 6;  // small: some write-backs are dropped
+  config.tiers.offload_batch = 1;  // the model expects each call's write-backs at once
   ByteReader in(bytes);
   {
     Driver(std::make_unique<PagedKVCacheManager>(p, kPages, kMaxBatch, kMaxSeq, config), &watch)

@@ -44,10 +44,13 @@ class MemoryTier final : public Tier {
   };
 
   MemoryTier(TierFingerprint fingerprint, Options options)
-      : fp_(std::move(fingerprint)), opt_(std::move(options)), digest_(fp_.digest()) {}
+      : fp_(std::move(fingerprint)),
+        opt_(std::move(options)),
+        digest_(fp_.digest()),
+        synchronous_(opt_.synchronous) {}
   explicit MemoryTier(TierFingerprint fingerprint)
       : MemoryTier(std::move(fingerprint), Options{}) {}
-  ~MemoryTier() override { complete_all(); }
+  ~MemoryTier() override { complete_all_from_now_on(); }
 
   std::string_view name() const override { return opt_.name; }
   const TierFingerprint& fingerprint() const override { return fp_; }
@@ -111,6 +114,16 @@ class MemoryTier final : public Tier {
     for (Op& op : ops) op();
     return ops.size();
   }
+  // complete_all(), and from then on every store / load finishes inside
+  // its call (a test's last step before the manager's destructor, which
+  // hands the tier what is still staged and waits for it).
+  void complete_all_from_now_on() {
+    {
+      std::lock_guard lock(mu_);
+      synchronous_ = true;
+    }
+    complete_all();
+  }
   std::size_t queued() const {
     std::lock_guard lock(mu_);
     return queue_.size();
@@ -161,12 +174,14 @@ class MemoryTier final : public Tier {
     }
   }
   void enqueue(std::vector<Op> ops) {
-    if (opt_.synchronous) {
-      for (Op& op : ops) op();
-      return;
+    {
+      std::lock_guard lock(mu_);
+      if (!synchronous_) {
+        for (Op& op : ops) queue_.push_back(std::move(op));
+        return;
+      }
     }
-    std::lock_guard lock(mu_);
-    for (Op& op : ops) queue_.push_back(std::move(op));
+    for (Op& op : ops) op();
   }
 
   static std::uint64_t checksum(const Value& v) {
@@ -245,6 +260,7 @@ class MemoryTier final : public Tier {
   const TierFingerprint fp_;
   const Options opt_;
   const std::uint64_t digest_;
+  bool synchronous_;  // under mu_
   mutable std::mutex mu_;
   std::unordered_map<PageKey, Value, KeyHash> values_;
   std::deque<PageKey> order_;  // store order: the oldest goes first when full

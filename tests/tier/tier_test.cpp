@@ -37,6 +37,24 @@ TEST(TierFingerprint, OfParamsAndPageBytes) {
   EXPECT_THROW(TierFingerprint::of(params(), "", "", 2), InvalidArgument);
 }
 
+TEST(TierFingerprint, ShardsChainOneKeyUnderMasksOfTheirOwn) {
+  const TierFingerprint s0 = TierFingerprint::of(params(), "m", "s", 0);
+  const TierFingerprint s1 = TierFingerprint::of(params(), "m", "s", 1);
+  EXPECT_EQ(s0.chain_digest(), s1.chain_digest()) << "one chain for every shard";
+  EXPECT_EQ(s0.chain_digest(), s0.digest());
+  EXPECT_NE(s0.shard_mask(), s1.shard_mask());
+  EXPECT_NE(s0.shard_mask(), PageKey{});
+  const PageKey k{0x1234, 0x5678};
+  EXPECT_NE(shard_key(k, s0.shard_mask()), shard_key(k, s1.shard_mask()));
+  EXPECT_EQ(shard_key(shard_key(k, s1.shard_mask()), s1.shard_mask()), k);
+  // One device: the chain key is the tier's key, as before shards existed.
+  KVCacheParams one = params();
+  one.n_devices = 1;
+  const TierFingerprint whole = TierFingerprint::of(one, "m", "s");
+  EXPECT_EQ(whole.shard_mask(), PageKey{});
+  EXPECT_EQ(whole.chain_digest(), whole.digest());
+}
+
 TEST(TierFingerprint, DigestChangesWithEveryField) {
   const TierFingerprint base = TierFingerprint::of(params(), "m", "s");
   std::vector<TierFingerprint> changed(11, base);

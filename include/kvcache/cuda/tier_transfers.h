@@ -9,6 +9,10 @@
 //      [block] into its staging slot (`bytes`);
 //   2. block_loads: host pool -> device pool, same page id;
 //   3. block_copies: device -> device (copy_blocks).
+// Several devices: call it once per device d, with batch.paged<T>(d).desc(),
+// device d's pool and a stream of that device (the caller makes d current):
+// it makes the offloads whose `device` is d, and every load and copy (each
+// device holds its shard of every page).
 // An interleaved pool moves one contiguous run per page; a per_layer pool
 // 2 x num_layers runs per page, as strided 2-D copies (cudaMemcpy2DAsync:
 // one per page for a load, one per K / V for an offload, whose packed form
@@ -28,11 +32,13 @@
 // passed them, so synchronise before the manager's next fetch or
 // match_prefix (either may start a load into a page the batch uploads).
 // Register the host pool (kvcache/cuda/host_registration.h) so that the
-// loads are asynchronous DMA; the staging slots are the manager's pageable
-// memory (the runtime copies them through its own pinned buffer).
+// loads are asynchronous DMA, and the manager's staging slots
+// (PagedKVCacheManager::tier_staging()) so that the offloads are; memory
+// left pageable is copied by the runtime through its own pinned buffer.
 //
 // Throws InvalidArgument, with nothing enqueued, when T is not the cache's
-// dtype, device_pool is not device memory (when there is anything to move),
+// dtype, device is not one of the batch's devices (nor an offload's),
+// device_pool is not device memory (when there is anything to move),
 // host.blocks is null, a page or a copy's block is not a block of the pool
 // (>= host.num_blocks), or an offload's bytes are not one page long;
 // DeviceError when the runtime refuses a copy (the copies before it stay
@@ -63,12 +69,13 @@ struct PoolRuns {
 };
 // src/kernels/cuda/tier_transfers.cu: validates everything, then enqueues.
 void apply_tier_transfers_cuda(const PoolRuns& pool, void* device_pool, const void* host_pool,
-                               const KVCacheBatch& batch, CUstream_st* stream);
+                               const KVCacheBatch& batch, CUstream_st* stream,
+                               std::uint32_t device);
 }  // namespace detail
 
 template <CacheElement T>
 void apply_tier_transfers(const CacheDesc& host, T* device_pool, const KVCacheBatch& batch,
-                          CUstream_st* stream = nullptr) {
+                          CUstream_st* stream = nullptr, std::uint32_t device = 0) {
   if (host.dtype != dtype_of_v<T>) {
     throw InvalidArgument("apply_tier_transfers: a pool of " +
                           std::string(dtype_name(dtype_of_v<T>)) + " for a cache of " +
@@ -86,7 +93,7 @@ void apply_tier_transfers(const CacheDesc& host, T* device_pool, const KVCacheBa
     pool.run_bytes = layer_bytes * 2 * host.num_layers;
     pool.pitch = pool.run_bytes;
   }
-  detail::apply_tier_transfers_cuda(pool, device_pool, host.blocks, batch, stream);
+  detail::apply_tier_transfers_cuda(pool, device_pool, host.blocks, batch, stream, device);
 }
 
 }  // namespace kvcache::cuda

@@ -42,12 +42,22 @@ void check_block(const char* list, std::size_t i, std::uint32_t block, std::uint
   }
 }
 
+void check_device(const char* what, std::uint32_t device, std::uint32_t n_devices) {
+  if (device >= n_devices) {
+    throw InvalidArgument("apply_tier_transfers: " + std::string(what) + " " +
+                          std::to_string(device) + " is not a device of the batch (it has " +
+                          std::to_string(n_devices) + ")");
+  }
+}
+
 void validate(const PoolRuns& pool, const void* device_pool, const void* host_pool,
-              const KVCacheBatch& batch) {
+              const KVCacheBatch& batch, std::uint32_t device) {
   const std::size_t page_bytes = pool.run_bytes * pool.runs;
+  check_device("device", device, batch.params().n_devices);
   for (std::size_t i = 0; i < batch.block_offloads().size(); ++i) {
     const BlockOffload& o = batch.block_offloads()[i];
     check_block("block_offloads", i, o.page, pool.num_blocks);
+    check_device("an offload's device", o.device, batch.params().n_devices);
     if (o.bytes.size() != page_bytes || o.bytes.data() == nullptr) {
       throw InvalidArgument("apply_tier_transfers: block_offloads[" + std::to_string(i) + "] has " +
                             std::to_string(o.bytes.size()) + " bytes, a page of this pool " +
@@ -107,11 +117,12 @@ void load(const PoolRuns& pool, unsigned char* dev, const unsigned char* host, s
 }  // namespace
 
 void apply_tier_transfers_cuda(const PoolRuns& pool, void* device_pool, const void* host_pool,
-                               const KVCacheBatch& batch, CUstream_st* stream) {
-  validate(pool, device_pool, host_pool, batch);
+                               const KVCacheBatch& batch, CUstream_st* stream,
+                               std::uint32_t device) {
+  validate(pool, device_pool, host_pool, batch, device);
   auto* dev = static_cast<unsigned char*>(device_pool);
   for (const BlockOffload& o : batch.block_offloads())
-    offload(pool, dev, o.page, o.bytes.data(), stream);
+    if (o.device == device) offload(pool, dev, o.page, o.bytes.data(), stream);
   for (std::uint32_t page : batch.block_loads())
     load(pool, dev, static_cast<const unsigned char*>(host_pool), page, stream);
   copy_blocks_cuda(device_pool, pool.run_bytes, pool.runs, pool.pitch, pool.num_blocks,
