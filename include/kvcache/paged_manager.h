@@ -132,15 +132,19 @@ class PagedKVCacheManager final : public KVCacheManager {
   // missing), takes device pages for the leading run of hits (as many as
   // are free or evictable) and enqueues one load() per tier into them
   // (straight into an interleaved pool; a per_layer pool through staging,
-  // scattered when the load finishes). Those pages are pending: the
-  // sequence's cache_length counts them, but fetch / fetch_into, fork and
-  // truncate throw InvalidArgument naming it until they are finished by
-  // poll_loads, wait_loads or wait_tiers. Finishing publishes the loaded
-  // pages in the device index; a page that comes back missing, mismatch,
-  // corrupt or failed ends the hit there: it and the pages after it are
+  // scattered when the load finishes). Pages another sequence's loads are
+  // filling already are not read again: the sequence attaches those device
+  // pages (a reference each) and waits for those loads too. Those pages are
+  // pending: the sequence's cache_length counts them, but fetch /
+  // fetch_into, fork and truncate throw InvalidArgument naming it until
+  // every load it waits for is finished by poll_loads, wait_loads or
+  // wait_tiers. Finishing publishes the loaded pages in the device index; a
+  // page that comes back missing, mismatch, corrupt or failed ends the hit
+  // there for every sequence holding it: it and the pages after it are
   // released and cache_length drops to the pages before it (the prefix
   // computes the rest). release() of a loading sequence is allowed (the
-  // pages go back to the free list when the loads end). No I/O runs under
+  // pages go back to the free list when the loads end; sequences that
+  // attached them keep them). No I/O runs under
   // the manager's lock (contains is in memory; store and load enqueue).
   // A pool kept apart from the manager's (TierConfig::pool_apart, a GPU
   // pool): the K/V are in the caller's pool and the manager's pool is a
@@ -178,8 +182,9 @@ class PagedKVCacheManager final : public KVCacheManager {
   // are done; returns the sequences whose loads it finished (ready for
   // fetch; some may have been truncated). Empty without tiers.
   std::vector<SeqId> poll_loads();
-  // Waits (outside the lock) until seq's loads are done, then finishes them
-  // (and every other finished load). Throws UnknownSequence.
+  // Waits (outside the lock) until seq's loads are done (its own and those
+  // of other sequences it attached pages of), then finishes them (and every
+  // other finished load). Throws UnknownSequence.
   void wait_loads(SeqId seq);
   // Waits until every load and write-back in flight is done and finishes
   // them (tests, replay, shutdown).

@@ -47,6 +47,12 @@ struct PagedKVCacheManager::Impl {
     // Tiers only.
     std::vector<PageKey> keys;  // tier key of each page in `hashes`
     bool loading = false;       // pages of it are being loaded from a tier (LoadJob)
+    // While loading: pages [pending_first, pages.size()) are pages of load
+    // jobs (pending[q] the job page of page pending_first + q, its own job's
+    // or another's it attached), waits the ids of those jobs, each once.
+    std::uint32_t pending_first = 0;
+    std::vector<manager::LoadRef> pending;
+    std::vector<std::uint64_t> waits;
   };
 
   Impl(const KVCacheParams& p, std::uint32_t num_pages, std::uint32_t max_batch,
@@ -193,27 +199,39 @@ struct PagedKVCacheManager::Impl {
       }
     }
   }
-  // Finishes job i (done): publishes its loaded pages, truncates its
-  // sequence at the first page that did not load, drops the job's refs.
-  void finish_job(std::size_t i) noexcept;
-  // Finishes every job that is done; appends the sequences made ready.
+  // Settles every job that is done, finishes each sequence whose jobs are
+  // all settled (finish_loading; appends it to ready) and removes the
+  // settled jobs no sequence waits for (dropping their refs).
   void finish_done_jobs(std::vector<SeqId>* ready) noexcept;
+  // Publishes the loaded pages of a sequence whose jobs are settled,
+  // truncates it at the first page that did not load, leaves its jobs'
+  // waiters.
+  void finish_loading(SeqId id, Sequence& s) noexcept;
+  // A loading sequence leaves its jobs' waiters (release, finish_loading).
+  void leave_jobs(SeqId id, Sequence& s) noexcept;
   // The tier part of match_prefix, after the device walk filled `scratch`:
-  // plan_tiers finds the run of the prompt's next pages the tiers hold (up
-  // to max_pages in all, capped by the pages available) and allocates what
-  // committing it needs (throws; changes nothing observable);
-  // commit_tiers takes device pages for it and starts the loads.
+  // plan_tiers finds the run of the prompt's next pages that jobs in flight
+  // load already (attached) or the tiers hold (loaded by a job of its own),
+  // up to max_pages in all, its own pages capped by the pages available, and
+  // allocates what committing it needs (throws; changes nothing
+  // observable); commit_tiers attaches the pages in flight, takes device
+  // pages for its own and starts their loads.
   struct TierPlan {
-    manager::LoadJob job;
-    std::vector<std::uint64_t> hashes;  // chain hash of each page of the run
+    manager::LoadJob job;                // the pages no job loads yet
+    std::vector<std::uint64_t> hashes;   // chain hash of each page of the run
+    std::vector<PageKey> keys;           // tier key of each page of the run
+    std::vector<manager::LoadRef> refs;  // each page's job page (own: invalid until commit)
+    std::vector<std::uint64_t> waits;    // the jobs the run waits for (own job: 0)
   };
   TierPlan plan_tiers(std::span<const std::uint32_t> prompt, std::uint64_t extra_key,
                       std::uint32_t max_pages);
   void commit_tiers(SeqId id, Sequence& s, TierPlan& plan) noexcept;
   // check_invariants' tier part for one sequence: a key per hashed page, the
-  // store's key on its published pages, a loading sequence's pages held by
-  // its job. Throws kvcache::Error.
+  // store's key on its published pages, a loading sequence's pages those of
+  // the jobs it waits for (published only once loaded); and for the jobs:
+  // each waiter a loading sequence that waits for it. Throws kvcache::Error.
   void check_tier_state(SeqId id, const Sequence& s) const;
+  void check_jobs() const;
 
   void publish_full_pages(Sequence& s) {
     if (!caching() || !s.tokens_known) return;

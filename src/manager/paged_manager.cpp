@@ -313,7 +313,7 @@ void PagedKVCacheManager::release(SeqId seq, ReuseHint hint) {
   // evicts the tail before the head.
   for (auto p = it->second.pages.rbegin(); p != it->second.pages.rend(); ++p)
     impl_->drop_ref(*p, hint);
-  if (it->second.loading) impl_->link->job_of(seq)->orphaned = true;  // its loads keep their pages
+  if (it->second.loading) impl_->leave_jobs(seq, it->second);  // the jobs keep their pages
   impl_->seqs.erase(it);
   impl_->ids.release(seq);
   ++impl_->counters.released;
@@ -579,6 +579,7 @@ void PagedKVCacheManager::check_invariants() const {
   }
   if (im.tiered()) {  // a load holds its own reference on each of its pages
     im.link->check_slots();
+    im.check_jobs();
     for (const manager::LoadJob& job : im.link->jobs())
       for (std::uint32_t p : job.pages) ++refs[p];
   }

@@ -17,8 +17,6 @@ namespace {
 
 std::string str(std::uint64_t v) { return std::to_string(v); }
 
-constexpr std::uint8_t kNoTier = 0xff;
-
 constexpr std::uint64_t round_up(std::uint64_t n, std::uint64_t to) {
   return (n + to - 1) / to * to;
 }
@@ -104,27 +102,6 @@ void PageBytes::unpack(std::span<const std::byte> in, std::uint32_t page) const 
     for (std::uint32_t l = 0; l < num_layers_; ++l)
       std::memcpy(run(page, kv, l), in.data() + (std::size_t{kv} * num_layers_ + l) * run_bytes_,
                   run_bytes_);
-}
-
-// ---- LoadJob -----------------------------------------------------------------------
-
-bool LoadJob::done() const {
-  return std::all_of(tickets.begin(), tickets.end(), [](const TierTicket& t) { return t.done(); });
-}
-
-LoadResult LoadJob::shard_result(std::size_t i, std::uint32_t d) const {
-  const std::size_t t = std::size_t{tier_of[i]} * shards + d;
-  if (issue_threw[t]) return LoadResult::failed;
-  const auto results = tickets[t].load_results();
-  return slot[i] < results.size() ? results[slot[i]] : LoadResult::failed;
-}
-
-LoadResult LoadJob::result(std::size_t i) const {
-  for (std::uint32_t d = 0; d < shards; ++d) {
-    const LoadResult r = shard_result(i, d);
-    if (r != LoadResult::loaded) return r;
-  }
-  return LoadResult::loaded;
 }
 
 // ---- TierLink ----------------------------------------------------------------------
@@ -362,131 +339,11 @@ void TierLink::reap(bool all) noexcept {
   stores_.resize(kept);
 }
 
-std::size_t TierLink::locate(std::span<const PageKey> keys, std::vector<std::uint8_t>& tier_of) {
-  tier_of.assign(keys.size(), kNoTier);
-  std::vector<PageKey> ask;
-  std::vector<std::size_t> where;
-  ask.reserve(keys.size());
-  where.reserve(keys.size());
-  for (std::size_t t = 0; t < tiers_.size() / shards_; ++t) {
-    ask.clear();
-    where.clear();
-    for (std::size_t i = 0; i < keys.size(); ++i) {
-      if (tier_of[i] != kNoTier) continue;
-      ask.push_back(keys[i]);
-      where.push_back(i);
-    }
-    if (ask.empty()) break;
-    if (!level_enabled(t)) continue;
-    const std::vector<std::uint8_t> held = level_contains(t, ask);
-    for (std::size_t k = 0; k < where.size() && k < held.size(); ++k)
-      if (held[k] != 0) tier_of[where[k]] = static_cast<std::uint8_t>(t);
-  }
-  std::size_t run = 0;
-  while (run < keys.size() && tier_of[run] != kNoTier) ++run;
-  return run;
-}
-
-bool TierLink::any_holds(const PageKey& key) {
-  for (std::size_t t = 0; t < tiers_.size() / shards_; ++t)
-    if (level_enabled(t) && level_contains(t, std::span(&key, 1)).at(0) != 0) return true;
-  return false;
-}
-
-void TierLink::prepare(LoadJob& job, std::size_t n) const {
-  job.pages.reserve(n);
-  job.tier_of.reserve(n);
-  job.slot.assign(n, 0);
-  job.tokens.reserve(n * page_size_);
-  job.keys.reserve(n);
-  job.shards = shards_;
-  const PageBytes& bytes = bytes_.front();
-  if (!bytes.packed_in_place()) job.staging.resize(n * shards_ * bytes.page_bytes());
-  job.reads.reserve(n * shards_);
-  job.tickets.assign(tiers_.size(), TierTicket());
-  job.issue_threw.assign(tiers_.size(), 0);
-}
-
-void TierLink::add(LoadJob&& job) noexcept {
-  jobs_.push_back(std::move(job));  // capacity: reserve_job()
-  issue(jobs_.back());
-}
-
-void TierLink::issue(LoadJob& job) noexcept {
-  const std::size_t pb = bytes_.front().page_bytes();
-  job.reads.clear();
-  for (std::size_t t = 0; t < tiers_.size(); ++t) {
-    const std::size_t level = t / shards_;
-    const std::uint32_t d = static_cast<std::uint32_t>(t % shards_);
-    const std::size_t begin = job.reads.size();
-    for (std::size_t i = 0; i < job.size(); ++i) {
-      if (job.tier_of[i] != level) continue;
-      job.slot[i] = static_cast<std::uint32_t>(job.reads.size() - begin);  // equal for every d
-      const std::span<std::byte> dst =
-          bytes_[d].packed_in_place()
-              ? bytes_[d].in_place(job.pages[i])
-              : std::span<std::byte>(job.staging).subspan((i * shards_ + d) * pb, pb);
-      const auto toks =
-          std::span<const std::uint32_t>(job.tokens).subspan(i * page_size_, page_size_);
-      job.reads.push_back({shard_key(job.keys[i], masks_[d]), toks, dst});  // capacity: prepare()
-    }
-    if (job.reads.size() == begin) continue;
-    try {
-      job.tickets[t] = tiers_[t]->load(std::span(job.reads).subspan(begin));
-    } catch (...) {
-      job.issue_threw[t] = 1;
-      log_after_commit(LogLevel::warn, [&] {
-        return "paged manager: tier '" + names_[t] + "' refused a load of " +
-               str(job.reads.size() - begin) + " pages";
-      });
-    }
-  }
-}
-
-LoadJob* TierLink::job_of(SeqId seq) noexcept {
-  for (LoadJob& j : jobs_)
-    if (!j.orphaned && j.seq == seq) return &j;
-  return nullptr;
-}
-
-void TierLink::erase_job(std::size_t i) noexcept {
-  jobs_.erase(jobs_.begin() + static_cast<std::ptrdiff_t>(i));
-}
-
-void TierLink::count_results(const LoadJob& job, std::size_t loaded) noexcept {
-  for (std::size_t i = 0; i < job.size(); ++i) {
-    for (std::uint32_t d = 0; d < shards_; ++d) {
-      const std::size_t t = std::size_t{job.tier_of[i]} * shards_ + d;
-      if (i < loaded) {
-        ++counters_[t].pages_onboarded;
-        continue;
-      }
-      const LoadResult r = job.shard_result(i, d);
-      if (r == LoadResult::loaded) continue;  // after a failed page: dropped with it
-      ++counters_[t].load_failures;
-      if (r == LoadResult::missing || r == LoadResult::corrupt || r == LoadResult::mismatch) {
-        if (on_event_) {  // the tier no longer holds it
-          on_event_(PageEvent{
-              PageEvent::Kind::removed, job.pages[i], 0, 0, 0,
-              std::span<const std::uint32_t>(job.tokens).subspan(i * page_size_, page_size_),
-              names_[t], job.keys[i]});
-        }
-      }
-    }
-  }
-}
-
 std::vector<TierTicket> TierLink::tickets_in_flight() const {
   std::vector<TierTicket> out;
   for (const StoreBatch& b : stores_) out.insert(out.end(), b.tickets.begin(), b.tickets.end());
   for (const LoadJob& j : jobs_) out.insert(out.end(), j.tickets.begin(), j.tickets.end());
   return out;
-}
-
-std::uint32_t TierLink::pending_pages() const noexcept {
-  std::size_t n = 0;
-  for (const LoadJob& j : jobs_) n += j.size();
-  return static_cast<std::uint32_t>(n);
 }
 
 void TierLink::fill(ManagerStats& stats) const {

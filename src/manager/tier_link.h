@@ -22,13 +22,16 @@
 // records under a leaf lock of its own; nothing here waits for a tier
 // thread) and emits a `removed` event per key with the tier's name.
 //
-// Onboard: locate() tells, for a run of chained keys, which tier holds each
-// (one contains() per tier); the manager makes a LoadJob for the run, commits
-// it, and issue() enqueues one load() per tier into the device pages
-// (interleaved pool) or into the job's staging (per_layer: unpacked by the
-// manager when the job finishes). A job holds one reference on each of its
-// pages, so they stay out of the free list while a tier may write them, even
-// if the sequence is released meanwhile (the job is then orphaned).
+// Onboard: attachable() finds a key a job in flight is loading already (a
+// sorted index of every job's keys); locate() tells, for the other keys of a
+// run, which tier holds each (one contains() per tier); the manager makes a
+// LoadJob for the pages nobody loads yet, commits it, and issue() enqueues
+// one load() per tier into the device pages (interleaved pool) or into the
+// job's staging (per_layer: unpacked when the manager settles the job). A
+// job holds one reference on each of its pages, so they stay out of the free
+// list while a tier may write them; its waiters are the sequences holding
+// some of its pages (its own and those that attached them), and it lives
+// until it is settled and none waits, even if every sequence is released.
 //
 // A pool apart (TierConfig::pool_apart): the K/V live in the caller's pool.
 // stage() reserves a slot and fills everything but the bytes; the slot waits
@@ -101,12 +104,22 @@ class PageBytes {
 void check_fingerprint(const std::string& tier, const TierFingerprint& have,
                        const TierFingerprint& want);
 
-// The loads of one match_prefix: pages [first, first + size) of a sequence.
+// A page of a load job: which job (its id, never 0) and where in it.
+struct LoadRef {
+  std::uint64_t job = 0;  // 0: none
+  std::uint32_t index = 0;
+  bool valid() const { return job != 0; }
+};
+
+// The loads one match_prefix started: device pages the tiers fill, in chain
+// order, and the sequences waiting for them.
 struct LoadJob {
-  std::uint32_t shards = 1;  // devices: tickets are levels x shards
-  SeqId seq = 0;
-  bool orphaned = false;              // the sequence was released meanwhile
-  std::uint32_t first = 0;            // index of pages[0] in the sequence's page table
+  std::uint32_t shards = 1;           // devices: tickets are levels x shards
+  std::uint64_t id = 0;               // set by TierLink::add
+  std::vector<SeqId> waiters;         // sequences holding pages of it, each once
+  bool settled = false;               // done, and its staging unpacked (settle)
+  bool used = false;                  // a sequence finished with its pages
+  std::vector<std::uint8_t> kept;     // per page: a finished sequence kept it
   std::vector<std::uint32_t> pages;   // device pages, chain order
   std::vector<std::uint8_t> tier_of;  // which level holds each (every shard of it)
   std::vector<std::uint32_t> slot;    // its index in that level's load() calls
@@ -170,28 +183,49 @@ class TierLink {
   void flush(bool force = false) noexcept;
 
   // ---- onboard
-  // For keys in chain order: tier_of[i] = the first tier holding key i; the
-  // returned run is the count of leading keys some tier holds.
+  // tier_of values beside a tier's index: no tier holds the key, a job in
+  // flight loads it already.
+  static constexpr std::uint8_t kNoTier = 0xff;
+  static constexpr std::uint8_t kInFlight = 0xfe;
+  // For keys in chain order and tier_of (one entry a key): the keys whose
+  // tier_of is kNoTier get the first tier holding them (one contains() per
+  // tier, for those keys only); the returned run is the count of leading
+  // keys whose tier_of is not kNoTier.
   std::size_t locate(std::span<const PageKey> keys, std::vector<std::uint8_t>& tier_of);
   // Whether some enabled tier holds key (one contains() per tier, up to the
   // first that does).
   bool any_holds(const PageKey& key);
-  // Room for one more job (call before committing one: add() is noexcept).
-  void reserve_job() { jobs_.reserve(jobs_.size() + 1); }
+  // A page a job not yet finished with loads under key, or loaded (a page
+  // whose load came back otherwise is none); `hint` is tried first (the
+  // next page of the previous key's job). O(log pages in flight).
+  LoadRef attachable(const PageKey& key, LoadRef hint = {}) const noexcept;
+  // Room for one more job of n pages (call before committing one: add() is
+  // noexcept).
+  void reserve_job(std::size_t n);
   // Sizes a job's buffers for n pages (throws bad_alloc before any commit).
   void prepare(LoadJob& job, std::size_t n) const;
+  // The id add() gives the next job.
+  std::uint64_t next_job_id() const noexcept { return next_job_id_; }
   // Adds a committed job and enqueues its loads (a load() that throws fails
   // its pages). Precondition: reserve_job().
   void add(LoadJob&& job) noexcept;
-  // The job of a sequence still loading, or nullptr.
-  LoadJob* job_of(SeqId seq) noexcept;
+  // The job of that id, or nullptr.
+  LoadJob* job(std::uint64_t id) noexcept;
+  const LoadJob* job(std::uint64_t id) const noexcept;
   std::span<LoadJob> jobs() noexcept { return jobs_; }
   std::span<const LoadJob> jobs() const noexcept { return jobs_; }
-  // Removes job i (after the manager finished it).
+  // Marks a done job settled: unpacks its loaded pages from the staging
+  // (per_layer pools). Precondition: job.done().
+  void settle(LoadJob& job) noexcept;
+  // Counts a settled job's results per tier (once, when it goes: pages a
+  // sequence kept are onboarded, pages that did not load failures) and emits
+  // the tiers' removed events for pages a tier no longer holds.
+  void count_results(const LoadJob& job) noexcept;
+  // Removes job i (settled, no waiter left; the manager dropped its refs).
   void erase_job(std::size_t i) noexcept;
-  // Counts a finished job's results per tier and emits the tiers' removed
-  // events for pages a tier no longer holds.
-  void count_results(const LoadJob& job, std::size_t loaded) noexcept;
+  // The index of attachable() sorted and covering every job's pages once,
+  // waiters distinct, kept only where settled. Throws Error.
+  void check_jobs() const;
 
   // ---- a pool apart (no-ops otherwise)
   bool pool_apart() const noexcept { return pool_apart_; }
@@ -295,6 +329,13 @@ class TierLink {
   std::vector<PageKey> evicted_;           // a tier's eviction reports; capacity: kEvictionReports
   std::vector<StoreBatch> stores_;
   std::vector<LoadJob> jobs_;
+  // Every job's pages by key (sorted by key): attachable()'s index.
+  struct InFlight {
+    PageKey key;
+    LoadRef ref;
+  };
+  std::vector<InFlight> in_flight_;  // capacity: reserve_job()
+  std::uint64_t next_job_id_ = 1;
   std::vector<Counters> counters_;  // per tier
   // A pool apart.
   bool pool_apart_ = false;

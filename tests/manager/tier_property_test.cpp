@@ -3,8 +3,9 @@
 // at once or when told, with faults in any shard):
 // after every operation check_invariants holds, refused calls change
 // nothing, lengths follow the model, and every page a sequence holds, from
-// the device index or loaded back from the tier, holds exactly its own
-// prefix's K/V.
+// the device index or loaded back from the tier (its own load or one it
+// attached: matches of prompts sharing a prefix with a loading sequence's),
+// holds exactly its own prefix's K/V.
 #include <gtest/gtest.h>
 #include <rapidcheck.h>
 #include <rapidcheck/gtest.h>
@@ -19,11 +20,18 @@ namespace {
 
 using testing::MemoryTier;
 
+// A value in [lo, hi), uniform at every size (rc::gen::inRange scales the
+// range with the size: small cases would hold a one-page tier and claim only).
+template <class T>
+T in_range(T lo, T hi) {
+  return *rc::gen::resize(100, rc::gen::inRange<T>(lo, hi));
+}
+
 std::vector<std::uint32_t> gen_tokens(std::uint32_t n) {
-  const auto stem = *rc::gen::inRange<std::uint32_t>(0, 3);  // shared stems: prefixes repeat
+  const auto stem = in_range<std::uint32_t>(0, 3);  // shared stems: prefixes repeat
   std::vector<std::uint32_t> t(n);
   for (std::uint32_t i = 0; i < n; ++i) t[i] = stem * 100 + i;
-  if (*rc::gen::inRange(0, 3) == 0 && n > 0) t[*rc::gen::inRange<std::uint32_t>(0, n)] = 7;
+  if (in_range(0, 3) == 0 && n > 0) t[in_range<std::uint32_t>(0, n)] = 7;
   return t;
 }
 
@@ -136,7 +144,7 @@ RC_GTEST_PROP(TierManagerProperty, RandomOperationsKeepInvariantsAndData, ()) {
   KVCacheParams params = testing::tiny_params(ps);
   params.n_devices = params.n_kv_heads = *rc::gen::element(1u, 2u);  // a head a device
   const bool synchronous = *rc::gen::arbitrary<bool>();
-  const auto capacity = *rc::gen::inRange<std::size_t>(1, 40);
+  const auto capacity = in_range<std::size_t>(1, 40);
   PrefixCacheConfig cfg;
   std::vector<std::shared_ptr<MemoryTier>> shards;
   for (std::uint32_t d = 0; d < params.n_devices; ++d) {
@@ -145,11 +153,11 @@ RC_GTEST_PROP(TierManagerProperty, RandomOperationsKeepInvariantsAndData, ()) {
         MemoryTier::Options{.synchronous = synchronous, .capacity_pages = capacity}));
     cfg.tiers.tiers.push_back(shards.back());
   }
-  cfg.tiers.staging_pages = *rc::gen::inRange(1u, 6u);
-  cfg.tiers.offload_batch = *rc::gen::inRange(1u, 5u);  // write-backs wait for a batch
-  if (*rc::gen::inRange(0, 2) == 0) cfg.tiers.offload_delay = std::chrono::seconds{1};
-  if (*rc::gen::inRange(0, 4) == 0) cfg.tiers.admission = OffloadAdmission::reused;
-  const std::uint32_t pages = *rc::gen::inRange(3u, 9u);
+  cfg.tiers.staging_pages = in_range(1u, 6u);
+  cfg.tiers.offload_batch = in_range(1u, 5u);  // write-backs wait for a batch
+  if (in_range(0, 2) == 0) cfg.tiers.offload_delay = std::chrono::seconds{1};
+  if (in_range(0, 4) == 0) cfg.tiers.admission = OffloadAdmission::reused;
+  const std::uint32_t pages = in_range(3u, 9u);
   PagedKVCacheManager m(params, pages, 6, 32, cfg);
   // The manager's destructor waits for its tickets: a deferred tier must
   // finish them first, also when an assertion throws.
@@ -161,26 +169,64 @@ RC_GTEST_PROP(TierManagerProperty, RandomOperationsKeepInvariantsAndData, ()) {
     ~Drain() { (*this)(); }
   } drain{shards};
   Model model;
-  const int num_ops = *rc::gen::inRange(1, 80);
+  // A new sequence matching `prompt`: loading, or computing the rest now.
+  // Returns whether it is loading.
+  auto start = [&](const std::vector<std::uint32_t>& prompt) {
+    const SeqId id = m.claim(1)[0];
+    const std::uint32_t reused = m.match_prefix(id, prompt);
+    RC_ASSERT(reused < prompt.size());
+    RC_ASSERT(reused % ps == 0);
+    if (m.has_pending_loads(id)) {
+      model.loading[id] = prompt;
+      return true;
+    }
+    complete_prompt(m, model, id, prompt);
+    return false;
+  };
+  bool beside = false;  // a match started loading beside a loading sequence of a shared prefix
+  // The stems' prompts computed, then evicted to the tier (a synchronous
+  // one: wait_tiers hands it what is staged and waits for the stores).
+  if (synchronous && *rc::gen::arbitrary<bool>()) {
+    for (std::uint32_t stem = 0; stem < 3; ++stem) {
+      std::vector<std::uint32_t> prompt(std::min<std::uint32_t>(13, pages * ps));
+      for (std::uint32_t i = 0; i < prompt.size(); ++i) prompt[i] = stem * 100 + i;
+      const SeqId id = m.claim(1)[0];
+      complete_prompt(m, model, id, prompt);
+      m.release(id);
+      model.tokens.erase(id);
+    }
+    const SeqId filler = m.claim(1)[0];
+    std::vector<std::uint32_t> all(std::min<std::uint32_t>(pages * ps, 32));
+    for (std::uint32_t i = 0; i < all.size(); ++i) all[i] = 5000 + i;
+    complete_prompt(m, model, filler, all);
+    m.release(filler);
+    model.tokens.erase(filler);
+    m.wait_tiers();
+    check_all(m, model);
+  }
+  const int num_ops = in_range(1, 80);
   for (int op = 0; op < num_ops; ++op) {
-    const int kind = *rc::gen::inRange(0, 8);
+    const int kind = std::min(in_range(0, 10), 8);
     auto pick = [&](auto& map) {
       auto it = map.begin();
-      std::advance(it, *rc::gen::inRange<std::size_t>(0, map.size()));
+      std::advance(it, in_range<std::size_t>(0, map.size()));
       return it->first;
     };
     if (kind <= 1 || (model.tokens.empty() && model.loading.empty())) {
       if (model.tokens.size() + model.loading.size() >= 6) continue;
-      const SeqId id = m.claim(1)[0];
-      const std::vector<std::uint32_t> prompt = gen_tokens(*rc::gen::inRange(2u, 14u));
-      const std::uint32_t reused = m.match_prefix(id, prompt);
-      RC_ASSERT(reused < prompt.size());
-      RC_ASSERT(reused % ps == 0);
-      if (m.has_pending_loads(id)) {
-        model.loading[id] = prompt;
-      } else {
-        complete_prompt(m, model, id, prompt);
-      }
+      start(gen_tokens(in_range(2u, 14u)));
+    } else if (kind == 8) {  // a prompt sharing a prefix with one loading (or computed)
+      if (model.tokens.size() + model.loading.size() >= 6) continue;
+      const bool of_loading = !model.loading.empty();
+      std::vector<std::uint32_t> prompt =
+          of_loading ? model.loading[pick(model.loading)] : model.tokens[pick(model.tokens)];
+      while (prompt.size() < 2) prompt.push_back(1);  // a computed one may have lost pages
+      const int shape = in_range(0, 3);               // the same, cut short, or longer
+      if (shape == 1 && prompt.size() > 2) prompt.resize(in_range<std::size_t>(2, prompt.size()));
+      if (shape == 2)
+        for (std::uint32_t i = in_range(1u, 8u); i > 0 && prompt.size() < 20; --i)
+          prompt.push_back(prompt.back() + 1);
+      beside = (start(prompt) && of_loading) || beside;
     } else if (kind == 2) {
       finish_ready(m, model, m.poll_loads());
     } else if (kind == 3) {
@@ -198,12 +244,10 @@ RC_GTEST_PROP(TierManagerProperty, RandomOperationsKeepInvariantsAndData, ()) {
     } else if (kind == 5) {  // a fault in one shard's tier
       MemoryTier* tier = shards[*rc::gen::inRange<std::size_t>(0, shards.size())].get();
       const std::vector<PageKey> keys = tier->keys();
-      const int fault = *rc::gen::inRange(0, 3);
+      const int fault = in_range(0, 3);
       if (fault == 0) tier->fail_loads(1);
-      if (fault == 1 && !keys.empty())
-        tier->corrupt(keys[*rc::gen::inRange<std::size_t>(0, keys.size())]);
-      if (fault == 2 && !keys.empty())
-        tier->drop(keys[*rc::gen::inRange<std::size_t>(0, keys.size())]);
+      if (fault == 1 && !keys.empty()) tier->corrupt(keys[in_range<std::size_t>(0, keys.size())]);
+      if (fault == 2 && !keys.empty()) tier->drop(keys[in_range<std::size_t>(0, keys.size())]);
     } else if (kind == 6 && !model.loading.empty()) {  // wait for one sequence's loads
       const SeqId id = pick(model.loading);
       drain();  // a deferred tier finishes only when told
@@ -226,6 +270,7 @@ RC_GTEST_PROP(TierManagerProperty, RandomOperationsKeepInvariantsAndData, ()) {
   RC_CLASSIFY(f.pages_onboarded > 0, "onboarded");
   RC_CLASSIFY(f.load_failures > 0, "a load failed");
   RC_CLASSIFY(params.n_devices > 1, "two devices");
+  RC_CLASSIFY(beside, "loading beside a shared prefix's loads");
 }
 
 }  // namespace
