@@ -345,7 +345,8 @@ TierTicket DiskTier::store(std::span<const PageWrite> pages) {
   }
   auto writes = std::make_shared<const std::vector<PageWrite>>(pages.begin(), pages.end());
   impl_->workers->post_range(
-      pages.size(), [impl = impl_.get(), state, writes](std::size_t begin, std::size_t end) {
+      pages.size(),
+      [impl = impl_.get(), state, writes](std::size_t begin, std::size_t end) {
         for (std::size_t i = begin; i < end; ++i) impl->store_one(state, i, (*writes)[i]);
       },
       tier::TierWorkers::Wake::lazy);

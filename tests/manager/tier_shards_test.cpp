@@ -44,6 +44,12 @@ std::vector<std::shared_ptr<MemoryTier>> make_tiers(const KVCacheParams& p, cons
   return out;
 }
 
+TierConfig model_config() {
+  TierConfig c;
+  c.model_id = "model";
+  return c;
+}
+
 struct Rig {
   Rig(const KVCacheParams& p, std::vector<std::shared_ptr<MemoryTier>> shard_tiers,
       TierConfig cfg = {}, std::uint32_t pages = 4)
@@ -161,7 +167,7 @@ INSTANTIATE_TEST_SUITE_P(Devices, TierShards,
 
 TEST_P(TierShards, EveryDeviceComesBackByteExact) {
   const KVCacheParams p = params();
-  const TierConfig cfg{.model_id = "model"};
+  const TierConfig cfg = model_config();
   Rig r(p, make_tiers(p, cfg, {"host"}), cfg);
   std::mt19937 rng(11);
   const auto a = iota_tokens(13, 7);
@@ -201,7 +207,7 @@ TEST_P(TierShards, EveryDeviceComesBackByteExact) {
 
 TEST_P(TierShards, AShardOneTierLacksEndsTheHit) {
   const KVCacheParams p = params();
-  const TierConfig cfg{.model_id = "model"};
+  const TierConfig cfg = model_config();
   Rig r(p, make_tiers(p, cfg, {"host"}), cfg);
   std::mt19937 rng(12);
   const auto a = iota_tokens(13, 7);
@@ -226,7 +232,7 @@ TEST_P(TierShards, AShardOneTierLacksEndsTheHit) {
 
 TEST_P(TierShards, AShardLostWhileLoadingTruncatesEveryDevice) {
   const KVCacheParams p = params();
-  const TierConfig cfg{.model_id = "model"};
+  const TierConfig cfg = model_config();
   Rig r(p, make_tiers(p, cfg, {"host"}, /*synchronous=*/false), cfg);
   std::mt19937 rng(13);
   const auto a = iota_tokens(13, 7);
@@ -256,7 +262,7 @@ TEST_P(TierShards, AShardLostWhileLoadingTruncatesEveryDevice) {
 
 TEST_P(TierShards, TwoLevelsServeWhatTheFirstLacks) {
   const KVCacheParams p = params();
-  const TierConfig cfg{.model_id = "model"};
+  const TierConfig cfg = model_config();
   const auto tiers = make_tiers(p, cfg, {"host", "disk"});
   const std::vector<std::shared_ptr<MemoryTier>> disk(tiers.begin() + p.n_devices, tiers.end());
   std::mt19937 rng(14);
@@ -281,7 +287,7 @@ TEST_P(TierShards, TwoLevelsServeWhatTheFirstLacks) {
 // shard) load what the group's manager wrote, each its own heads.
 TEST_P(TierShards, RankManagersShareTheGroupsTiers) {
   const KVCacheParams p = params();
-  const TierConfig cfg{.model_id = "model"};
+  const TierConfig cfg = model_config();
   const auto tiers = make_tiers(p, cfg, {"host"});
   std::mt19937 rng(15);
   const auto a = iota_tokens(13, 7);
@@ -294,7 +300,9 @@ TEST_P(TierShards, RankManagersShareTheGroupsTiers) {
   rank.n_devices = 1;
   rank.n_kv_heads = p.n_kv_heads_per_device();
   for (std::uint32_t d = 0; d < p.n_devices; ++d) {
-    const TierConfig rank_cfg{.model_id = "model", .first_shard = d, .shard_count = p.n_devices};
+    TierConfig rank_cfg = model_config();
+    rank_cfg.first_shard = d;
+    rank_cfg.shard_count = p.n_devices;
     EXPECT_EQ(rank_cfg.fingerprint(rank), tiers[d]->fingerprint());
     Rig r(rank, {tiers[d]}, rank_cfg);
     const SeqId c = r.m->claim(1)[0];
@@ -307,7 +315,7 @@ TEST_P(TierShards, RankManagersShareTheGroupsTiers) {
 
 TEST_P(TierShards, FingerprintsAreCheckedPerShard) {
   const KVCacheParams p = params();
-  const TierConfig cfg{.model_id = "model"};
+  const TierConfig cfg = model_config();
   auto tiers = make_tiers(p, cfg, {"host"});
   auto refused = [&](std::vector<std::shared_ptr<MemoryTier>> t, TierConfig c,
                      const std::string& what) {
@@ -402,7 +410,7 @@ struct DevicePools {
 
 TEST_P(TierShards, APoolApartOffloadsAndLoadsEveryDevice) {
   const KVCacheParams p = params();
-  TierConfig cfg{.model_id = "model"};
+  TierConfig cfg = model_config();
   cfg.pool_apart = true;
   Rig r(p, make_tiers(p, cfg, {"host"}), cfg);
   DevicePools dev(p, 4);
