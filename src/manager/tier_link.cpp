@@ -106,18 +106,7 @@ void PageBytes::unpack(std::span<const std::byte> in, std::uint32_t page) const 
 
 // ---- TierLink ----------------------------------------------------------------------
 
-void TierLink::check(const KVCacheParams& params, const TierConfig& config) {
-  if (config.tiers.empty()) {
-    if (config.pool_apart) {
-      throw InvalidArgument(
-          "tiers.pool_apart is set but tiers.tiers is empty: a pool apart "
-          "moves pages to and from tiers, it needs at least one");
-    }
-    return;
-  }
-  if (!params.enable_prefix_caching) {
-    throw InvalidArgument("tiers need prefix caching: params.enable_prefix_caching is false");
-  }
+void TierLink::check_ranges(const TierConfig& config) {
   if (config.staging_pages == 0 || config.staging_pages > 65536) {
     throw InvalidArgument("tiers.staging_pages is " + str(config.staging_pages) +
                           ": it must be in [1, 65536]");
@@ -131,12 +120,28 @@ void TierLink::check(const KVCacheParams& params, const TierConfig& config) {
     throw InvalidArgument("tiers.offload_delay is " + std::to_string(config.offload_delay.count()) +
                           " us: it must be in [0, 1000000]");
   }
+}
+
+void TierLink::check(const KVCacheParams& params, const TierConfig& config) {
+  if (config.tiers.empty()) {
+    if (config.pool_apart) {
+      throw InvalidArgument(
+          "tiers.pool_apart is set but tiers.tiers is empty: a pool apart "
+          "moves pages to and from tiers, it needs at least one");
+    }
+    return;
+  }
+  if (!params.enable_prefix_caching) {
+    throw InvalidArgument("tiers need prefix caching: params.enable_prefix_caching is false");
+  }
+  check_ranges(config);
   check_shards(params, config);
   (void)staging_bytes(params, config);  // past 64 bits: throws
 }
 
 std::uint64_t TierLink::staging_bytes(const KVCacheParams& params, const TierConfig& config) {
   if (config.tiers.empty()) return 0;
+  check_ranges(config);
   const std::uint64_t page = detail::checked_product(
       "tier staging page", {{"page_size", params.page_size},
                             {"bytes_per_token_per_device", params.bytes_per_token_per_device()},

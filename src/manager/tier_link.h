@@ -145,7 +145,11 @@ class TierLink {
   // past shard_count, a null tier, a level whose tiers differ in name, a
   // fingerprint field that differs, staging_pages out of range).
   static void check(const KVCacheParams& params, const TierConfig& config);
-  // Host bytes of the staging slots and of the eviction reports' buffer.
+  // Throws InvalidArgument naming the field for staging_pages, offload_batch
+  // or offload_delay out of range.
+  static void check_ranges(const TierConfig& config);
+  // Host bytes of the staging slots and of the eviction reports' buffer
+  // (check_ranges first).
   static std::uint64_t staging_bytes(const KVCacheParams& params, const TierConfig& config);
 
   // arenas: one per device (params.n_devices).

@@ -397,6 +397,32 @@ TEST(TierApartConfig, PoolApartNeedsATierAndCountsItsBookkeeping) {
   const std::size_t plain = PagedKVCacheManager::estimated_bookkeeping_size(p, 100, config);
   config.tiers.pool_apart = true;
   EXPECT_EQ(PagedKVCacheManager::estimated_bookkeeping_size(p, 100, config), plain + 100 * 5);
+  // The estimate refuses what the constructor refuses, naming the field.
+  for (const auto& [field, bad] : std::vector<std::pair<std::string, PrefixCacheConfig>>{
+           {"staging_pages",
+            [&] {
+              auto c = config;
+              c.tiers.staging_pages = 0;
+              return c;
+            }()},
+           {"offload_batch",
+            [&] {
+              auto c = config;
+              c.tiers.offload_batch = 65537;
+              return c;
+            }()},
+           {"offload_delay", [&] {
+              auto c = config;
+              c.tiers.offload_delay = std::chrono::seconds{2};
+              return c;
+            }()}}) {
+    try {
+      (void)PagedKVCacheManager::estimated_bookkeeping_size(p, 100, bad);
+      ADD_FAILURE() << field << " out of range was estimated";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+    }
+  }
   // Without pool_apart no batch has transfers, and complete_offloads is a no-op.
   ApartRig r(PoolArrangement::interleaved);
   PagedKVCacheManager plain_manager(p, 4, 4, 64);
