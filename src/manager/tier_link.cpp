@@ -201,7 +201,9 @@ TierLink::TierLink(const KVCacheParams& params, std::uint32_t num_pages,
 }
 
 TierLink::~TierLink() {
-  flush(true);  // what is staged goes down (a disk tier keeps it across restarts)
+  // What is staged goes down (a disk tier keeps it across restarts); no
+  // event is emitted from here.
+  if (!staged_.empty()) issue_staged();
   for (const StoreBatch& b : stores_)
     for (const TierTicket& t : b.tickets) t.wait();
   for (const LoadJob& j : jobs_)
@@ -276,25 +278,27 @@ bool TierLink::due(bool force) const noexcept {
 }
 
 void TierLink::flush(bool force) noexcept {
-  if (due(force)) {
-    const std::size_t n = staged_.size();
-    try {
-      StoreBatch b;
-      b.slots.assign(staged_.begin(), staged_.end());
-      store_shards(b, n);
-      stores_.push_back(std::move(b));  // capacity: one batch per slot
-    } catch (...) {
-      for (std::uint32_t i : staged_) free_slots_.push_back(i);
-      count_dropped(n);
-      log_after_commit(LogLevel::warn, [&] {
-        return "paged manager: tier '" + names_.front() + "' refused a write-back of " + str(n) +
-               " pages";
-      });
-    }
-    staged_.clear();
-  }
+  if (due(force)) issue_staged();
   reap(false);
   report_evictions();
+}
+
+void TierLink::issue_staged() noexcept {
+  const std::size_t n = staged_.size();
+  try {
+    StoreBatch b;
+    b.slots.assign(staged_.begin(), staged_.end());
+    store_shards(b, n);
+    stores_.push_back(std::move(b));  // capacity: one batch per slot
+  } catch (...) {
+    for (std::uint32_t i : staged_) free_slots_.push_back(i);
+    count_dropped(n);
+    log_after_commit(LogLevel::warn, [&] {
+      return "paged manager: tier '" + names_.front() + "' refused a write-back of " + str(n) +
+             " pages";
+    });
+  }
+  staged_.clear();
 }
 
 void TierLink::report_evictions() noexcept {

@@ -301,6 +301,9 @@ class TierLink {
   bool held_by_first(const PageKey& key) noexcept;  // true too when the tier cannot answer
   // Whether the staged pages go to the tier now (see flush).
   bool due(bool force) const noexcept;
+  // Hands every staged page to the first level in one store() per shard (a
+  // refusal drops them, counted and logged).
+  void issue_staged() noexcept;
   // With an event callback: a `removed` event (the tier's medium and the
   // page's key; page the sentinel num_pages, hashes 0, no tokens) for every
   // key each tier's take_evicted() reports.

@@ -419,6 +419,34 @@ TEST(TierManagerAdmission, ReusedOnlyKeepsPagesNoRequestReused) {
   EXPECT_EQ(r.tier->keys().size(), 3u);
 }
 
+// Write-backs wait in staging for a batch (offload_batch, offload_delay);
+// the destructor hands what is staged to the tier, emitting no event.
+TEST(TierManagerBatching, StagedPagesWaitForABatchAndGoDownAtDestruction) {
+  const KVCacheParams p = tier_params(PoolArrangement::interleaved);
+  auto tier = std::make_shared<MemoryTier>(TierFingerprint::of(p, "model"));
+  std::size_t events = 0;
+  {
+    PrefixCacheConfig config;
+    config.on_event = [&events](const PageEvent& e) { events += e.medium == "host"; };
+    config.tiers.tiers = {tier};
+    config.tiers.model_id = "model";
+    config.tiers.offload_batch = 8;                        // 16 staging slots: 8 is the cap
+    config.tiers.offload_delay = std::chrono::seconds{1};  // never due by time here
+    PagedKVCacheManager m(p, 4, 4, 64, std::move(config));
+    std::mt19937 rng(5);
+    const SeqId a = m.claim(1)[0];
+    prefill(m, a, iota_tokens(13, 7), rng);
+    m.release(a);
+    const SeqId b = m.claim(1)[0];
+    prefill(m, b, iota_tokens(16, 1000), rng);  // evicts A's 3 published pages
+    EXPECT_TRUE(tier->keys().empty()) << "3 staged pages wait for a batch of 8";
+    EXPECT_EQ(m.stats().tiers.at(0).offload_dropped, 0u);
+    EXPECT_EQ(events, 0u);
+  }
+  EXPECT_EQ(tier->keys().size(), 3u) << "the destructor handed the staged pages over";
+  EXPECT_EQ(events, 0u) << "no event from the destructor";
+}
+
 TEST(TierManagerDisabled, ADisabledTierIsSkipped) {
   Rig r(PoolArrangement::interleaved);
   std::mt19937 rng(8);
