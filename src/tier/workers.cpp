@@ -46,24 +46,18 @@ std::function<void()> TierWorkers::nudger() const {
   return [q = q_] { q->cv.notify_all(); };
 }
 
-void TierWorkers::signal(Wake wake) {
-  if (wake == Wake::lazy) {
-    std::lock_guard lock(q_->mu);
-    if (q_->napping > 0) return;  // a napper takes it when its nap ends
-  }
-  q_->cv.notify_one();  // that thread wakes the next if jobs are left (run)
-}
-
 void TierWorkers::post(std::function<void()> job, Wake wake) {
   if (threads_.empty()) {
     run_guarded(job);
     return;
   }
+  bool wake_one = true;
   {
     std::lock_guard lock(q_->mu);
     q_->jobs.push_back(std::move(job));
+    wake_one = wake == Wake::now || q_->napping == 0;  // else a napper takes it
   }
-  signal(wake);
+  if (wake_one) q_->cv.notify_one();
 }
 
 void TierWorkers::post_range(std::size_t n,
@@ -74,14 +68,16 @@ void TierWorkers::post_range(std::size_t n,
     return;
   }
   const std::size_t parts = std::min(n, threads_.size());
+  bool wake_one = true;
   {
     std::lock_guard lock(q_->mu);
     for (std::size_t p = 0; p < parts; ++p) {
       const std::size_t begin = n * p / parts, end = n * (p + 1) / parts;
       q_->jobs.push_back([job, begin, end] { job(begin, end); });
     }
+    wake_one = wake == Wake::now || q_->napping == 0;  // else a napper takes it
   }
-  signal(wake);
+  if (wake_one) q_->cv.notify_one();  // that thread wakes the next if jobs are left (run)
 }
 
 void TierWorkers::run() {

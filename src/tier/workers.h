@@ -58,7 +58,6 @@ class TierWorkers {
     bool stopping = false;
   };
   void run();
-  void signal(Wake wake);  // after queuing, under no lock
 
   std::shared_ptr<Queue> q_;
   std::chrono::microseconds linger_;
