@@ -11,23 +11,13 @@
 
 #include "kvcache/kernels/attention.h"
 #include "kvcache/paged_manager.h"
+#include "manager/tier_test_params.h"
 #include "tier/memory_tier.h"
 
 namespace kvcache {
 namespace {
 
 using testing::MemoryTier;
-
-KVCacheParams apart_params(PoolArrangement arrangement) {
-  return KVCacheParams{.dtype = DType::f32,
-                       .num_layers = 3,
-                       .n_kv_heads = 2,
-                       .head_dim = 4,
-                       .cache_strategy = CacheStrategy::paged,
-                       .page_size = 4,
-                       .enable_prefix_caching = true,
-                       .pool_arrangement = arrangement};
-}
 
 // One layer's K or V of page `page` in a pool of either arrangement
 // (interleaved [pages][2][layers][block], per_layer [layers][2][pages][block]),
@@ -83,7 +73,7 @@ using Written = std::vector<float>;
 struct ApartRig {
   explicit ApartRig(PoolArrangement arrangement, std::uint32_t pages = 4,
                     std::uint32_t staging = 16)
-      : params(apart_params(arrangement)),
+      : params(testing::tier_test_params(arrangement)),
         tier(std::make_shared<MemoryTier>(TierFingerprint::of(params, "model"))),
         dev(PagedKVCacheManager::estimated_memory_size(params, pages)) {
     PrefixCacheConfig config;
@@ -382,7 +372,7 @@ TEST(TierApartSlots, RefusedFetchKeepsTheTransfersForTheNext) {
 }
 
 TEST(TierApartConfig, PoolApartNeedsATierAndCountsItsBookkeeping) {
-  const KVCacheParams p = apart_params(PoolArrangement::interleaved);
+  const KVCacheParams p = testing::tier_test_params(PoolArrangement::interleaved);
   PrefixCacheConfig none;
   none.tiers.pool_apart = true;
   try {

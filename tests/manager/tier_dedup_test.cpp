@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "kvcache/paged_manager.h"
+#include "manager/tier_test_params.h"
 #include "tier/memory_tier.h"
 #include "tier/ticket_state.h"
 
@@ -93,14 +94,7 @@ class GatedTier final : public Tier {
 };
 
 KVCacheParams dedup_params(PoolArrangement arrangement) {
-  return KVCacheParams{.dtype = DType::f32,
-                       .num_layers = 2,
-                       .n_kv_heads = 2,
-                       .head_dim = 4,
-                       .cache_strategy = CacheStrategy::paged,
-                       .page_size = 4,
-                       .enable_prefix_caching = true,
-                       .pool_arrangement = arrangement};
+  return testing::tier_test_params(arrangement, /*num_layers=*/2);
 }
 
 std::vector<std::uint32_t> tokens(std::uint32_t n, std::uint32_t from) {

@@ -11,23 +11,13 @@
 #include "kvcache/metrics.h"
 #include "kvcache/paged_manager.h"
 #include "manager/exposition_format.h"
+#include "manager/tier_test_params.h"
 #include "tier/memory_tier.h"
 
 namespace kvcache {
 namespace {
 
 using testing::MemoryTier;
-
-KVCacheParams tier_params(PoolArrangement arrangement) {
-  return KVCacheParams{.dtype = DType::f32,
-                       .num_layers = 3,
-                       .n_kv_heads = 2,
-                       .head_dim = 4,
-                       .cache_strategy = CacheStrategy::paged,
-                       .page_size = 4,
-                       .enable_prefix_caching = true,
-                       .pool_arrangement = arrangement};
-}
 
 struct Event {
   PageEvent::Kind kind;
@@ -43,7 +33,7 @@ struct Rig {
   explicit Rig(PoolArrangement arrangement, std::uint32_t pages = 4, bool synchronous = true,
                OffloadAdmission admission = OffloadAdmission::every_page,
                std::vector<std::shared_ptr<Tier>> tiers = {})
-      : params(tier_params(arrangement)) {
+      : params(testing::tier_test_params(arrangement)) {
     if (tiers.empty()) {
       tier = std::make_shared<MemoryTier>(TierFingerprint::of(params, "model"),
                                           MemoryTier::Options{.synchronous = synchronous});
@@ -277,7 +267,7 @@ TEST_P(TierManager, ReleaseWhileLoadingFreesPagesWhenLoadsEnd) {
 TEST_P(TierManager, SecondTierServesWhatTheFirstLacks) {
   // Manager A writes pages to tier `disk`; manager B, with an empty `host`
   // in front of `disk`, finds them in the second tier (a restart).
-  const KVCacheParams p = tier_params(GetParam());
+  const KVCacheParams p = testing::tier_test_params(GetParam());
   auto disk = std::make_shared<MemoryTier>(TierFingerprint::of(p, "model"),
                                            MemoryTier::Options{.name = "disk"});
   std::mt19937 rng(6);
@@ -304,7 +294,7 @@ TEST_P(TierManager, SecondTierServesWhatTheFirstLacks) {
 // A page the tier evicts for room (Tier::take_evicted) reaches the event
 // callback as `removed` with the tier's medium and the page's key.
 TEST(TierManagerEvents, ATierEvictionIsARemovedEventWithItsMediumAndKey) {
-  const KVCacheParams p = tier_params(PoolArrangement::interleaved);
+  const KVCacheParams p = testing::tier_test_params(PoolArrangement::interleaved);
   auto tier = std::make_shared<MemoryTier>(TierFingerprint::of(p, "model"),
                                            MemoryTier::Options{.capacity_pages = 2});
   Rig r(PoolArrangement::interleaved, 4, true, OffloadAdmission::every_page, {tier});
@@ -325,7 +315,7 @@ TEST(TierManagerEvents, ATierEvictionIsARemovedEventWithItsMediumAndKey) {
 // An eviction on the tier's own time (a deferred tier finishing its stores
 // after the call) is reported at the manager's next call.
 TEST(TierManagerEvents, AnEvictionAfterTheCallIsReportedAtTheNext) {
-  const KVCacheParams p = tier_params(PoolArrangement::interleaved);
+  const KVCacheParams p = testing::tier_test_params(PoolArrangement::interleaved);
   auto tier = std::make_shared<MemoryTier>(
       TierFingerprint::of(p, "model"),
       MemoryTier::Options{.name = "disk", .synchronous = false, .capacity_pages = 1});
@@ -370,7 +360,7 @@ TEST(TierManagerMetrics, PerTierSamplesLabelledWithTheTierName) {
 }
 
 TEST(TierManagerConfig, FingerprintPrefixCachingAndDevicesAreChecked) {
-  const KVCacheParams p = tier_params(PoolArrangement::interleaved);
+  const KVCacheParams p = testing::tier_test_params(PoolArrangement::interleaved);
   auto make = [](const KVCacheParams& params, TierFingerprint fp) {
     PrefixCacheConfig config;
     config.tiers.tiers.push_back(std::make_shared<MemoryTier>(std::move(fp)));
@@ -422,7 +412,7 @@ TEST(TierManagerAdmission, ReusedOnlyKeepsPagesNoRequestReused) {
 // Write-backs wait in staging for a batch (offload_batch, offload_delay);
 // the destructor hands what is staged to the tier, emitting no event.
 TEST(TierManagerBatching, StagedPagesWaitForABatchAndGoDownAtDestruction) {
-  const KVCacheParams p = tier_params(PoolArrangement::interleaved);
+  const KVCacheParams p = testing::tier_test_params(PoolArrangement::interleaved);
   auto tier = std::make_shared<MemoryTier>(TierFingerprint::of(p, "model"));
   std::size_t events = 0;
   {

@@ -13,6 +13,7 @@
 #include "kvcache/kernels/attention.h"
 #include "kvcache/metrics.h"
 #include "kvcache/paged_manager.h"
+#include "manager/tier_test_params.h"
 #include "tier/memory_tier.h"
 
 namespace kvcache {
@@ -21,15 +22,7 @@ namespace {
 using testing::MemoryTier;
 
 KVCacheParams shard_params(std::uint32_t devices, PoolArrangement arrangement) {
-  return KVCacheParams{.dtype = DType::f32,
-                       .num_layers = 2,
-                       .n_kv_heads = 4,
-                       .head_dim = 4,
-                       .cache_strategy = CacheStrategy::paged,
-                       .page_size = 4,
-                       .enable_prefix_caching = true,
-                       .n_devices = devices,
-                       .pool_arrangement = arrangement};
+  return testing::tier_test_params(arrangement, /*num_layers=*/2, /*n_kv_heads=*/4, devices);
 }
 
 // One MemoryTier per device for each level name, level-major.
