@@ -11,7 +11,7 @@
 
 #include "kvcache/kernels/attention.h"
 #include "kvcache/paged_manager.h"
-#include "manager/tier_test_params.h"
+#include "manager/tier_test_util.h"
 #include "tier/memory_tier.h"
 
 namespace kvcache {
@@ -148,11 +148,7 @@ struct ApartRig {
   std::size_t completed = 0;
 };
 
-std::vector<std::uint32_t> iota_tokens(std::uint32_t n, std::uint32_t from) {
-  std::vector<std::uint32_t> t(n);
-  for (std::uint32_t i = 0; i < n; ++i) t[i] = from + i;
-  return t;
-}
+using testing::iota_tokens;
 
 class TierApart : public ::testing::TestWithParam<PoolArrangement> {};
 

@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "kvcache/paged_manager.h"
-#include "manager/tier_test_params.h"
+#include "manager/tier_test_util.h"
 #include "tier/memory_tier.h"
 #include "tier/ticket_state.h"
 
@@ -97,12 +97,6 @@ KVCacheParams dedup_params(PoolArrangement arrangement) {
   return testing::tier_test_params(arrangement, /*num_layers=*/2);
 }
 
-std::vector<std::uint32_t> tokens(std::uint32_t n, std::uint32_t from) {
-  std::vector<std::uint32_t> t(n);
-  for (std::uint32_t i = 0; i < n; ++i) t[i] = from + i;
-  return t;
-}
-
 // Every element of one token's K and V: [layer][kv][head][dim].
 using TokenKV = std::vector<float>;
 
@@ -167,7 +161,7 @@ struct Rig {
     std::vector<TokenKV> w = prefill(s, prompt);
     m->release(s);
     const SeqId other = m->claim(1)[0];
-    prefill(other, tokens(32, 1000));
+    prefill(other, testing::iota_tokens(32, 1000));
     m->release(other);
     m->check_invariants();
     return w;
@@ -206,7 +200,7 @@ INSTANTIATE_TEST_SUITE_P(Arrangements, TierDedup,
 
 TEST_P(TierDedup, TwoSequencesShareOneLoad) {
   Rig r(GetParam());
-  const auto a = tokens(13, 7);  // 3 full pages to match
+  const auto a = testing::iota_tokens(13, 7);  // 3 full pages to match
   const auto w = r.write_and_evict(a);
   const SeqId lead = r.m->claim(1)[0];
   EXPECT_EQ(r.m->match_prefix(lead, a), 12u);
@@ -245,7 +239,7 @@ TEST_P(TierDedup, TwoSequencesShareOneLoad) {
 
 TEST_P(TierDedup, ThreeSequencesShareOneLoad) {
   Rig r(GetParam());
-  const auto a = tokens(13, 7);
+  const auto a = testing::iota_tokens(13, 7);
   const auto w = r.write_and_evict(a);
   std::vector<SeqId> ids = r.m->claim(3);
   for (SeqId id : ids) EXPECT_EQ(r.m->match_prefix(id, a), 12u);
@@ -273,7 +267,7 @@ TEST_P(TierDedup, FollowerLoadsOnlyThePagesPastTheLeaders) {
   for (const bool leader_first : {true, false}) {
     SCOPED_TRACE(leader_first ? "leader's job first" : "follower's job first");
     Rig r(GetParam());
-    const auto b = tokens(21, 7);  // 5 full pages
+    const auto b = testing::iota_tokens(21, 7);  // 5 full pages
     const auto a = std::vector<std::uint32_t>(b.begin(), b.begin() + 13);
     const auto w = r.write_and_evict(b);
     const SeqId lead = r.m->claim(1)[0];
@@ -317,7 +311,7 @@ TEST_P(TierDedup, FollowerLoadsOnlyThePagesPastTheLeaders) {
 // wait_loads(follower) waits for every job it depends on, not only its own.
 TEST_P(TierDedup, WaitLoadsOfAFollowerWaitsForEveryJob) {
   Rig r(GetParam());
-  const auto b = tokens(21, 7);
+  const auto b = testing::iota_tokens(21, 7);
   const auto a = std::vector<std::uint32_t>(b.begin(), b.begin() + 13);
   const auto w = r.write_and_evict(b);
   const SeqId lead = r.m->claim(1)[0];
@@ -341,7 +335,7 @@ TEST_P(TierDedup, WaitLoadsOfAFollowerWaitsForEveryJob) {
 // (or failed) once and counted once.
 TEST_P(TierDedup, AFailedPageTruncatesEverySequenceThatAttachedIt) {
   Rig r(GetParam());
-  const auto b = tokens(21, 7);
+  const auto b = testing::iota_tokens(21, 7);
   const auto a = std::vector<std::uint32_t>(b.begin(), b.begin() + 13);
   const auto w = r.write_and_evict(b);
   r.tier->fail(r.key_of_page(b, 1));
@@ -371,7 +365,7 @@ TEST_P(TierDedup, AFailedPageTruncatesEverySequenceThatAttachedIt) {
 // A failure in the follower's own job leaves the leader whole.
 TEST_P(TierDedup, AFailureInTheFollowersJobLeavesTheLeaderWhole) {
   Rig r(GetParam());
-  const auto b = tokens(21, 7);
+  const auto b = testing::iota_tokens(21, 7);
   const auto a = std::vector<std::uint32_t>(b.begin(), b.begin() + 13);
   const auto w = r.write_and_evict(b);
   r.tier->fail(r.key_of_page(b, 4));
@@ -395,7 +389,7 @@ TEST_P(TierDedup, AFailureInTheFollowersJobLeavesTheLeaderWhole) {
 // and the follower's references) and the follower gets them.
 TEST_P(TierDedup, LeaderReleasedWhileLoadingLeavesTheFollowerItsPages) {
   Rig r(GetParam());
-  const auto a = tokens(13, 7);
+  const auto a = testing::iota_tokens(13, 7);
   const auto w = r.write_and_evict(a);
   const SeqId lead = r.m->claim(1)[0];
   r.m->match_prefix(lead, a);
@@ -424,7 +418,7 @@ TEST_P(TierDedup, LeaderReleasedWhileLoadingLeavesTheFollowerItsPages) {
 // both are gone nothing is held.
 TEST_P(TierDedup, FollowerReleasedWhileLoadingLeavesTheLeaderAlone) {
   Rig r(GetParam());
-  const auto b = tokens(21, 7);
+  const auto b = testing::iota_tokens(21, 7);
   const auto a = std::vector<std::uint32_t>(b.begin(), b.begin() + 13);
   const auto w = r.write_and_evict(b);
   const SeqId lead = r.m->claim(1)[0];
@@ -455,7 +449,7 @@ TEST_P(TierDedup, FollowerReleasedWhileLoadingLeavesTheLeaderAlone) {
 // first sequence finished with it, not again to those that attached it.
 TEST(TierDedupApart, EachLoadedPageIsHandedOutOnce) {
   Rig r(PoolArrangement::interleaved, /*pool_apart=*/true);
-  const auto b = tokens(21, 7);
+  const auto b = testing::iota_tokens(21, 7);
   const auto a = std::vector<std::uint32_t>(b.begin(), b.begin() + 13);
   r.write_and_evict(b);
   const SeqId lead = r.m->claim(1)[0];

@@ -11,7 +11,7 @@
 #include "kvcache/metrics.h"
 #include "kvcache/paged_manager.h"
 #include "manager/exposition_format.h"
-#include "manager/tier_test_params.h"
+#include "manager/tier_test_util.h"
 #include "tier/memory_tier.h"
 
 namespace kvcache {
@@ -118,11 +118,7 @@ void expect_holds(PagedKVCacheManager& m, SeqId seq, const Written& w, std::uint
   EXPECT_EQ(differ, 0u) << "elements that differ from what was written";
 }
 
-std::vector<std::uint32_t> iota_tokens(std::uint32_t n, std::uint32_t from) {
-  std::vector<std::uint32_t> t(n);
-  for (std::uint32_t i = 0; i < n; ++i) t[i] = from + i;
-  return t;
-}
+using testing::iota_tokens;
 
 // Writes prompt A (13 tokens: 3 full pages), releases it, then fills the
 // 4-page pool with another request so A's 3 cached pages are evicted.

@@ -13,7 +13,7 @@
 #include "kvcache/kernels/attention.h"
 #include "kvcache/metrics.h"
 #include "kvcache/paged_manager.h"
-#include "manager/tier_test_params.h"
+#include "manager/tier_test_util.h"
 #include "tier/memory_tier.h"
 
 namespace kvcache {
@@ -121,11 +121,7 @@ std::size_t differ(PagedKVCacheManager& m, SeqId seq, std::uint32_t dev, const W
   return n;
 }
 
-std::vector<std::uint32_t> iota_tokens(std::uint32_t n, std::uint32_t from) {
-  std::vector<std::uint32_t> t(n);
-  for (std::uint32_t i = 0; i < n; ++i) t[i] = from + i;
-  return t;
-}
+using testing::iota_tokens;
 
 // Writes prompt a (3 full pages and a token), releases it, and fills the
 // 4-page pool with another request so a's pages are evicted (written back).

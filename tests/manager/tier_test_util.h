@@ -1,8 +1,10 @@
-// The small f32 paged cache with prefix caching that the tier tests of the
-// manager share: page 4, head dim 4, either pool arrangement.
+// What the tier tests of the manager share: the small f32 paged cache with
+// prefix caching (page 4, head dim 4, either pool arrangement) and prompts of
+// consecutive token ids.
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "kvcache/params.h"
 
@@ -19,6 +21,13 @@ inline KVCacheParams tier_test_params(PoolArrangement arrangement, std::uint32_t
                        .enable_prefix_caching = true,
                        .n_devices = n_devices,
                        .pool_arrangement = arrangement};
+}
+
+// n token ids from, from + 1, ...
+inline std::vector<std::uint32_t> iota_tokens(std::uint32_t n, std::uint32_t from) {
+  std::vector<std::uint32_t> t(n);
+  for (std::uint32_t i = 0; i < n; ++i) t[i] = from + i;
+  return t;
 }
 
 }  // namespace kvcache::testing
