@@ -127,4 +127,9 @@ inline kvc_tier* host_tier(const kvc_params& p, bool synchronous, const char* mo
   return t;
 }
 
+// The test name of a pool arrangement parameter (INSTANTIATE_TEST_SUITE_P).
+inline std::string arrangement_name(const ::testing::TestParamInfo<std::int32_t>& info) {
+  return info.param == KVC_ARRANGEMENT_INTERLEAVED ? "interleaved" : "per_layer";
+}
+
 }  // namespace c_tier_test

@@ -217,10 +217,7 @@ class CTierApart : public ::testing::TestWithParam<std::int32_t> {};
 
 INSTANTIATE_TEST_SUITE_P(Arrangements, CTierApart,
                          ::testing::Values(KVC_ARRANGEMENT_INTERLEAVED, KVC_ARRANGEMENT_PER_LAYER),
-                         [](const auto& info) {
-                           return info.param == KVC_ARRANGEMENT_INTERLEAVED ? "interleaved"
-                                                                            : "per_layer";
-                         });
+                         arrangement_name);
 
 // A's 3 published pages are evicted by B's prefill and written back through
 // the slots; A comes back from the tier into the pages B's were evicted from

@@ -156,10 +156,7 @@ class CTierRoundTrip : public ::testing::TestWithParam<std::int32_t> {};
 
 INSTANTIATE_TEST_SUITE_P(Arrangements, CTierRoundTrip,
                          ::testing::Values(KVC_ARRANGEMENT_INTERLEAVED, KVC_ARRANGEMENT_PER_LAYER),
-                         [](const auto& info) {
-                           return info.param == KVC_ARRANGEMENT_INTERLEAVED ? "interleaved"
-                                                                            : "per_layer";
-                         });
+                         arrangement_name);
 
 TEST_P(CTierRoundTrip, HostTierWriteBackAndReloadByteExact) {
   const kvc_params p = tier_params(GetParam());
